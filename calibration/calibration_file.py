@@ -1,0 +1,92 @@
+"""The calibration file: what short real runs measured on one machine, as simulator parameters.
+
+JSON, validated like every contract file. Durations are medians with a spread (the interquartile
+range) and the number of samples behind them, so a reader can judge how much to trust them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .convergence import ConvergenceSpec
+from .scenario import ModelSpec, PipelineSpec
+from typing import Literal
+
+
+class MeasuredDuration(StrictModel):
+    median_s: float = Field(ge=0)
+    interquartile_range_s: float = Field(0.0, ge=0)
+    num_samples: int = Field(ge=0)
+
+
+class StageTimings(StrictModel):
+    stage: int = Field(ge=0)
+    block_forward: MeasuredDuration
+    """Forward of the stage's blocks (plus embedding/head parts on edge stages) per microbatch."""
+    block_backward: MeasuredDuration
+
+
+class LinkProfile(StrictModel):
+    """Point-to-point time against bytes, fitted as latency + bytes / bandwidth."""
+
+    latency_s: float = Field(ge=0)
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    r_squared: float | None = None
+    num_points: int = Field(0, ge=0)
+
+
+class TierBandwidth(StrictModel):
+    name: str
+    write_bandwidth_bytes_per_s: float = Field(gt=0)
+    read_bandwidth_bytes_per_s: float = Field(gt=0)
+
+
+class RecoveryTimes(StrictModel):
+    """Median seconds of each recovery part for one method (0 where the method has no such part)."""
+
+    join_s: float = Field(0.0, ge=0)
+    transfer_s: float = Field(0.0, ge=0)
+    load_s: float = Field(0.0, ge=0)
+    rebuild_s: float = Field(0.0, ge=0)
+    num_samples: int = Field(0, ge=0)
+
+    @property
+    def total_s(self) -> float:
+        return self.join_s + self.transfer_s + self.load_s + self.rebuild_s
+
+
+class Provenance(StrictModel):
+    hardware: dict[str, str]
+    package_versions: dict[str, str]
+    created_utc: str
+    git_revision: str = "unknown"
+    command: str = ""
+    fit_run_ids: tuple[str, ...] = ()
+    """Run records the parameters were fitted on (never the ones validated against)."""
+
+
+class Calibration(StrictModel):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field(min_length=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    provenance: Provenance
+    model: ModelSpec
+    pipeline: PipelineSpec
+    stage_timings: tuple[StageTimings, ...] = Field(min_length=1)
+    optimizer_step: MeasuredDuration
+    iteration_overhead_s: float = Field(0.0, ge=0)
+    """Per-iteration time outside forward, backward and optimizer (loss gathering, bookkeeping)."""
+    activation_bytes: float = Field(gt=0)
+    link: LinkProfile
+    storage: tuple[TierBandwidth, ...] = ()
+    recovery: dict[str, RecoveryTimes] = Field(default_factory=dict)
+    convergence: ConvergenceSpec
+
+
+def load_calibration(path: str) -> Calibration:
+    return load_model(Calibration, path)
+
+
+def save_calibration(calibration: Calibration, path: str) -> None:
+    save_model(calibration, path)

@@ -1,0 +1,116 @@
+"""The failure schedule: which stage fails when, written and read by both sim/ and real/.
+
+File format: CSV with a first comment line naming the schema version, then the header
+`time_s,iteration,stage,kind`. A row gives the time of the failure in seconds since the start of
+the run, the iteration before which it struck, or both; an empty cell means unknown. A real run
+records both; a simulator replay uses `time_s` when present and the iteration otherwise.
+CSV keeps schedules diffable and editable by hand.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import SCHEMA_VERSION, atomic_write_text
+from .errors import InputError
+
+FAILURE_COLUMNS: tuple[str, ...] = ("time_s", "iteration", "stage", "kind")
+_VERSION_LINE = f"# churnsim failure schedule, schema_version {SCHEMA_VERSION}"
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class ScheduledFailure:
+    time_s: float | None = None
+    iteration: int | None = None
+    stage: int
+    kind: str = "failure"
+
+    def __post_init__(self) -> None:
+        if self.time_s is None and self.iteration is None:
+            raise InputError(f"a failure of stage {self.stage} has neither time_s nor iteration; give one")
+        if self.time_s is not None and not (math.isfinite(self.time_s) and self.time_s >= 0):
+            raise InputError(f"failure time_s {self.time_s} must be a finite number >= 0")
+        if self.iteration is not None and self.iteration < 0:
+            raise InputError(f"failure iteration {self.iteration} must be >= 0")
+        if self.stage < 0:
+            raise InputError(f"failure stage {self.stage} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureSchedule:
+    failures: tuple[ScheduledFailure, ...] = ()
+
+    def validate_for(self, num_stages: int, source: str = "failure schedule") -> "FailureSchedule":
+        for failure in self.failures:
+            if failure.stage >= num_stages:
+                raise InputError(
+                    f"{source}: stage {failure.stage} does not exist in a {num_stages}-stage pipeline; "
+                    f"use stages 0..{num_stages - 1}"
+                )
+        return self
+
+    def to_csv(self) -> str:
+        stream = io.StringIO()
+        stream.write(_VERSION_LINE + "\n")
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(FAILURE_COLUMNS)
+        for failure in self.failures:
+            writer.writerow(
+                [
+                    "" if failure.time_s is None else repr(float(failure.time_s)),
+                    "" if failure.iteration is None else failure.iteration,
+                    failure.stage,
+                    failure.kind,
+                ]
+            )
+        return stream.getvalue()
+
+    @classmethod
+    def from_csv(cls, text: str, source: str = "failure schedule") -> "FailureSchedule":
+        lines = text.splitlines()
+        if not lines or not lines[0].startswith("# churnsim failure schedule"):
+            raise InputError(f"{source}: the first line must be '{_VERSION_LINE}'; is this a churnsim failure schedule?")
+        version = lines[0].rsplit(" ", 1)[-1]
+        if version != str(SCHEMA_VERSION):
+            raise InputError(f"{source}: schema_version {version} is not supported; this churnsim reads version {SCHEMA_VERSION}")
+        reader = csv.reader(lines[1:])
+        header = next(reader, None)
+        if header is None or tuple(column.strip() for column in header) != FAILURE_COLUMNS:
+            raise InputError(f"{source}: line 2 must be the header {','.join(FAILURE_COLUMNS)}, got {header}")
+        failures = []
+        for line_number, row in enumerate(reader, start=3):
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != len(FAILURE_COLUMNS):
+                raise InputError(f"{source}: line {line_number} has {len(row)} fields, expected {len(FAILURE_COLUMNS)}")
+            time_text, iteration_text, stage_text, kind = (cell.strip() for cell in row)
+            try:
+                time_s = float(time_text) if time_text else None
+                iteration = int(iteration_text) if iteration_text else None
+                stage = int(stage_text)
+            except ValueError:
+                raise InputError(f"{source}: line {line_number}: time_s, iteration and stage must be numbers, got {row}") from None
+            try:
+                failures.append(ScheduledFailure(time_s=time_s, iteration=iteration, stage=stage, kind=kind or "failure"))
+            except InputError as error:
+                raise InputError(f"{source}: line {line_number}: {error}") from None
+        return cls(failures=tuple(failures))
+
+
+def write_failure_schedule(schedule: FailureSchedule, path: str | Path) -> None:
+    atomic_write_text(path, schedule.to_csv())
+
+
+def read_failure_schedule(path: str | Path) -> FailureSchedule:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such failure schedule; check the path") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read the failure schedule ({error.__class__.__name__})") from None
+    return FailureSchedule.from_csv(text, source=str(path))

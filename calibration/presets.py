@@ -1,0 +1,230 @@
+"""Built-in scenarios, each a function returning a complete `Scenario`, with its sources.
+
+Numbers come from ../shared/reference (checkfree.md, checkpointing.md, simulators.md); each field
+that is a judgement rather than a published number says so. The loss curves of the paper presets
+are illustrative, not fitted to the paper's curves (its loss tables are not confirmed from the
+paper text): they put the target loss at the order of the paper's x-axis, 10–20k iterations.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
+from .convergence import ConvergenceSpec, PowerLawLossCurve
+from .errors import InputError
+from .methods import METHOD_NAMES, MethodConfig, method_from_name
+from .network import CHECKFREE_EMULATOR_SITES
+from .scenario import (
+    ExplicitCompute,
+    FlopsCompute,
+    ModelSpec,
+    PipelineSpec,
+    RecoverySpec,
+    Scenario,
+    SiteNetwork,
+    StorageTier,
+    TargetSpec,
+    UniformNetwork,
+)
+
+CHECKFREE_PAPER = "Blagoev, Ersoy, Chen, 'All is Not Lost: LLM Recovery without Checkpoints', arXiv 2506.15461"
+CHECKFREE_CODE = "gensyn-ai/CheckFree@8d7d547 (MIT): model sizes, stage layout, geo link table"
+DATASTATES = "Maurya et al., 'DataStates-LLM', HPDC'24, doi 10.1145/3625549.3658685: storage tier bandwidths"
+BAMBOO = "Thorpe et al., 'Bamboo', NSDI'23; uclasystem/bamboo@8080929 (MIT): p3 spot trace, 45 s ready time"
+LLAMA3 = "Llama 3 herd, arXiv 2407.21783: 419 unexpected interruptions in 54 days on 16,384 H100"
+
+CHECKFREE_FAILURE_RATES = (0.05, 0.10, 0.16, 0.33)
+A100_BF16_PEAK_FLOPS_PER_S = 312e12
+H100_BF16_PEAK_FLOPS_PER_S = 989e12
+V100_FP16_PEAK_FLOPS_PER_S = 125e12
+MEGABIT = 1e6 / 8
+
+
+def default_methods(**overrides: dict[str, object]) -> tuple[MethodConfig, ...]:
+    """Every method with default parameters, parameters of some overridden by name."""
+    return tuple(method_from_name(name, **overrides.get(name, {})) for name in METHOD_NAMES)
+
+
+def _wan_storage(remote_bandwidth_bytes_per_s: float) -> tuple[StorageTier, ...]:
+    return (
+        StorageTier(name="host_memory", write_bandwidth_bytes_per_s=25e9, read_bandwidth_bytes_per_s=25e9, survives_node_loss=False),
+        StorageTier(name="local_disk", write_bandwidth_bytes_per_s=2e9, read_bandwidth_bytes_per_s=3e9, survives_node_loss=False),
+        StorageTier(
+            name="remote",
+            write_bandwidth_bytes_per_s=remote_bandwidth_bytes_per_s,
+            read_bandwidth_bytes_per_s=remote_bandwidth_bytes_per_s,
+            latency_s=0.1,
+            survives_node_loss=True,
+            shared=True,
+        ),
+    )
+
+
+def _checkfree_geo(
+    *,
+    size: str,
+    model: ModelSpec,
+    pipeline: PipelineSpec,
+    failure_probability_per_stage_hour: float,
+    curve: PowerLawLossCurve,
+    target_loss: float,
+    lr_scale: float = 1.1,
+) -> Scenario:
+    # Stage i sits where the CheckFree emulator puts node 3·i (replica chain r0: Australia → Germany
+    # → London → Canada → NL → Belgium → Iowa → ...), reference/checkfree.md §4.1.
+    sites = tuple(CHECKFREE_EMULATOR_SITES[(3 * stage) % len(CHECKFREE_EMULATOR_SITES)] for stage in range(pipeline.num_stages))
+    percent = round(failure_probability_per_stage_hour * 100)
+    rebuild = {"lr_scale": lr_scale}
+    return Scenario(
+        name=f"checkfree-{size}-geo-{percent}pct",
+        description=(
+            f"CheckFree paper's {size} LLaMA-style setup on its emulated geo-distributed testbed, "
+            f"{percent} %/h failure probability per stage"
+        ),
+        sources=(CHECKFREE_PAPER, CHECKFREE_CODE, DATASTATES, "WAN checkpoint bandwidth 500 Mb/s: gensyn.ai/articles/checkfree"),
+        model=model,
+        pipeline=pipeline,
+        # GPU type is not stated by the paper: A100 bf16 peak at 40 % utilisation (a judgement).
+        compute=FlopsCompute(peak_flops_per_s=A100_BF16_PEAK_FLOPS_PER_S, utilization=0.4, optimizer_step_s=0.05),
+        network=SiteNetwork(sites=sites, table="checkfree_geo"),
+        # Remote checkpoint storage behind one 500 Mb/s WAN link ("over 500 Mb/s", CheckFree blog).
+        storage=_wan_storage(500 * MEGABIT),
+        churn=StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=failure_probability_per_stage_hour),
+        recovery=RecoverySpec(join_delay_s=30.0, restart_s=6.6),
+        methods=default_methods(
+            checkfree=rebuild, checkfree_plus=rebuild, copy=rebuild, uniform=rebuild, random=rebuild,
+            checkpoint={"interval_iterations": 50},
+        ),
+        convergence=ConvergenceSpec(baseline=curve),
+        target=TargetSpec(loss=target_loss),
+        seed=0,
+        replications=10,
+    )
+
+
+def checkfree_124m_geo(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+    """124M (really 83M: d 512, 12 layers in 4 stages), TinyStories, target loss 1.3."""
+    return _checkfree_geo(
+        size="124m",
+        model=ModelSpec(name="checkfree-124m", num_layers=12, hidden_size=512, num_heads=8, vocab_size=32000, sequence_length=512),
+        pipeline=PipelineSpec(num_stages=4, data_parallel_degree=2, microbatch_size=64, num_microbatches=4),
+        failure_probability_per_stage_hour=failure_probability_per_stage_hour,
+        # Illustrative: reaches 1.3 after about 10k iterations.
+        curve=PowerLawLossCurve(floor_loss=0.9, scale=10.0, exponent=0.35, offset_iterations=100.0),
+        target_loss=1.3,
+    )
+
+
+def checkfree_500m_geo(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+    """500M (468M: d 1024, 24 layers in 12 stages), OpenWebText, target validation loss 2.9."""
+    return _checkfree_geo(
+        size="500m",
+        model=ModelSpec(name="checkfree-500m", num_layers=24, hidden_size=1024, num_heads=16, vocab_size=32000, sequence_length=1024),
+        pipeline=PipelineSpec(num_stages=12, data_parallel_degree=4, microbatch_size=16, num_microbatches=4),
+        failure_probability_per_stage_hour=failure_probability_per_stage_hour,
+        # Illustrative: reaches 2.9 after about 15k iterations.
+        curve=PowerLawLossCurve(floor_loss=2.2, scale=20.3, exponent=0.35, offset_iterations=100.0),
+        target_loss=2.9,
+    )
+
+
+def checkfree_1_5b_geo(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+    """1.5B (1.74B: d 2048, 24 layers in 12 stages), RedPajama-V2, target loss 2.9."""
+    return _checkfree_geo(
+        size="1.5b",
+        model=ModelSpec(name="checkfree-1.5b", num_layers=24, hidden_size=2048, num_heads=16, vocab_size=32000, sequence_length=4096),
+        pipeline=PipelineSpec(num_stages=12, data_parallel_degree=8, microbatch_size=8, num_microbatches=2),
+        failure_probability_per_stage_hour=failure_probability_per_stage_hour,
+        # Illustrative: reaches 2.9 after about 12k iterations.
+        curve=PowerLawLossCurve(floor_loss=2.1, scale=21.0, exponent=0.35, offset_iterations=100.0),
+        target_loss=2.9,
+    )
+
+
+def spot_p3_trace() -> Scenario:
+    """GPT-1.5B-sized model on AWS p3.2xlarge spot nodes, replaying Bamboo's p3 preemption trace."""
+    return Scenario(
+        name="spot-p3-trace",
+        description="12-stage pipeline of single-V100 spot nodes replaying the Bamboo AWS p3 trace (11.4 h, 167 preemptions)",
+        sources=(
+            BAMBOO,
+            "Duan et al., 'Parcae', NSDI'24; JF-D/Parcae@efedee7: 10 Gb/s p2p ≈ 140 µs + 1.2 s/GiB",
+            DATASTATES,
+        ),
+        model=ModelSpec(name="gpt-1.5b", num_layers=48, hidden_size=1600, num_heads=25, vocab_size=50257, sequence_length=1024),
+        pipeline=PipelineSpec(num_stages=12, data_parallel_degree=1, microbatch_size=1, num_microbatches=32),
+        compute=FlopsCompute(peak_flops_per_s=V100_FP16_PEAK_FLOPS_PER_S, utilization=0.3, optimizer_step_s=0.05),
+        network=UniformNetwork(latency_s=140e-6, bandwidth_bytes_per_s=10e9 / 8),
+        storage=(
+            StorageTier(name="host_memory", write_bandwidth_bytes_per_s=12e9, read_bandwidth_bytes_per_s=12e9, survives_node_loss=False),
+            StorageTier(name="local_disk", write_bandwidth_bytes_per_s=1e9, read_bandwidth_bytes_per_s=1e9, survives_node_loss=False),
+            # Object store per node ≈ min(NIC, 16 streams × 90 MB/s) (reference/checkpointing.md §6).
+            StorageTier(name="remote", write_bandwidth_bytes_per_s=1.4e9, read_bandwidth_bytes_per_s=1.4e9, latency_s=0.05, survives_node_loss=True),
+        ),
+        churn=TraceChurn(kind="trace", path="bamboo/p3-trace.csv", format="bamboo_csv", repeat=True),
+        # Bamboo: an instance is ready 45 s after it arrives; local rendezvous 20 s.
+        recovery=RecoverySpec(join_delay_s=45.0, restart_s=20.0),
+        methods=default_methods(checkpoint={"interval_iterations": 100}),
+        convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=2.3, scale=20.0, exponent=0.35, offset_iterations=100.0)),
+        target=TargetSpec(loss=3.0),
+        seed=0,
+        replications=10,
+    )
+
+
+def datacenter_llama3() -> Scenario:
+    """A 70B-class model on H100 nodes at the Llama 3 interruption rate."""
+    data_parallel_degree = 128
+    # 1.6e-4 interruptions per node-hour (≈ 1 per 3.1 h over 2,048 nodes); a stage's failure takes
+    # all its data-parallel replicas' nodes into account.
+    per_stage_rate = 1.6e-4 * data_parallel_degree
+    return Scenario(
+        name="datacenter-llama3",
+        description="70B-class model, 16 pipeline stages × 128 data-parallel replicas of 8×H100 nodes, Llama 3 interruption rate",
+        sources=(LLAMA3, DATASTATES, "Kokolis et al., HPCA'25, arXiv 2410.21680 (ETTR)"),
+        model=ModelSpec(name="llama-70b", num_layers=80, hidden_size=8192, num_heads=64, vocab_size=128256, sequence_length=8192, ffn_hidden_size=28672),
+        pipeline=PipelineSpec(num_stages=16, data_parallel_degree=data_parallel_degree, microbatch_size=1, num_microbatches=16),
+        compute=FlopsCompute(peak_flops_per_s=8 * H100_BF16_PEAK_FLOPS_PER_S, utilization=0.4, optimizer_step_s=0.1),
+        network=UniformNetwork(
+            latency_s=10e-6, bandwidth_bytes_per_s=400e9 / 8 * 8,
+            allreduce_latency_s=20e-6, allreduce_bandwidth_bytes_per_s=400e9 / 8 * 8,
+        ),
+        storage=(
+            StorageTier(name="host_memory", write_bandwidth_bytes_per_s=8 * 25e9, read_bandwidth_bytes_per_s=8 * 25e9, survives_node_loss=False),
+            StorageTier(name="local_disk", write_bandwidth_bytes_per_s=8 * 3e9, read_bandwidth_bytes_per_s=8 * 3e9, survives_node_loss=False),
+            # 2 TB/s sustained storage shared by 2,048 nodes ⇒ ≈ 1 GB/s per node (Llama 3).
+            StorageTier(name="remote", write_bandwidth_bytes_per_s=1e9, read_bandwidth_bytes_per_s=1e9, latency_s=0.01, survives_node_loss=True),
+        ),
+        churn=PoissonChurn(kind="poisson", failures_per_node_hour=per_stage_rate),
+        # Datacenter recovery: about 20 min to replace a host, 3 min to select it (AIReSim defaults).
+        recovery=RecoverySpec(join_delay_s=20 * 60.0, restart_s=3 * 60.0),
+        methods=default_methods(checkpoint={"interval_iterations": 200}),
+        convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=1.6, scale=12.0, exponent=0.3, offset_iterations=100.0)),
+        target=TargetSpec(iterations=20000),
+        seed=0,
+        replications=10,
+    )
+
+
+def _paper(factory: Callable[[float], Scenario], rate: float) -> Callable[[], Scenario]:
+    return lambda: factory(rate)
+
+
+PRESETS: dict[str, Callable[[], Scenario]] = {
+    **{f"checkfree-124m-geo-{round(r * 100)}pct": _paper(checkfree_124m_geo, r) for r in CHECKFREE_FAILURE_RATES},
+    **{f"checkfree-500m-geo-{round(r * 100)}pct": _paper(checkfree_500m_geo, r) for r in CHECKFREE_FAILURE_RATES},
+    **{f"checkfree-1.5b-geo-{round(r * 100)}pct": _paper(checkfree_1_5b_geo, r) for r in CHECKFREE_FAILURE_RATES},
+    "spot-p3-trace": spot_p3_trace,
+    "datacenter-llama3": datacenter_llama3,
+}
+
+DEFAULT_PRESET = "checkfree-500m-geo-10pct"
+
+
+def preset(name: str) -> Scenario:
+    try:
+        factory = PRESETS[name]
+    except KeyError:
+        raise InputError(f"unknown preset {name!r}: use one of {', '.join(sorted(PRESETS))}") from None
+    return factory()

@@ -1,0 +1,209 @@
+"""The run record: one directory per real or simulated run, in one format both sides write.
+
+    manifest.json   what ran: settings, seed, git revision, package versions, hardware, notes
+    metrics.csv     one row per executed iteration: step, iteration, wall_time_s, train_loss, eval_loss
+    spans.csv       timed work: rank, stage, iteration, kind, microbatch, start_s, end_s
+    failures.csv    the failures that struck (the failure-schedule format, so it can be replayed)
+
+`step` counts executed iterations and never goes back; `iteration` is training progress and goes
+back after a rollback. Times are seconds since the start of the run. A record is written into a
+temporary sibling directory and renamed into place, so a crash leaves no half-written record.
+"""
+
+from __future__ import annotations
+
+import datetime as _datetime
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import Field
+
+from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .errors import InputError
+from .failures import FAILURE_COLUMNS, FailureSchedule, ScheduledFailure, read_failure_schedule, write_failure_schedule
+from .methods import MethodConfig
+from .scenario import ModelSpec, PipelineSpec, Scenario
+
+METRICS_COLUMNS: tuple[str, ...] = ("step", "iteration", "wall_time_s", "train_loss", "eval_loss")
+SPANS_COLUMNS: tuple[str, ...] = ("rank", "stage", "iteration", "kind", "microbatch", "start_s", "end_s")
+
+MANIFEST_FILE = "manifest.json"
+METRICS_FILE = "metrics.csv"
+SPANS_FILE = "spans.csv"
+FAILURES_FILE = "failures.csv"
+
+
+class RealRunSettings(StrictModel):
+    """What a real pipeline run was asked to do: enough to replay it in the simulator."""
+
+    model: ModelSpec
+    pipeline: PipelineSpec
+    method: MethodConfig = Field(discriminator="name")
+    num_iterations: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    eval_every_iterations: int = Field(ge=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    corpus: str = "python-stdlib"
+    deterministic: bool = True
+    checkpoint_directory: str | None = None
+    failure_rate_per_stage_hour: float | None = None
+    """Set when failures were sampled from an hourly per-stage probability instead of a file."""
+
+
+class RunManifest(StrictModel):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str = Field(min_length=1)
+    source: Literal["real", "simulated"]
+    method: str
+    seed: int
+    replication: int = 0
+    scenario: Scenario | None = None
+    """Set for simulated runs."""
+    real_settings: RealRunSettings | None = None
+    """Set for real runs."""
+    git_revision: str = "unknown"
+    package_versions: dict[str, str] = Field(default_factory=dict)
+    hardware: dict[str, str] = Field(default_factory=dict)
+    created_utc: str = ""
+    notes: tuple[str, ...] = ()
+    """Caveats a reader must see, e.g. 'convergence setbacks are uncalibrated defaults'."""
+    summary: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    manifest: RunManifest
+    metrics: pd.DataFrame
+    spans: pd.DataFrame
+    failures: FailureSchedule
+
+
+def _frame(rows: Any, columns: tuple[str, ...], what: str) -> pd.DataFrame:
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns))
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise ValueError(f"{what} table lacks columns {missing}")
+    return frame.loc[:, list(columns)].reset_index(drop=True)
+
+
+def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: FailureSchedule | Any) -> RunRecord:
+    """Assemble a record from frames or row iterables (dicts or tuples in column order)."""
+    if not isinstance(failures, FailureSchedule):
+        failures = FailureSchedule(failures=tuple(failures))
+    return RunRecord(
+        manifest=manifest,
+        metrics=_frame(metrics, METRICS_COLUMNS, "metrics"),
+        spans=_frame(spans, SPANS_COLUMNS, "spans"),
+        failures=failures,
+    )
+
+
+def write_run_record(record: RunRecord, directory: str | Path, *, overwrite: bool = True) -> Path:
+    """Write `record` to `directory` atomically (temporary sibling, then rename)."""
+    directory = Path(directory)
+    if directory.exists() and not overwrite:
+        raise InputError(f"{directory} already exists; choose another --out or remove it")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    try:
+        save_model(record.manifest, staging / MANIFEST_FILE)
+        record.metrics.to_csv(staging / METRICS_FILE, index=False)
+        record.spans.to_csv(staging / SPANS_FILE, index=False)
+        write_failure_schedule(record.failures, staging / FAILURES_FILE)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing from the run record; re-run or copy the whole record directory") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not a readable CSV table ({error.__class__.__name__})") from None
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}")
+    return frame.loc[:, list(columns)]
+
+
+def read_run_record(directory: str | Path) -> RunRecord:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(f"{directory}: not a run record directory; pass a directory written by churnsim")
+    manifest = load_model(RunManifest, directory / MANIFEST_FILE)
+    return RunRecord(
+        manifest=manifest,
+        metrics=_read_table(directory / METRICS_FILE, METRICS_COLUMNS),
+        spans=_read_table(directory / SPANS_FILE, SPANS_COLUMNS),
+        failures=read_failure_schedule(directory / FAILURES_FILE),
+    )
+
+
+def git_revision() -> str:
+    """The checkout's revision (with '+dirty' when modified), or 'unknown' outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return revision + ("+dirty" if dirty else "")
+
+
+def package_versions(names: tuple[str, ...] = ("churnsim", "simpy", "torch", "numpy", "pandas", "scipy", "pydantic")) -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def hardware_description() -> dict[str, str]:
+    return {
+        "machine": platform.machine(),
+        "processor": platform.processor() or "unknown",
+        "system": f"{platform.system()} {platform.release()}",
+        "cpu_count": str(os.cpu_count()),
+    }
+
+
+def utc_now() -> str:
+    return _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ = [
+    "FAILURE_COLUMNS",
+    "METRICS_COLUMNS",
+    "SPANS_COLUMNS",
+    "RealRunSettings",
+    "RunManifest",
+    "RunRecord",
+    "ScheduledFailure",
+    "git_revision",
+    "hardware_description",
+    "make_run_record",
+    "package_versions",
+    "read_run_record",
+    "utc_now",
+    "write_run_record",
+]

@@ -1,0 +1,264 @@
+"""The Scenario: everything a simulated (or real) run needs, validated on load.
+
+A scenario file is JSON (see README "File formats"): JSON round-trips every value exactly, needs no
+extra dependency and is what pydantic validates natively. Units are in the field names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Union
+
+from pydantic import Field, model_validator
+
+from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .churn import ChurnConfig
+from .convergence import ConvergenceSpec, iterations_for_target
+from .methods import MethodConfig
+from .pipeline_schedule import MINIMUM_STAGES_FOR_SWAP
+
+GIB = 2**30
+
+
+class ModelSpec(StrictModel):
+    """A LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, no biases, untied lm_head."""
+
+    name: str = "custom"
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    sequence_length: int = Field(ge=1)
+    ffn_hidden_size: int | None = Field(None, ge=1)
+    """SwiGLU hidden width; None means 4 · hidden_size (the CheckFree reference models)."""
+    weight_bytes_per_parameter: float = Field(2.0, gt=0)
+    """Bytes per parameter moved when a stage's weights are sent (bf16: 2)."""
+    checkpoint_bytes_per_parameter: float = Field(16.0, gt=0)
+    """Bytes per parameter in a checkpoint: weights + fp32 master + Adam moments (ZeRO, arXiv 1910.02054)."""
+    activation_bytes_per_element: float = Field(2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "ModelSpec":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        return self
+
+    @property
+    def ffn_width(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def parameters_per_layer(self) -> int:
+        # attention q, k, v, o (4 d²) + SwiGLU gate, up, down (3 d f) + two RMSNorm gains.
+        return 4 * self.hidden_size**2 + 3 * self.hidden_size * self.ffn_width + 2 * self.hidden_size
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def head_parameters(self) -> int:
+        # final RMSNorm + untied lm_head
+        return self.hidden_size + self.vocab_size * self.hidden_size
+
+    @property
+    def num_parameters(self) -> int:
+        return self.num_layers * self.parameters_per_layer + self.embedding_parameters + self.head_parameters
+
+
+class PipelineSpec(StrictModel):
+    num_stages: int = Field(ge=1)
+    data_parallel_degree: int = Field(1, ge=1)
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    microbatch_size: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+
+
+class ExplicitCompute(StrictModel):
+    """Measured or assumed times per microbatch; a scalar applies to every stage."""
+
+    kind: Literal["explicit"] = "explicit"
+    block_forward_s: float | tuple[float, ...]
+    """Forward time of one stage's transformer blocks for one microbatch."""
+    block_backward_s: float | tuple[float, ...]
+    embedding_forward_s: float = Field(0.0, ge=0)
+    embedding_backward_s: float = Field(0.0, ge=0)
+    head_forward_s: float = Field(0.0, ge=0)
+    head_backward_s: float = Field(0.0, ge=0)
+    optimizer_step_s: float = Field(0.0, ge=0)
+
+
+class FlopsCompute(StrictModel):
+    """Times derived from FLOPs: forward 2·N·tokens, backward 4·N·tokens (Kaplan et al., arXiv 2001.08361)."""
+
+    kind: Literal["flops"] = "flops"
+    peak_flops_per_s: float = Field(gt=0)
+    utilization: float = Field(0.4, gt=0, le=1)
+    """Model FLOPs utilisation (Llama 3 reports 0.38–0.43)."""
+    optimizer_step_s: float = Field(0.0, ge=0)
+
+
+ComputeSpec = Union[ExplicitCompute, FlopsCompute]
+
+
+class UniformNetwork(StrictModel):
+    """Every pair of nodes is joined by an identical link."""
+
+    kind: Literal["uniform"] = "uniform"
+    latency_s: float = Field(ge=0)
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    allreduce_latency_s: float = Field(0.0, ge=0)
+    allreduce_bandwidth_bytes_per_s: float = Field(math.inf, gt=0)
+
+
+class SiteNetwork(StrictModel):
+    """Nodes placed at named sites; links between sites come from a latency/bandwidth table."""
+
+    kind: Literal["sites"] = "sites"
+    sites: tuple[str, ...] = Field(min_length=1)
+    """Site of the node running stage i is sites[i % len(sites)]; a replacement keeps the site."""
+    table: str = "checkfree_geo"
+    """A built-in table name or a CSV path with columns site_a, site_b, delay_ms, bandwidth_GiB_per_s."""
+    same_site_latency_s: float = Field(0.010, ge=0)
+    same_site_bandwidth_bytes_per_s: float = Field(0.5 * GIB, gt=0)
+    allreduce_latency_s: float = Field(0.0, ge=0)
+    allreduce_bandwidth_bytes_per_s: float = Field(math.inf, gt=0)
+
+
+NetworkSpec = Union[UniformNetwork, SiteNetwork]
+
+
+class StorageTier(StrictModel):
+    name: str = Field(min_length=1)
+    write_bandwidth_bytes_per_s: float = Field(gt=0)
+    read_bandwidth_bytes_per_s: float = Field(gt=0)
+    latency_s: float = Field(0.0, ge=0)
+    capacity_bytes: int | None = Field(None, gt=0)
+    survives_node_loss: bool
+    """Host memory and local disks die with their node; remote storage survives."""
+    shared: bool = False
+    """True when all stages share one link to this tier (remote storage behind one uplink)."""
+
+
+class RecoverySpec(StrictModel):
+    join_delay_s: float = Field(30.0, ge=0)
+    """Time from a failure until the replacement node is ready (CheckFree: 30 s placeholder)."""
+    restart_s: float = Field(6.6, ge=0)
+    """Rendezvous and process-group rebuild after a replacement joins (Parcae: 6.6 s measured)."""
+
+
+class TargetSpec(StrictModel):
+    loss: float | None = Field(None, gt=0)
+    """Stop when the convergence model reaches this loss."""
+    iterations: int | None = Field(None, ge=1)
+    """Stop after this many iterations of effective progress (used when loss is None)."""
+    max_wall_clock_s: float = Field(30 * 24 * 3600.0, gt=0)
+    """Give up (and report the target as not reached) after this simulated time."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "TargetSpec":
+        if (self.loss is None) == (self.iterations is None):
+            raise ValueError("give exactly one of target.loss or target.iterations")
+        return self
+
+
+class Scenario(StrictModel):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field(min_length=1)
+    description: str = ""
+    sources: tuple[str, ...] = ()
+    """Where the numbers come from (papers, traces, calibration files)."""
+    model: ModelSpec
+    pipeline: PipelineSpec
+    compute: ComputeSpec = Field(discriminator="kind")
+    network: NetworkSpec = Field(discriminator="kind")
+    storage: tuple[StorageTier, ...] = ()
+    churn: ChurnConfig
+    recovery: RecoverySpec = RecoverySpec()
+    methods: tuple[MethodConfig, ...] = Field(min_length=1)
+    convergence: ConvergenceSpec
+    target: TargetSpec
+    seed: int = Field(0, ge=0)
+    replications: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        layers, stages = self.model.num_layers, self.pipeline.num_stages
+        if stages > layers:
+            raise ValueError(f"pipeline.num_stages {stages} exceeds model.num_layers {layers}; reduce num_stages or add layers")
+        if layers % stages:
+            raise ValueError(
+                f"model.num_layers {layers} is not divisible by pipeline.num_stages {stages}; "
+                "stages must hold equal blocks so neighbours can be averaged"
+            )
+        if isinstance(self.compute, ExplicitCompute):
+            for field in ("block_forward_s", "block_backward_s"):
+                value = getattr(self.compute, field)
+                if isinstance(value, tuple) and len(value) != stages:
+                    raise ValueError(f"compute.{field} lists {len(value)} stages but pipeline.num_stages is {stages}")
+        tier_names = [tier.name for tier in self.storage]
+        if len(set(tier_names)) != len(tier_names):
+            raise ValueError(f"storage tier names repeat: {tier_names}")
+        seen: set[str] = set()
+        for method in self.methods:
+            if method.name in seen:
+                raise ValueError(f"method {method.name!r} is listed twice in methods")
+            seen.add(method.name)
+            for tier in _tiers_used(method):
+                if tier not in tier_names:
+                    raise ValueError(f"method {method.name!r} uses storage tier {tier!r}, which is not in storage {tier_names}; add it")
+            if method.name == "checkfree_plus" and stages < MINIMUM_STAGES_FOR_SWAP:
+                raise ValueError(f"checkfree_plus needs at least {MINIMUM_STAGES_FOR_SWAP} stages, got {stages}")
+        if self.target.loss is not None:
+            iterations_for_target(self.convergence.baseline, self.target.loss)
+        return self
+
+    def tier(self, name: str) -> StorageTier:
+        for tier in self.storage:
+            if tier.name == name:
+                return tier
+        raise KeyError(name)
+
+    @property
+    def layers_per_stage(self) -> int:
+        return self.model.num_layers // self.pipeline.num_stages
+
+    def stage_parameters(self, stage: int) -> int:
+        """Parameters held by one stage: its blocks, plus the embedding (first) or head (last)."""
+        count = self.layers_per_stage * self.model.parameters_per_layer
+        if stage == 0:
+            count += self.model.embedding_parameters
+        if stage == self.pipeline.num_stages - 1:
+            count += self.model.head_parameters
+        return count
+
+    @property
+    def activation_bytes(self) -> float:
+        """Bytes of one microbatch's hidden states crossing a stage boundary (gradients: the same)."""
+        model = self.model
+        return self.pipeline.microbatch_size * model.sequence_length * model.hidden_size * model.activation_bytes_per_element
+
+    @property
+    def target_iterations(self) -> int:
+        if self.target.iterations is not None:
+            return self.target.iterations
+        assert self.target.loss is not None
+        return iterations_for_target(self.convergence.baseline, self.target.loss)
+
+
+def _tiers_used(method: MethodConfig) -> tuple[str, ...]:
+    tiers: list[str] = []
+    for field in ("tier", "fallback_tier"):
+        value = getattr(method, field, None)
+        if value is not None:
+            tiers.append(value)
+    tiers.extend(getattr(method, "levels", ()))
+    return tuple(tiers)
+
+
+def load_scenario(path: str) -> Scenario:
+    return load_model(Scenario, path)
+
+
+def save_scenario(scenario: Scenario, path: str) -> None:
+    save_model(scenario, path)

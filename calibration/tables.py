@@ -1,0 +1,126 @@
+"""Column names of the tidy result tables that sim/ writes and figures/ reads.
+
+Tables are pandas DataFrames saved as CSV (always) and Parquet (when pyarrow is installed and asked
+for). One row per observation; every time in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import InputError
+
+# runs.csv: one row per (scenario, method, replication).
+RUN_COLUMNS: tuple[str, ...] = (
+    "scenario",
+    "failure_probability_per_stage_hour",  # NaN when the churn model is not stage_hourly
+    "method",
+    "replication",
+    "seed",
+    "reached_target",
+    "wall_clock_s",
+    "time_to_target_s",  # NaN when the target was not reached
+    "target_iterations",
+    "progress_iterations",
+    "iterations_executed",
+    "healthy_iteration_time_s",
+    "num_failures",
+    "goodput_s",
+    "bubble_s",
+    "method_overhead_s",
+    "checkpoint_stall_s",
+    "lost_work_s",
+    "recovery_downtime_s",
+    "degraded_slowdown_s",
+    "convergence_setback_s",
+    "setbacks_calibrated",
+)
+
+# summary.csv: one row per (scenario, method), over replications, with 95 % Student-t intervals.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "scenario",
+    "failure_probability_per_stage_hour",
+    "method",
+    "num_replications",
+    "fraction_reached",
+    "time_to_target_mean_s",
+    "time_to_target_ci95_low_s",
+    "time_to_target_ci95_high_s",
+    "speedup_vs_checkpoint_mean",  # mean over replications of T_checkpoint / T_method (paired)
+    "speedup_vs_checkpoint_ci95_low",
+    "speedup_vs_checkpoint_ci95_high",
+    "speedup_vs_redundant_mean",
+    "speedup_vs_redundant_ci95_low",
+    "speedup_vs_redundant_ci95_high",
+    "setbacks_calibrated",
+)
+
+# trajectories.csv: loss against wall-clock, piecewise linear between rows.
+TRAJECTORY_COLUMNS: tuple[str, ...] = (
+    "scenario",
+    "failure_probability_per_stage_hour",
+    "method",
+    "replication",
+    "time_s",
+    "progress_iterations",
+    "loss",
+)
+
+# checkpoint_intervals.csv: the cost of a checkpoint interval, simulated or measured.
+INTERVAL_COLUMNS: tuple[str, ...] = (
+    "source",  # "simulated" or "real"
+    "method",  # "checkpoint" or "async_checkpoint"
+    "interval_iterations",
+    "stall_fraction",  # checkpoint stall / wall-clock
+    "time_to_target_mean_s",  # NaN for real benchmark rows
+    "time_to_target_ci95_low_s",
+    "time_to_target_ci95_high_s",
+    "young_interval_iterations",
+    "daly_interval_iterations",
+)
+
+# validation.csv: one row per (held-out run, quantity).
+VALIDATION_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "method",
+    "failure_probability_per_stage_hour",
+    "quantity",  # e.g. "total_wall_clock_s", "time_to_target_s", "mean_iteration_s"
+    "measured",
+    "predicted",
+    "relative_error",  # (predicted − measured) / measured
+)
+
+# spans.csv of a run record, or iteration_spans.csv of a simulation: drawn as a Gantt chart.
+GANTT_COLUMNS: tuple[str, ...] = ("stage", "kind", "microbatch", "start_s", "end_s")
+
+
+def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Read a CSV or Parquet result table and check it has `columns`."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such result table; run the command that writes it first")
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as error:  # pandas raises many parser types; all mean the same to the user
+        raise InputError(f"{path}: cannot be read as a table ({error.__class__.__name__})") from None
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: lacks column(s) {', '.join(missing)}; was it written by this churnsim version?")
+    return frame
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, *, parquet: bool = False) -> list[Path]:
+    """Write `frame` as CSV (and Parquet beside it when asked); returns the files written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = [path.with_suffix(".csv")]
+    frame.to_csv(written[0], index=False)
+    if parquet:
+        try:
+            frame.to_parquet(path.with_suffix(".parquet"), index=False)
+        except ImportError:
+            raise InputError("Parquet output needs pyarrow: pip install 'churnsim[parquet]', or drop --parquet") from None
+        written.append(path.with_suffix(".parquet"))
+    return written

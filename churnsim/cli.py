@@ -1,0 +1,65 @@
+"""The `churnsim` command: thin commands that load inputs, call a library function and write files.
+
+Bad input of any kind (a file, a flag, a value) ends with one line on stderr and exit code 2. torch
+is imported only by the commands that run real pipelines.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+try:  # typer >= 0.24 vendors its own click; older releases use the click package.
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_exceptions
+
+from churnsim.calibration.errors import InputError
+
+app = typer.Typer(
+    name="churnsim",
+    help="Which recovery method reaches your target loss first when pipeline stages fail?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+real_app = typer.Typer(help="Real PyTorch pipeline runs with injected failures.", no_args_is_help=True)
+app.add_typer(real_app, name="real")
+
+
+def _register_commands() -> None:
+    # Each module adds its commands to `app` / `real_app`; importing them here keeps this file thin.
+    from churnsim import commands_sim  # noqa: F401
+    from churnsim import commands_real  # noqa: F401
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point of the console script."""
+    _register_commands()
+    arguments = sys.argv[1:] if argv is None else argv
+    try:
+        app(args=arguments, prog_name="churnsim", standalone_mode=False)
+    except InputError as error:
+        _fail(str(error))
+    except click_exceptions.NoArgsIsHelpError:
+        sys.exit(0)
+    except click_exceptions.UsageError as error:
+        command = error.ctx.command_path if error.ctx else "churnsim"
+        _fail(f"{error.format_message()} (see: {command} --help)")
+    except click_exceptions.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except click_exceptions.Abort:
+        _fail("aborted")
+    except KeyboardInterrupt:
+        _fail("interrupted")
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"churnsim: error: {' '.join(message.split())}\n")
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""What one simulated run returns: the numbers every table, figure and run record is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Where wall-clock time goes. goodput_s + sum(badput) == wall_clock_s for every run.
+BADPUT_CATEGORIES: tuple[str, ...] = (
+    "bubble_s",  # pipeline bubble of the useful iterations (idle stages inside an iteration)
+    "method_overhead_s",  # steady-state cost of the method: redundant forwards, CheckFree+ swaps, replica refreshes
+    "checkpoint_stall_s",  # training blocked by checkpoint writes or snapshot copies
+    "lost_work_s",  # iterations rolled back, and the partial iteration a failure interrupts
+    "recovery_downtime_s",  # training stopped: join delay, restart, weight transfers, checkpoint loads
+    "degraded_slowdown_s",  # extra time of iterations run with one node doing two stages
+    "convergence_setback_s",  # iterations a rebuilt stage costs the model's progress
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineEvent:
+    """A span (end_s > start_s) or an instant (end_s == start_s) of a simulated run, for the timeline."""
+
+    name: str
+    category: str  # "train", "checkpoint", "flush", "recovery", "degraded", "failure"
+    stage: int  # -1 for the whole pipeline
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandledFailure:
+    time_s: float
+    stage: int
+    kind: str  # cause from the churn model, e.g. "preemption"
+    handled_as: str  # what the method did, e.g. "rebuild_interior", "rollback", "degraded", "ignored"
+    iteration: int  # progress (iterations) when it struck
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    method: str
+    replication: int
+    seed: int
+    reached_target: bool
+    wall_clock_s: float
+    """Time at which the target was reached, or the time the run gave up (target.max_wall_clock_s)."""
+    target_iterations: int
+    progress_iterations: float
+    """Effective progress at the end (iterations of the no-failure run)."""
+    iterations_executed: int
+    healthy_iteration_time_s: float
+    reference_iteration_time_s: float
+    """Iteration time of the same pipeline without any method (the `none` method's)."""
+    goodput_s: float
+    badput: dict[str, float]
+    failures: tuple[HandledFailure, ...]
+    trajectory: tuple[tuple[float, float], ...]
+    """(time_s, progress_iterations) points; progress is linear between consecutive points."""
+    timeline: tuple[TimelineEvent, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
