@@ -38,6 +38,7 @@ _FIXES = {
     "less_than_equal": "use a smaller value",
     "literal_error": "use one of the allowed values",
     "union_tag_invalid": "use one of the allowed values",
+    "union_tag_not_found": "add the field that selects the kind (e.g. 'kind' or 'name')",
 }
 
 

@@ -1,0 +1,249 @@
+"""Failure sample paths: which stage fails when, for one replication.
+
+`sample_failures(config, num_stages=..., horizon_s=..., rng=...)` turns a churn model of
+`churnsim.calibration.churn` into a time-ordered tuple of `FailureEvent`s in [0, horizon_s). The path
+depends only on the churn model, the pipeline size, the horizon and the random stream, never on the
+recovery method: the run model feeds the same path to every method of a replication (common random
+numbers).
+
+Prefix property: for a fixed seed, a longer horizon only appends events. Each stage's failures come
+from its own random stream (memoryless and Weibull models), and bursts and trace removals consume
+their stream in time order, so what happens before time t never depends on the horizon.
+
+Trace replay (an approximation: traces give timing and burstiness, not placement): the pipeline's
+stages are taken to sit on `num_stages` of the nodes alive in the trace, placed uniformly at random.
+A removal of k nodes at one instant, with n alive just before it, therefore hits a number of stages
+drawn from the hypergeometric law (k draws from n nodes of which min(num_stages, n) host stages):
+each removed node hosts a stage with probability min(1, num_stages / n) and simultaneous removals hit
+distinct stages, chosen uniformly. Replacements are not taken from the trace's pool (the run model
+adds a join delay); every removal counts as a preemption seen, whether or not it hits a stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from churnsim.calibration.churn import (
+    BurstChurn,
+    ChurnConfig,
+    NoChurn,
+    PoissonChurn,
+    StageHourlyChurn,
+    TraceChurn,
+    WeibullChurn,
+)
+from churnsim.calibration.errors import InputError
+
+from .traces import Trace, TraceEvent, load_trace, summarize_trace
+
+FailureKind = Literal["stage_hourly", "poisson", "weibull", "burst", "trace_removal"]
+
+# Draws per call when extending a per-stage stream; fixed so the values drawn never depend on the horizon.
+_CHUNK = 64
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class FailureEvent:
+    """Stage `stage` (0-based) loses its node at `time_s`; `kind` names the churn model that caused it."""
+
+    time_s: float
+    stage: int
+    kind: FailureKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureSample:
+    """A replication's failure path and how many node preemptions produced it."""
+
+    events: tuple[FailureEvent, ...]
+    num_preemptions_seen: int
+    """Node losses inside the horizon: equals len(events) for synthetic models; for trace replay,
+    every removal in the replayed trace, including those that hit no stage."""
+
+
+def sample_failures(
+    config: ChurnConfig, *, num_stages: int, horizon_s: float, rng: np.random.Generator
+) -> tuple[FailureEvent, ...]:
+    """The failure events of one replication in [0, horizon_s), sorted by time, then stage.
+
+    Takes exactly two draws from `rng` (to seed the per-stage streams) for every model but `none`,
+    whatever the horizon; pass a stream reserved for churn so other sources stay independent of it.
+    """
+    return sample_failures_with_stats(config, num_stages=num_stages, horizon_s=horizon_s, rng=rng).events
+
+
+def sample_failures_with_stats(
+    config: ChurnConfig, *, num_stages: int, horizon_s: float, rng: np.random.Generator
+) -> FailureSample:
+    """As `sample_failures`, also counting the preemptions seen (trace removals that missed every stage too)."""
+    if isinstance(num_stages, bool) or not isinstance(num_stages, (int, np.integer)) or num_stages < 1:
+        raise InputError(f"num_stages = {num_stages!r}: must be a whole number >= 1; use the pipeline's stage count")
+    if not (horizon_s >= 0.0 and math.isfinite(horizon_s)):
+        raise InputError(f"horizon_s = {horizon_s!r}: must be a finite number of seconds >= 0")
+    num_stages = int(num_stages)
+    if isinstance(config, NoChurn):
+        return FailureSample(events=(), num_preemptions_seen=0)
+    if isinstance(config, (StageHourlyChurn, PoissonChurn)):
+        streams = _spawn(rng, num_stages)
+        rate_per_s = config.rate_per_stage_s
+        if rate_per_s <= 0.0:
+            return FailureSample(events=(), num_preemptions_seen=0)
+        events = [
+            FailureEvent(time_s=time_s, stage=stage, kind=config.kind)
+            for stage, stream in enumerate(streams)
+            for time_s in _renewal_times(stream, horizon_s, lambda s, n: s.exponential(1.0 / rate_per_s, n))
+        ]
+        return _finish(events)
+    if isinstance(config, WeibullChurn):
+        streams = _spawn(rng, num_stages)
+        scale_s = config.scale_s
+        events = [
+            FailureEvent(time_s=time_s, stage=stage, kind="weibull")
+            for stage, stream in enumerate(streams)
+            for time_s in _renewal_times(stream, horizon_s, lambda s, n: scale_s * s.weibull(config.shape, n))
+        ]
+        return _finish(events)
+    if isinstance(config, BurstChurn):
+        return _finish(_burst_events(config, num_stages, horizon_s, _spawn(rng, 1)[0]))
+    if isinstance(config, TraceChurn):
+        return _replay_trace(config, num_stages, horizon_s, _spawn(rng, 1)[0])
+    raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
+
+
+def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> float:
+    """Long-run stage failures per second per stage, for analytic oracles (Young/Daly, ETTR).
+
+    Exact for the memoryless and burst models; the renewal-theorem limit 1 / mean lifetime for
+    Weibull; for a trace, an approximation over the whole trace (not the window): preemptions per
+    node-second × min(mean nodes alive, S) / S, divided by `time_scale`.
+    """
+    if isinstance(config, NoChurn):
+        return 0.0
+    if isinstance(config, (StageHourlyChurn, PoissonChurn)):
+        return config.rate_per_stage_s
+    if isinstance(config, WeibullChurn):
+        return 1.0 / config.mean_lifetime_s
+    if isinstance(config, BurstChurn):
+        capped_mean = math.fsum(
+            min(size, num_stages) * p for size, p in enumerate(config.burst_size_probabilities, start=1)
+        )
+        return config.bursts_per_hour / 3600.0 * capped_mean / num_stages
+    if isinstance(config, TraceChurn):
+        summary = summarize_trace(load_trace(config.path, config.format))
+        if summary.node_hours <= 0:
+            return 0.0
+        per_node_s = summary.num_preemptions / (summary.node_hours * 3600.0)
+        share = min(1.0, num_stages / summary.mean_nodes_alive)
+        return per_node_s * share * summary.mean_nodes_alive / num_stages / config.time_scale
+    raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
+
+
+def _spawn(rng: np.random.Generator, num_streams: int) -> list[np.random.Generator]:
+    # Two draws from the caller's stream seed independent children, whatever the horizon.
+    root = np.random.SeedSequence([int(value) for value in rng.integers(0, 2**63, size=2)])
+    return [np.random.default_rng(child) for child in root.spawn(num_streams)]
+
+
+def _renewal_times(stream: np.random.Generator, horizon_s: float, draw_gaps) -> list[float]:
+    """Partial sums of i.i.d. gaps below the horizon, drawn in fixed chunks (prefix property)."""
+    times: list[float] = []
+    now_s = 0.0
+    while True:
+        for gap_s in draw_gaps(stream, _CHUNK):
+            now_s += float(gap_s)
+            if now_s >= horizon_s:
+                return times
+            times.append(now_s)
+
+
+def _burst_events(config: BurstChurn, num_stages: int, horizon_s: float, stream: np.random.Generator) -> list[FailureEvent]:
+    if config.bursts_per_hour <= 0.0:
+        return []
+    mean_gap_s = 3600.0 / config.bursts_per_hour
+    probabilities = np.asarray(config.burst_size_probabilities, dtype=float)
+    probabilities = probabilities / probabilities.sum()  # exact normalisation of the validated ±1e-6
+    events: list[FailureEvent] = []
+    now_s = 0.0
+    while True:
+        # Per burst, always in this order: gap, size, victims (the stream is consumed in time order).
+        now_s += float(stream.exponential(mean_gap_s))
+        if now_s >= horizon_s:
+            return events
+        size = min(num_stages, 1 + int(stream.choice(len(probabilities), p=probabilities)))
+        for stage in stream.choice(num_stages, size=size, replace=False):
+            events.append(FailureEvent(time_s=now_s, stage=int(stage), kind="burst"))
+
+
+def _window_events(config: TraceChurn, trace: Trace) -> tuple[list[TraceEvent], int, float]:
+    """Events of the window shifted to start at 0 (unscaled), nodes alive at its start, its length."""
+    start_s = config.window_start_s
+    end_s = trace.end_s if config.window_end_s is None else config.window_end_s
+    if start_s >= trace.end_s and start_s > 0.0:
+        raise InputError(
+            f"churn.window_start_s = {start_s:g}: at or after the end of trace {config.path!r} "
+            f"({trace.end_s:g} s); use an earlier start"
+        )
+    # The default window includes events at the trace's last record; an explicit end is exclusive.
+    inside = [
+        event
+        for event in trace.events
+        if start_s <= event.time_s and (event.time_s < end_s or (config.window_end_s is None and event.time_s <= end_s))
+    ]
+    shifted = [TraceEvent(time_s=e.time_s - start_s, kind=e.kind, count=e.count) for e in inside]
+    return shifted, trace.alive_at(start_s), end_s - start_s
+
+
+def _replay_trace(config: TraceChurn, num_stages: int, horizon_s: float, stream: np.random.Generator) -> FailureSample:
+    trace = load_trace(config.path, config.format)
+    window, alive_at_start, window_length_s = _window_events(config, trace)
+    period_s = window_length_s * config.time_scale
+    has_removals = any(event.kind == "remove" for event in window)
+    events: list[FailureEvent] = []
+    preemptions = 0
+    loop = 0
+    while True:
+        loop_start_s = loop * period_s
+        if loop_start_s >= horizon_s or (loop > 0 and (not config.repeat or not has_removals or period_s <= 0)):
+            break
+        alive = alive_at_start  # every loop replays the window from its initial state
+        hit_time_s, hit_stages = None, set()
+        for event in window:
+            time_s = loop_start_s + event.time_s * config.time_scale
+            if time_s >= horizon_s:
+                break
+            if event.kind == "add":
+                alive += event.count
+                continue
+            if time_s != hit_time_s:
+                hit_time_s, hit_stages = time_s, set()
+            preemptions += event.count
+            for stage in _stages_hit(event.count, alive, num_stages, hit_stages, stream):
+                hit_stages.add(stage)
+                events.append(FailureEvent(time_s=time_s, stage=stage, kind="trace_removal"))
+            alive -= event.count
+        loop += 1
+    return FailureSample(events=tuple(sorted(events)), num_preemptions_seen=preemptions)
+
+
+def _stages_hit(
+    num_removed: int, num_alive: int, num_stages: int, already_hit: set[int], stream: np.random.Generator
+) -> list[int]:
+    """Stages lost when `num_removed` of `num_alive` uniformly placed nodes leave (hypergeometric)."""
+    free_stages = [stage for stage in range(num_stages) if stage not in already_hit]
+    num_hosting = min(len(free_stages), num_alive)
+    if num_hosting == 0 or num_removed <= 0:
+        return []
+    num_hit = int(stream.hypergeometric(num_hosting, num_alive - num_hosting, min(num_removed, num_alive)))
+    if num_hit == 0:
+        return []
+    chosen = stream.choice(len(free_stages), size=num_hit, replace=False)
+    return [free_stages[int(index)] for index in chosen]
+
+
+def _finish(events: list[FailureEvent]) -> FailureSample:
+    ordered = tuple(sorted(events))
+    return FailureSample(events=ordered, num_preemptions_seen=len(ordered))
