@@ -4,15 +4,16 @@ Engines know nothing about pipelines; the `checkpoint` and `async_checkpoint` re
 them. File format: see `format.py`; commit protocol: see `levels.py`.
 """
 
-from .engine import CheckpointEngine, CheckpointStats, SpanRecorder, SynchronousCheckpointEngine
+from .engine import (
+    CheckpointEngine,
+    CheckpointEngineFailed,
+    CheckpointStats,
+    SpanRecorder,
+    SynchronousCheckpointEngine,
+)
 from .format import CheckpointCorruptError
 from .host_pool import HostPool
-from .lazy_async import (
-    LOCAL_LEVEL,
-    REMOTE_LEVEL,
-    CheckpointEngineFailed,
-    LazyAsyncCheckpointEngine,
-)
+from .lazy_async import LOCAL_LEVEL, REMOTE_LEVEL, LazyAsyncCheckpointEngine
 from .levels import CheckpointInfo
 
 __all__ = [
