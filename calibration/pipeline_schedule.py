@@ -98,7 +98,10 @@ def stage_operation_order(
         passes = [("forward", m) for m in range(num_microbatches)]
         passes += [("backward", m) for m in range(num_microbatches)]
     else:
-        num_warmup = min(num_stages - stage - 1, num_microbatches)
+        # Under swapped routes stage 1 computes odd microbatches before stage 0 does, so it needs
+        # stage 0's warm-up depth; with one forward fewer, 1F1B deadlocks for odd S when M > S.
+        position = 0 if (swap_odd_microbatches and stage == 1) else stage
+        num_warmup = min(num_stages - position - 1, num_microbatches)
         passes = [("forward", m) for m in range(num_warmup)]
         next_backward = 0
         for m in range(num_warmup, num_microbatches):
