@@ -94,7 +94,7 @@ def _checkfree_geo(
         recovery=RecoverySpec(join_delay_s=30.0, restart_s=6.6),
         methods=default_methods(
             checkfree=rebuild, checkfree_plus=rebuild, copy=rebuild, uniform=rebuild, random=rebuild,
-            checkpoint={"interval_iterations": 50},
+            checkpoint={"interval_iterations": 20},  # the CheckFree rollback replay's default F = 20
         ),
         convergence=ConvergenceSpec(baseline=curve),
         target=TargetSpec(loss=target_loss),

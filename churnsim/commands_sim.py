@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from churnsim.cli import app
 
 console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Callable[[], None]]:
+    """A progress bar on stderr; yields the function that advances it by one."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda: progress.advance(task)
 
 
 @app.command("presets")
@@ -21,3 +35,196 @@ def presets_command() -> None:
         target = f"loss {scenario.target.loss}" if scenario.target.loss is not None else f"{scenario.target.iterations} iterations"
         table.add_row(name, scenario.model.name, str(scenario.pipeline.num_stages), scenario.churn.kind, target)
     Console().print(table)
+
+
+def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str]):
+    """The scenario named on the command line: a file or a preset, exactly one."""
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.presets import preset
+    from churnsim.calibration.scenario import load_scenario
+
+    if (scenario_path is None) == (preset_name is None):
+        raise InputError("give a scenario file or --preset NAME (exactly one); `churnsim presets` lists the presets")
+    return load_scenario(str(scenario_path)) if scenario_path is not None else preset(preset_name)
+
+
+def override_run_settings(scenario, *, methods: Optional[list[str]], replications: Optional[int], seed: Optional[int]):
+    """Apply --method/--replications/--seed to a scenario (re-validated)."""
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.methods import method_from_name
+
+    update: dict = {}
+    if methods:
+        by_name = {method.name: method for method in scenario.methods}
+        update["methods"] = tuple(by_name.get(name) or method_from_name(name) for name in methods)
+        if len(set(methods)) != len(methods):
+            raise InputError(f"--method lists a method twice: {methods}")
+    if replications is not None:
+        if replications < 1:
+            raise InputError(f"--replications {replications}: must be >= 1")
+        update["replications"] = replications
+    if seed is not None:
+        if seed < 0:
+            raise InputError(f"--seed {seed}: must be >= 0")
+        update["seed"] = seed
+    if not update:
+        return scenario
+    from churnsim.calibration.base import validate_model
+    from churnsim.calibration.scenario import Scenario
+
+    data = scenario.model_dump()
+    data.update({key: (value if key != "methods" else [m.model_dump() for m in value]) for key, value in update.items()})
+    return validate_model(Scenario, data, "scenario with command-line overrides")
+
+
+def print_summary(summary, title: str) -> None:
+    """One row per method: time to target with its 95 % CI and paired speed-ups."""
+    import math
+
+    def hours(value: float) -> str:
+        return "—" if math.isnan(value) else f"{value / 3600:.2f}"
+
+    def ratio(mean: float, low: float, high: float) -> str:
+        return "—" if math.isnan(mean) else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+
+    table = Table("method", "reached", "time to target h [95 % CI]", "× vs checkpoint [CI]", "× vs redundant [CI]", title=title)
+    for row in summary.itertuples(index=False):
+        table.add_row(
+            row.method,
+            f"{row.fraction_reached:.0%}",
+            f"{hours(row.time_to_target_mean_s)} [{hours(row.time_to_target_ci95_low_s)}, {hours(row.time_to_target_ci95_high_s)}]",
+            ratio(row.speedup_vs_checkpoint_mean, row.speedup_vs_checkpoint_ci95_low, row.speedup_vs_checkpoint_ci95_high),
+            ratio(row.speedup_vs_redundant_mean, row.speedup_vs_redundant_ci95_low, row.speedup_vs_redundant_ci95_high),
+        )
+    Console(width=max(Console().width, 110)).print(table)
+
+
+@app.command("simulate")
+def simulate_command(
+    scenario_path: Optional[Path] = typer.Argument(None, metavar="[SCENARIO]", help="Scenario JSON file."),
+    preset_name: Optional[str] = typer.Option(None, "--preset", help="A built-in scenario (see `churnsim presets`)."),
+    methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to simulate; repeat for several (default: the scenario's)."),
+    replications: Optional[int] = typer.Option(None, "--replications", help="Replications (common random numbers across methods)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Base seed of the failure paths."),
+    out: Path = typer.Option(..., "--out", help="Directory for run records, tables and timelines."),
+    parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
+) -> None:
+    """Simulate one scenario: a summary table with one row per method, run records, a timeline."""
+    from churnsim.sim.simulate import simulate_scenario
+
+    scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
+    with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
+        output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
+    print_summary(output.summary, f"{scenario.name}: {scenario.replications} replication(s)")
+    for note in output.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"wrote {out}")
+
+
+@app.command("whatif")
+def whatif_command(
+    preset_name: str = typer.Option("checkfree-500m-geo-10pct", "--preset", help="Scenario to sweep (see `churnsim presets`)."),
+    scenario_path: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file instead of a preset."),
+    rates: Optional[str] = typer.Option(None, "--rates", help="Failure probabilities per stage-hour, comma-separated (default 0,0.05,0.1,0.16,0.33)."),
+    methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several (default: all)."),
+    replications: int = typer.Option(10, "--replications", help="Replications per failure rate (common random numbers across methods)."),
+    quick: bool = typer.Option(False, "--quick", help="A fast smoke run: 3 replications, 3 rates, a short interval study."),
+    out: Path = typer.Option(Path("churnsim-out"), "--out", help="Directory for tables and figures."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
+    parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the figures."),
+) -> None:
+    """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
+    from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, run_whatif
+
+    scenario = load_scenario_argument(scenario_path, None if scenario_path else preset_name)
+    failure_rates = parse_float_list(rates, "--rates") if rates else WHATIF_FAILURE_RATES
+    chosen = override_run_settings(scenario, methods=methods, replications=None, seed=None).methods if methods else ()
+    if replications < 2:
+        from churnsim.calibration.errors import InputError
+
+        raise InputError(f"--replications {replications}: confidence intervals need at least 2")
+    plan = WhatIfPlan(scenario=scenario, failure_rates=failure_rates, methods=chosen, replications=replications)
+    if quick:
+        plan = WhatIfPlan(
+            scenario=scenario, failure_rates=failure_rates if rates else (0.0, 0.10, 0.33), methods=chosen,
+            replications=3, intervals=(10, 50, 200),
+        )
+    from churnsim.sim.whatif import interval_tasks, rate_tasks
+
+    total = len(rate_tasks(plan)) + len(interval_tasks(plan))
+    with progress_bar(total, f"what-if on {scenario.name}") as advance:
+        result = run_whatif(plan, out, workers=workers, scheduler_address=scheduler, parquet=parquet, on_task_done=advance)
+    for probability, rows in result.sweep.summary.groupby("failure_probability_per_stage_hour", sort=True):
+        print_summary(rows, f"{scenario.name} at {probability:.0%} failure probability per stage-hour")
+    if figures:
+        from churnsim.figures.make_all import make_all_figures
+
+        drawn = make_all_figures(out)
+        console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"wrote {out}")
+
+
+def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
+    from churnsim.calibration.errors import InputError
+
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0,0.05,0.1") from None
+    if not values:
+        raise InputError(f"{flag} is empty: give at least one value")
+    if any(not 0.0 <= value < 1.0 for value in values):
+        raise InputError(f"{flag} {text!r}: failure probabilities per stage-hour must be in [0, 1), e.g. 0.1 for 10 %/h")
+    return values
+
+
+@app.command("sweep")
+def sweep_command(
+    scenario_path: Optional[Path] = typer.Argument(None, metavar="[SCENARIO]", help="Scenario JSON file."),
+    preset_name: Optional[str] = typer.Option(None, "--preset", help="A built-in scenario."),
+    settings: list[str] = typer.Option(..., "--set", help="FIELD=V1,V2,... over a scenario field (dotted path); repeat for a grid."),
+    methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several."),
+    replications: Optional[int] = typer.Option(None, "--replications"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    out: Path = typer.Option(..., "--out", help="Directory for runs.csv, summary.csv and trajectories.csv."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
+    parquet: bool = typer.Option(False, "--parquet"),
+) -> None:
+    """A grid over scenario fields, in local processes or on a Dask cluster."""
+    from churnsim.calibration.tables import write_table
+    from churnsim.sim.sweep import build_tasks, parse_grid_setting, run_sweep
+
+    scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
+    grid = [parse_grid_setting(text) for text in settings]
+    tasks = build_tasks(scenario, grid)
+    with progress_bar(len(tasks), f"sweeping {scenario.name}") as advance:
+        result = run_sweep(tasks, workers=workers, scheduler_address=scheduler, on_task_done=advance)
+    write_table(result.runs, out / "runs.csv", parquet=parquet)
+    write_table(result.summary, out / "summary.csv", parquet=parquet)
+    write_table(result.trajectories, out / "trajectories.csv", parquet=parquet)
+    for name, rows in result.summary.groupby("scenario", sort=False):
+        print_summary(rows, str(name))
+    console.print(f"wrote {out}")
+
+
+@app.command("plot")
+def plot_command(
+    results: Path = typer.Argument(..., help="A directory written by whatif, simulate, sweep or validate."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to put the PNGs (default RESULTS/figures)."),
+) -> None:
+    """Remake every figure from saved results."""
+    from churnsim.calibration.errors import InputError
+    from churnsim.figures.make_all import make_all_figures
+
+    if not results.is_dir():
+        raise InputError(f"{results}: not a results directory; pass the --out directory of whatif, simulate, sweep or validate")
+    drawn = make_all_figures(results, out)
+    if not drawn:
+        raise InputError(f"{results}: holds no result table a figure can be drawn from (runs.csv, summary.csv, ...)")
+    for path in drawn:
+        Console().print(str(path))

@@ -157,7 +157,10 @@ def _renewal_times(stream: np.random.Generator, horizon_s: float, draw_gaps) -> 
             now_s += float(gap_s)
             if now_s >= horizon_s:
                 return times
-            times.append(now_s)
+            # A lifetime that rounds to zero (Weibull shapes well below 1) would make the stage fail
+            # twice at one instant; a node that is already gone cannot fail again, so it is dropped.
+            if not times or now_s > times[-1]:
+                times.append(now_s)
 
 
 def _burst_events(config: BurstChurn, num_stages: int, horizon_s: float, stream: np.random.Generator) -> list[FailureEvent]:

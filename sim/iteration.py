@@ -4,8 +4,9 @@ Each stage performs `stage_operation_order(...)` (GPipe or 1F1B, optionally with
 routes) strictly in order. An operation waits for its input (forward: the previous hop's activation;
 backward: the next hop's gradient; the head hop's backward needs none), then for the compute of the
 node the stage runs on; every node computes one thing at a time, in request order. Activations and
-gradients (`activation_bytes` each) travel over one processor-sharing link per ordered node pair, so
-transfers on the same pair share its bandwidth; a transfer between two stages on one node is free.
+gradients (`activation_bytes` each) travel over one FIFO message link per ordered node pair
+(`FifoMessageLink`: a pair's sends queue one after another, as on one gloo/NCCL communicator); a
+transfer between two stages on one node is free.
 After its last backward a stage all-reduces its gradients over its data-parallel ring and then runs
 its optimizer step. For uniform stages and free links the result equals (M + S − 1)(t_f + t_b).
 
@@ -33,7 +34,7 @@ import simpy
 from churnsim.calibration.pipeline_schedule import microbatch_route, stage_operation_order
 
 from .iteration_state import PipelineState
-from .links import ProcessorSharingLink
+from .links import FifoMessageLink, ProcessorSharingLink
 
 __all__ = ["IterationModel", "IterationResult", "PipelineState", "Span", "simulate_iteration"]
 
@@ -180,7 +181,7 @@ class _IterationRun:
         self.spans: list[tuple] = []
         self.busy_s = [0.0] * state.num_stages
         self.nodes = {node: _Node(self.env, self._record) for node in set(state.node_of_stage)}
-        self.links: dict[tuple[int, int], ProcessorSharingLink] = {}
+        self.links: dict[tuple[int, int], FifoMessageLink] = {}
         self.allreduce_links: dict[int, ProcessorSharingLink] = {}
         self.arrived: set = set()
         self.waiting: dict = {}
@@ -223,7 +224,7 @@ class _IterationRun:
             return
         link = self.links.get((source, target))
         if link is None:
-            link = ProcessorSharingLink(
+            link = FifoMessageLink(
                 self.env,
                 bandwidth_bytes_per_s=state.link_bandwidth_bytes_per_s[source][target],
                 latency_s=state.link_latency_s[source][target],

@@ -138,3 +138,40 @@ class ProcessorSharingLink:
             self.num_transfers_completed += 1
             flow.done.succeed(flow.num_bytes)
         self._arm_wakeup()
+
+
+class FifoMessageLink:
+    """One direction of a point-to-point connection that sends whole messages one after another.
+
+    A message starts transmitting when the previous one has left (bytes / bandwidth each) and
+    arrives `latency_s` after its last byte left. This is how a pipeline stage's activations and
+    gradients travel: one communicator per pair of stages serialises its sends (gloo and NCCL
+    point-to-point), so microbatches queue rather than share the wire, and an early microbatch is
+    not slowed down by later ones as it would be on a processor-sharing link.
+    """
+
+    def __init__(self, env: simpy.Environment, *, bandwidth_bytes_per_s: float, latency_s: float = 0.0, name: str = "") -> None:
+        if not bandwidth_bytes_per_s > 0:
+            raise InputError(f"link {name!r}: bandwidth_bytes_per_s = {bandwidth_bytes_per_s} must be > 0")
+        if not (latency_s >= 0 and math.isfinite(latency_s)):
+            raise InputError(f"link {name!r}: latency_s = {latency_s} must be finite and >= 0")
+        self.env = env
+        self.name = name
+        self.bandwidth_bytes_per_s = float(bandwidth_bytes_per_s)
+        self.latency_s = float(latency_s)
+        self.bytes_transferred = 0.0
+        self.busy_s = 0.0
+        self.num_transfers_completed = 0
+        self._free_at_s = 0.0
+
+    def transfer(self, num_bytes: float) -> simpy.Event:
+        """An event that fires (value: `num_bytes`) when the message has arrived."""
+        if not (num_bytes >= 0 and math.isfinite(num_bytes)):
+            raise InputError(f"link {self.name!r}: num_bytes = {num_bytes} must be finite and >= 0")
+        start_s = max(self.env.now, self._free_at_s)
+        transmission_s = num_bytes / self.bandwidth_bytes_per_s
+        self._free_at_s = start_s + transmission_s
+        self.busy_s += transmission_s
+        self.bytes_transferred += num_bytes
+        self.num_transfers_completed += 1
+        return self.env.timeout(self._free_at_s + self.latency_s - self.env.now, value=num_bytes)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from churnsim.calibration.churn import (
@@ -239,6 +239,12 @@ _configs = st.one_of(
     horizons=st.tuples(st.floats(0.0, 30 * HOUR_S), st.floats(0.0, 30 * HOUR_S)),
     seed=st.integers(0, 2**32 - 1),
 )
+@example(
+    config=WeibullChurn(kind='weibull', shape=0.3125, mean_lifetime_s=300.0),
+    num_stages=10,
+    horizons=(0.0, 20628.0),
+    seed=10321,
+)  # zero-length Weibull lifetimes once produced a duplicate failure
 def test_paths_run_forward_in_time_and_a_longer_horizon_only_adds_events(config, num_stages, horizons, seed):
     short_s, long_s = sorted(horizons)
     short = sample_failures(config, num_stages=num_stages, horizon_s=short_s, rng=np.random.default_rng(seed))

@@ -80,17 +80,17 @@ def test_communication_adds_latency_plus_bytes_over_bandwidth_each_way():
     assert trace(result, ("send",)) == [(0, "send", 0, 1.0, 2.0), (1, "send", 0, 5.0, 6.0)]
 
 
-def test_two_transfers_on_one_ordered_pair_share_its_bandwidth():
-    # Stage 0 forwards take no time, so both activations leave at t = 0 and share the 1 B/s link:
-    # each gets 0.5 B/s and both arrive at 2.0 (alone, the first would have arrived at 1.0).
+def test_two_transfers_on_one_ordered_pair_queue_one_after_the_other():
+    # Stage 0 forwards take no time, so both activations are sent at t = 0 over the 1 B/s link; the
+    # pair's messages go one after another: the first arrives at 1.0, the second at 2.0.
     state = PipelineState(
         num_stages=2, num_microbatches=2, schedule="gpipe", block_forward_s=(0.0, 1.0),
         block_backward_s=(0.0, 1.0), activation_bytes=1.0,
         link_bandwidth_bytes_per_s=((math.inf, 1.0), (1.0, math.inf)),
     )
     result = simulate_iteration(state)
-    assert trace(result, ("send",))[:2] == [(0, "send", 0, 0.0, 2.0), (0, "send", 1, 0.0, 2.0)]
-    assert trace(result, ("forward",))[2] == (1, "forward", 0, 2.0, 3.0)
+    assert trace(result, ("send",))[:2] == [(0, "send", 0, 0.0, 1.0), (0, "send", 1, 0.0, 2.0)]
+    assert trace(result, ("forward",))[2:4] == [(1, "forward", 0, 1.0, 2.0), (1, "forward", 1, 2.0, 3.0)]
 
 
 @pytest.mark.parametrize(

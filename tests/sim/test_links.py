@@ -120,3 +120,17 @@ def test_flows_started_together_finish_exactly_when_all_bytes_could_have_been_se
     completions, link = run_flows([(0.0, size) for size in sizes], bandwidth_bytes_per_s=bandwidth)
     assert max(completions) == pytest.approx(sum(sizes) / bandwidth, rel=1e-9)
     assert link.busy_s == pytest.approx(max(completions), rel=1e-9)
+
+
+def test_fifo_message_link_sends_messages_one_after_another():
+    from churnsim.sim.links import FifoMessageLink
+
+    env = simpy.Environment()
+    link = FifoMessageLink(env, bandwidth_bytes_per_s=2.0, latency_s=0.5)
+    arrivals = []
+    for size in (2.0, 1.0):
+        link.transfer(size).callbacks.append(lambda event, size=size: arrivals.append((size, env.now)))
+    env.run()
+    # First: 1 s on the wire + 0.5 s latency; second leaves at 1.0, takes 0.5 s, arrives at 2.0.
+    assert arrivals == [(2.0, 1.5), (1.0, 2.0)]
+    assert link.bytes_transferred == 3.0 and link.busy_s == 1.5

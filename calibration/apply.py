@@ -1,0 +1,159 @@
+"""Carry a calibration into a scenario.
+
+Two modes:
+
+- `full`: the scenario runs the calibrated model and pipeline (e.g. the tiny CPU model), so every
+  measured quantity replaces its assumption:
+    compute     ExplicitCompute: per-stage block forward/backward medians (edge stages' embedding
+                and head time are inside the block times, as measured); optimizer_step_s = the
+                measured optimizer step + `iteration_overhead_s` (the per-iteration time outside
+                forward, backward and optimizer is charged once per iteration, where the
+                optimizer step sits)
+    network     UniformNetwork(latency, bandwidth) from the link profile; the scenario's all-reduce
+                latency/bandwidth are kept (not measured)
+    storage     tiers named in the calibration take its read/write bandwidths; their latency,
+                capacity and survival flags, and tiers the calibration lacks, stay as they were
+                (a calibration tier absent from the scenario is ignored: whether it survives node
+                loss is not measured)
+    recovery    join_delay_s = the measured `recovery.join` time (a real run's replacement coming up:
+                fresh state on the failed stage), sample-weighted over the methods that measured
+                it; restart_s (rendezvous and process-group rebuild) is kept, since a local real run
+                keeps its processes and measures none (a validator replaying local runs sets it to
+                0 itself). Transfer, load and rebuild times are not copied: the simulator derives
+                them from bytes, the link and the tiers, which the calibration sets.
+    convergence the calibration's (baseline and setbacks, calibrated=True)
+- `setbacks`: for scenarios of other models (the paper presets keep their cited constants): only
+  the measured setbacks are taken, in optimizer steps, unchanged (setback_scale = 1). This is an
+  ASSUMPTION: a rebuilt stage re-learns at a rate set by the number of steps and the learning rate,
+  not by the model's width. `setback_scale` is the knob for a different transfer. The scenario's
+  baseline curve is kept, and so are its setbacks for positions the calibration did not measure.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .base import validate_model
+from .calibration_file import Calibration
+from .convergence import MethodSetbacks
+from .errors import InputError
+from .scenario import ExplicitCompute, Scenario, UniformNetwork
+
+ApplyMode = Literal["full", "setbacks"]
+
+SETBACK_TRANSFER_ASSUMPTION = (
+    "setbacks carried over in optimizer steps unchanged (setback_scale 1): assumes a rebuilt stage "
+    "re-learns at a rate set by steps and learning rate, not model width"
+)
+
+
+def _first_difference(left: dict, right: dict) -> str | None:
+    for key in sorted(set(left) | set(right)):
+        if left.get(key) != right.get(key):
+            return f"{key} = {left.get(key)!r} in the scenario, {right.get(key)!r} in the calibration"
+    return None
+
+
+def _check_same_setup(scenario: Scenario, calibration: Calibration) -> None:
+    # The model's display name does not change timings; every other field does.
+    for part in ("model", "pipeline"):
+        left = getattr(scenario, part).model_dump(exclude={"name"})
+        right = getattr(calibration, part).model_dump(exclude={"name"})
+        difference = _first_difference(left, right)
+        if difference:
+            raise InputError(
+                f"scenario {scenario.name!r} does not run the calibrated {part} ({part}.{difference}); "
+                "mode 'full' needs the same model and pipeline, use mode 'setbacks' to take only the convergence setbacks"
+            )
+
+
+def _measured_join_s(calibration: Calibration) -> float | None:
+    measured = [(times.join_s, times.num_samples) for times in calibration.recovery.values() if times.join_s > 0 and times.num_samples > 0]
+    if not measured:
+        return None
+    total = sum(count for _, count in measured)
+    return sum(value * count for value, count in measured) / total
+
+
+def _full(scenario: Scenario, calibration: Calibration) -> dict:
+    _check_same_setup(scenario, calibration)
+    timings = sorted(calibration.stage_timings, key=lambda timing: timing.stage)
+    compute = ExplicitCompute(
+        block_forward_s=tuple(t.block_forward.median_s for t in timings),
+        block_backward_s=tuple(t.block_backward.median_s for t in timings),
+        optimizer_step_s=calibration.optimizer_step.median_s + calibration.iteration_overhead_s,
+    )
+    network = UniformNetwork(
+        latency_s=calibration.link.latency_s,
+        bandwidth_bytes_per_s=calibration.link.bandwidth_bytes_per_s,
+        allreduce_latency_s=scenario.network.allreduce_latency_s,
+        allreduce_bandwidth_bytes_per_s=scenario.network.allreduce_bandwidth_bytes_per_s,
+    )
+    measured_tiers = {tier.name: tier for tier in calibration.storage}
+    storage = tuple(
+        tier.model_copy(
+            update={
+                "write_bandwidth_bytes_per_s": measured_tiers[tier.name].write_bandwidth_bytes_per_s,
+                "read_bandwidth_bytes_per_s": measured_tiers[tier.name].read_bandwidth_bytes_per_s,
+            }
+        )
+        if tier.name in measured_tiers
+        else tier
+        for tier in scenario.storage
+    )
+    join_s = _measured_join_s(calibration)
+    recovery = scenario.recovery if join_s is None else scenario.recovery.model_copy(update={"join_delay_s": join_s})
+    return {
+        "compute": compute.model_dump(),
+        "network": network.model_dump(),
+        "storage": [tier.model_dump() for tier in storage],
+        "recovery": recovery.model_dump(),
+        "convergence": calibration.convergence.model_dump(),
+    }
+
+
+def _setbacks_only(scenario: Scenario, calibration: Calibration) -> dict:
+    setbacks = dict(scenario.convergence.setbacks)
+    measured = []
+    for method, calibrated in calibration.convergence.setbacks.items():
+        current = setbacks.get(method)
+        specs = {}
+        for position in ("interior", "edge"):
+            spec = calibrated.for_position(position)  # type: ignore[arg-type]
+            if spec.num_samples > 0 or current is None:
+                specs[position] = spec
+                if spec.num_samples > 0:
+                    measured.append(f"{method}/{position}")
+            else:
+                specs[position] = current.for_position(position)  # type: ignore[arg-type]
+        setbacks[method] = MethodSetbacks(**specs)
+    if not measured:
+        raise InputError(
+            f"calibration {calibration.name!r} measured no setbacks (every num_samples is 0); "
+            "calibrate with failure runs of a neighbour-rebuild method first"
+        )
+    convergence = scenario.convergence.model_copy(
+        update={
+            "setbacks": setbacks,
+            "setback_scale": 1.0,
+            "calibrated": True,
+            "source": f"setbacks {', '.join(measured)} from calibration {calibration.name!r}; {SETBACK_TRANSFER_ASSUMPTION}; "
+            f"baseline curve and other setbacks from scenario {scenario.name!r}",
+        }
+    )
+    return {"convergence": convergence.model_dump()}
+
+
+def apply_calibration(scenario: Scenario, calibration: Calibration, *, mode: ApplyMode) -> Scenario:
+    """A copy of `scenario` with the calibration's measurements in place of its assumptions (module docstring)."""
+    if mode == "full":
+        updates = _full(scenario, calibration)
+    elif mode == "setbacks":
+        updates = _setbacks_only(scenario, calibration)
+    else:
+        raise InputError(f"calibration mode {mode!r} is not known; use 'full' or 'setbacks'")
+    data = scenario.model_dump()
+    data.update(updates)
+    data["sources"] = [*scenario.sources, f"calibration {calibration.name!r} ({mode}), created {calibration.provenance.created_utc}"]
+    # Validate the result again: e.g. the target loss must lie above a calibrated baseline's floor.
+    return validate_model(Scenario, data, f"scenario {scenario.name!r} with calibration {calibration.name!r}")

@@ -1,0 +1,162 @@
+"""Build a calibration file from real run records: timing (fit_timing.py) + convergence (fit_convergence.py).
+
+`build_calibration` is what `churnsim calibrate` calls once the real runs and the link/storage
+micro-benchmarks are done. The records must all be real runs of one model and pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import pandas as pd
+
+from .calibration_file import Calibration, Provenance, TierBandwidth
+from .convergence import ConvergenceSpec
+from .errors import InputError
+from .fit_convergence import (
+    DEFAULT_WINDOW_ITERATIONS,
+    SETBACK_METHODS,
+    SetbackSample,
+    equivalent_progress,
+    estimate_setbacks,
+    fit_baseline_curve,
+    is_no_failure_run,
+    setback_samples_of_run,
+    summarize_setbacks,
+)
+from .fit_timing import (
+    DEFAULT_WARMUP_ITERATIONS,
+    Predictor,
+    fit_iteration_overhead_s,
+    fit_link_profile,
+    fit_optimizer_step,
+    fit_recovery_times,
+    fit_stage_timings,
+    fit_tier_bandwidth,
+    measured_duration,
+)
+from .run_record import RealRunSettings, RunRecord, git_revision, hardware_description, package_versions, utc_now
+
+
+def _common_settings(records: Sequence[RunRecord]) -> RealRunSettings:
+    """The real settings shared by every record (model and pipeline must agree)."""
+    if not records:
+        raise InputError("no run records given; pass the real run records to fit the calibration on")
+    settings = []
+    for record in records:
+        if record.manifest.real_settings is None:
+            raise InputError(
+                f"run record {record.manifest.run_id!r}: manifest.json field 'real_settings' is missing; "
+                "calibrate from real runs (churnsim real run), not simulated ones"
+            )
+        settings.append(record.manifest.real_settings)
+    first = settings[0]
+    for record, other in zip(records, settings):
+        for field in ("model", "pipeline"):
+            if getattr(other, field) != getattr(first, field):
+                raise InputError(
+                    f"run record {record.manifest.run_id!r}: real_settings.{field} differs from run "
+                    f"{records[0].manifest.run_id!r}; calibrate each model/pipeline separately"
+                )
+    return first
+
+
+def _convergence_source(name: str, baseline_runs: Sequence[str], samples: Sequence[SetbackSample]) -> str:
+    measured = sorted({(s.method, s.position) for s in samples})
+    counts = {key: sum(1 for s in samples if (s.method, s.position) == key) for key in measured}
+    measured_text = ", ".join(f"{method}/{position} n={counts[(method, position)]}" for method, position in measured) or "none"
+    return (
+        f"calibration {name!r}: baseline fitted on runs {', '.join(baseline_runs)}; setbacks measured for {measured_text} "
+        "against same-seed no-failure runs; other methods/positions keep the uncalibrated defaults (num_samples=0)"
+    )
+
+
+def build_calibration(
+    name: str,
+    fit_records: Sequence[RunRecord],
+    *,
+    link_points: pd.DataFrame,
+    tier_bandwidths: Sequence[TierBandwidth] = (),
+    device: Literal["cpu", "cuda"] = "cpu",
+    command: str = "",
+    predict_iteration_s: Predictor,
+    num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+    window_iterations: int = DEFAULT_WINDOW_ITERATIONS,
+    settle_iterations: int = 0,
+) -> Calibration:
+    """Fit every part of a calibration and record where it came from.
+
+    `link_points` has columns bytes, seconds (point-to-point transfers); `predict_iteration_s` is
+    the simulator's iteration model (see fit_timing.fit_iteration_overhead_s).
+    """
+    settings = _common_settings(fit_records)
+    stage_timings = fit_stage_timings(fit_records, num_warmup_iterations=num_warmup_iterations)
+    if len(stage_timings) != settings.pipeline.num_stages:
+        raise InputError(
+            f"spans cover {len(stage_timings)} stages but real_settings.pipeline.num_stages is {settings.pipeline.num_stages}"
+        )
+    optimizer_step = fit_optimizer_step(fit_records, num_warmup_iterations=num_warmup_iterations)
+    overhead_s = fit_iteration_overhead_s(
+        fit_records, stage_timings, optimizer_step, predict_iteration_s, num_warmup_iterations=num_warmup_iterations
+    )
+    baseline_records = [record for record in fit_records if is_no_failure_run(record)]
+    if not baseline_records:
+        raise InputError(
+            f"none of the runs {[r.manifest.run_id for r in fit_records]} is a no-failure run; "
+            "add a reference run with method 'none' (or without failures) to fit the baseline curve"
+        )
+    curve = fit_baseline_curve([record.metrics for record in baseline_records])
+    setbacks, samples = estimate_setbacks(
+        fit_records, baseline_records, curve, window_iterations=window_iterations, settle_iterations=settle_iterations
+    )
+    model = settings.model
+    activation_bytes = settings.pipeline.microbatch_size * model.sequence_length * model.hidden_size * model.activation_bytes_per_element
+    hardware = dict(fit_records[0].manifest.hardware) or hardware_description()
+    return Calibration(
+        name=name,
+        device=device,
+        provenance=Provenance(
+            hardware=hardware,
+            package_versions=package_versions(),
+            created_utc=utc_now(),
+            git_revision=git_revision(),
+            command=command,
+            fit_run_ids=tuple(record.manifest.run_id for record in fit_records),
+        ),
+        model=settings.model,
+        pipeline=settings.pipeline,
+        stage_timings=stage_timings,
+        optimizer_step=optimizer_step,
+        iteration_overhead_s=overhead_s,
+        activation_bytes=activation_bytes,
+        link=fit_link_profile(link_points),
+        storage=tuple(tier_bandwidths),
+        recovery=fit_recovery_times(fit_records),
+        convergence=ConvergenceSpec(
+            baseline=curve,
+            setbacks=setbacks,
+            calibrated=True,
+            source=_convergence_source(name, [r.manifest.run_id for r in baseline_records], samples),
+        ),
+    )
+
+
+__all__ = [
+    "SETBACK_METHODS",
+    "SetbackSample",
+    "build_calibration",
+    "equivalent_progress",
+    "estimate_setbacks",
+    "fit_baseline_curve",
+    "fit_iteration_overhead_s",
+    "fit_link_profile",
+    "fit_optimizer_step",
+    "fit_recovery_times",
+    "fit_stage_timings",
+    "fit_tier_bandwidth",
+    "is_no_failure_run",
+    "measured_duration",
+    "setback_samples_of_run",
+    "summarize_setbacks",
+]

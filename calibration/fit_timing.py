@@ -1,0 +1,245 @@
+"""Fit the timing half of a calibration from real run records (simulators.md section 6).
+
+Conventions of the run records read here (calibration/run_record.py):
+- a span's `iteration` is the trainer's *step* (executed iterations, never rewinds);
+- a "forward"/"backward" span is one hop of one microbatch on one stage, times in seconds since the
+  run started;
+- `metrics.wall_time_s` is the time since the run started at the end of that step, so a step's
+  duration is the difference to the previous step's value.
+
+Every estimate skips the first `num_warmup_iterations` steps of each run (allocator, JIT and cache
+warm-up make them slow and unrepresentative).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
+from .errors import InputError
+from .run_record import RunRecord
+
+DEFAULT_WARMUP_ITERATIONS = 3
+
+RECOVERY_SPAN_FIELDS: dict[str, str] = {
+    "recovery.join": "join_s",
+    "recovery.transfer": "transfer_s",
+    "recovery.load": "load_s",
+    "recovery.rebuild": "rebuild_s",
+}
+"""Span kind → RecoveryTimes field."""
+
+# Steps containing any of these spans are not steady-state iterations: they include a recovery,
+# checkpoint I/O or an evaluation on top of the training work.
+UNSTEADY_SPAN_KINDS: frozenset[str] = frozenset(
+    {"save", "load", "snapshot", "flush", "eval", *RECOVERY_SPAN_FIELDS}
+)
+
+# Methods whose healthy iteration runs the plain in-order route with no extra work, so an iteration
+# predictor that knows only stage timings and the optimizer step describes it.
+PLAIN_ITERATION_METHODS: frozenset[str] = frozenset({"none", "checkpoint", "checkfree", "copy", "uniform", "random"})
+
+Predictor = Callable[[tuple[StageTimings, ...], MeasuredDuration], float]
+
+
+def record_name(record: RunRecord) -> str:
+    return f"run record {record.manifest.run_id!r}"
+
+
+def measured_duration(durations_s: Sequence[float] | np.ndarray) -> MeasuredDuration:
+    """Median, interquartile range and count of a sample of durations (negative clipped to 0)."""
+    values = np.clip(np.asarray(durations_s, dtype=float), 0.0, None)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return MeasuredDuration(median_s=0.0, interquartile_range_s=0.0, num_samples=0)
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    return MeasuredDuration(median_s=float(median), interquartile_range_s=float(q3 - q1), num_samples=int(values.size))
+
+
+def _require_columns(frame: pd.DataFrame, columns: Sequence[str], where: str) -> None:
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise InputError(f"{where} lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}")
+
+
+def _steady_spans(records: Sequence[RunRecord], kinds: Sequence[str], num_warmup_iterations: int) -> pd.DataFrame:
+    """Spans of `kinds` from every record past warm-up, with a `run` column and a `duration_s` column."""
+    if num_warmup_iterations < 0:
+        raise InputError(f"num_warmup_iterations {num_warmup_iterations} must be >= 0")
+    frames = []
+    for record in records:
+        spans = record.spans
+        _require_columns(spans, ("rank", "stage", "iteration", "kind", "microbatch", "start_s", "end_s"), f"{record_name(record)}: spans.csv")
+        chosen = spans[spans["kind"].isin(kinds) & (spans["iteration"] >= num_warmup_iterations)].copy()
+        chosen["run"] = record.manifest.run_id
+        chosen["duration_s"] = chosen["end_s"] - chosen["start_s"]
+        frames.append(chosen)
+    if not frames:
+        raise InputError("no run records given; pass at least one real run record to fit from")
+    return pd.concat(frames, ignore_index=True)
+
+
+def fit_stage_timings(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> tuple[StageTimings, ...]:
+    """Per stage, median and IQR of forward and backward time per microbatch.
+
+    Under CheckFree+ swapped routes a stage makes two hops of an odd microbatch (stage 0: embedding,
+    then blocks; stage S-1: blocks, then head): the hops of one (run, rank, step, microbatch, stage)
+    are summed, so a sample is always the stage's whole work on one microbatch, the quantity the
+    in-order route times.
+    """
+    spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations)
+    if spans.empty:
+        raise InputError(
+            f"no forward/backward spans after the first {num_warmup_iterations} iterations in runs "
+            f"{[r.manifest.run_id for r in records]}; run more iterations or lower num_warmup_iterations"
+        )
+    per_microbatch = spans.groupby(["run", "rank", "iteration", "microbatch", "stage", "kind"], dropna=False)["duration_s"].sum().reset_index()
+    stages = sorted(int(stage) for stage in per_microbatch["stage"].unique())
+    if stages != list(range(len(stages))):
+        raise InputError(f"spans.csv: forward/backward spans cover stages {stages}; every stage 0..S-1 must have spans")
+    timings = []
+    for stage in stages:
+        of_stage = per_microbatch[per_microbatch["stage"] == stage]
+        forward = of_stage.loc[of_stage["kind"] == "forward", "duration_s"]
+        backward = of_stage.loc[of_stage["kind"] == "backward", "duration_s"]
+        if forward.empty or backward.empty:
+            raise InputError(f"spans.csv: stage {stage} has no {'forward' if forward.empty else 'backward'} spans; check the run records")
+        timings.append(StageTimings(stage=stage, block_forward=measured_duration(forward), block_backward=measured_duration(backward)))
+    return tuple(timings)
+
+
+def fit_optimizer_step(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> MeasuredDuration:
+    """Median and IQR of the "optimizer" spans (one per rank and step)."""
+    spans = _steady_spans(records, ("optimizer",), num_warmup_iterations)
+    if spans.empty:
+        raise InputError("spans.csv: no 'optimizer' spans after warm-up in any run record; the real trainer must record them")
+    return measured_duration(spans["duration_s"])
+
+
+def steady_iteration_times_s(record: RunRecord, *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> pd.Series:
+    """Durations of the steps of one run that did nothing but train (no recovery, checkpoint I/O or eval)."""
+    metrics = record.metrics
+    _require_columns(metrics, ("step", "wall_time_s", "eval_loss"), f"{record_name(record)}: metrics.csv")
+    metrics = metrics.sort_values("step")
+    wall = metrics["wall_time_s"].to_numpy(dtype=float)
+    if np.any(np.diff(wall) < 0):
+        raise InputError(
+            f"{record_name(record)}: metrics.csv wall_time_s decreases; it must be the time since the run start at the end of each step"
+        )
+    durations = pd.Series(np.diff(wall), index=metrics["step"].to_numpy()[1:])
+    unsteady_steps = set(record.spans.loc[record.spans["kind"].isin(UNSTEADY_SPAN_KINDS), "iteration"].astype(int))
+    evaluated = set(metrics.loc[metrics["eval_loss"].notna(), "step"].astype(int))
+    keep = [
+        step >= num_warmup_iterations and step not in unsteady_steps and step not in evaluated
+        for step in durations.index
+    ]
+    return durations[keep]
+
+
+def fit_iteration_overhead_s(
+    records: Sequence[RunRecord],
+    stage_timings: tuple[StageTimings, ...],
+    optimizer_step: MeasuredDuration,
+    predict_iteration_s: Predictor,
+    *,
+    num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+) -> float:
+    """Mean measured steady iteration time minus the predicted one, clipped at 0.
+
+    Only runs of methods in `PLAIN_ITERATION_METHODS` count (their healthy iteration is the plain
+    route), and only their steady steps (see `steady_iteration_times_s`). `predict_iteration_s` is
+    the simulator's iteration model, passed in because calibration/ may not import sim/.
+    """
+    times = [
+        steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+        for record in records
+        if record.manifest.method in PLAIN_ITERATION_METHODS
+    ]
+    measured = pd.concat(times) if times else pd.Series(dtype=float)
+    if measured.empty:
+        raise InputError(
+            "no steady iterations to measure the iteration overhead: give at least one run of a method in "
+            f"{sorted(PLAIN_ITERATION_METHODS)} longer than {num_warmup_iterations} warm-up iterations"
+        )
+    predicted = float(predict_iteration_s(stage_timings, optimizer_step))
+    return max(0.0, float(measured.mean()) - predicted)
+
+
+def fit_link_profile(bytes_and_seconds: pd.DataFrame) -> LinkProfile:
+    """Least squares of seconds = latency_s + bytes / bandwidth_bytes_per_s, with r².
+
+    Residuals are weighted by 1 / seconds (relative errors): timing noise grows with the transfer's
+    duration, and unweighted least squares would let the largest transfers swamp the latency.
+    r² is the ordinary, unweighted one of the fitted line.
+    """
+    _require_columns(bytes_and_seconds, ("bytes", "seconds"), "link measurements")
+    frame = bytes_and_seconds[["bytes", "seconds"]].astype(float).dropna()
+    if frame["bytes"].nunique() < 2:
+        raise InputError("link measurements: need transfers of at least two different sizes (bytes) to separate latency from bandwidth")
+    size, seconds = frame["bytes"].to_numpy(), frame["seconds"].to_numpy()
+    if np.any(seconds <= 0):
+        raise InputError("link measurements: every seconds value must be > 0")
+    slope, intercept = np.polyfit(size, seconds, 1, w=1.0 / seconds)
+    if slope <= 0:
+        raise InputError(
+            f"link measurements: time does not grow with bytes (slope {slope:.3g} s/byte); measure larger transfers"
+        )
+    residual = seconds - (intercept + slope * size)
+    total = np.sum((seconds - seconds.mean()) ** 2)
+    r_squared = float(1.0 - np.sum(residual**2) / total) if total > 0 else 1.0
+    return LinkProfile(
+        latency_s=max(0.0, float(intercept)), bandwidth_bytes_per_s=float(1.0 / slope), r_squared=r_squared, num_points=int(len(frame))
+    )
+
+
+def fit_tier_bandwidth(
+    name: str,
+    num_bytes: float | Sequence[float],
+    write_seconds: float | Sequence[float],
+    read_seconds: float | Sequence[float],
+) -> TierBandwidth:
+    """Bandwidths of a storage tier: total bytes over total seconds (scalars or one value per trial)."""
+    size = np.asarray(num_bytes, dtype=float)
+    bandwidths = {}
+    for field, seconds in (("write", write_seconds), ("read", read_seconds)):
+        seconds_array = np.asarray(seconds, dtype=float)
+        total_bytes = float(np.sum(np.broadcast_to(size, seconds_array.shape)))
+        total_s = float(np.sum(seconds_array))
+        if total_s <= 0 or total_bytes <= 0:
+            raise InputError(f"tier {name!r}: {field} of {total_bytes} bytes took {total_s} s; both must be > 0")
+        bandwidths[field] = total_bytes / total_s
+    return TierBandwidth(name=name, write_bandwidth_bytes_per_s=bandwidths["write"], read_bandwidth_bytes_per_s=bandwidths["read"])
+
+
+def fit_recovery_times(records: Sequence[RunRecord]) -> dict[str, RecoveryTimes]:
+    """Median time of each recovery part per method, from the recovery.* spans.
+
+    One sample is one recovery event (one step of one run with recovery spans). A part's time in an
+    event is the longest, over ranks, of that rank's summed spans of the part: training waits for
+    the slowest rank. Parts a method never records stay 0.
+    """
+    events = []
+    for record in records:
+        spans = record.spans
+        chosen = spans[spans["kind"].isin(RECOVERY_SPAN_FIELDS)]
+        if chosen.empty:
+            continue
+        chosen = chosen.assign(duration_s=chosen["end_s"] - chosen["start_s"])
+        per_rank = chosen.groupby(["iteration", "kind", "rank"])["duration_s"].sum()
+        per_event = per_rank.groupby(level=["iteration", "kind"]).max().unstack("kind")
+        per_event["method"] = record.manifest.method
+        events.append(per_event)
+    if not events:
+        return {}
+    table = pd.concat(events)
+    result = {}
+    for method, rows in table.groupby("method"):
+        parts = {
+            field: float(np.nanmedian(rows[kind].fillna(0.0))) if kind in rows else 0.0
+            for kind, field in RECOVERY_SPAN_FIELDS.items()
+        }
+        result[str(method)] = RecoveryTimes(**parts, num_samples=int(len(rows)))
+    return result

@@ -1,0 +1,210 @@
+"""`async_checkpoint`: lazy asynchronous multi-level checkpointing (DataStates-LLM, HPDC'24).
+
+At a boundary (every K executed iterations) each stage snapshots its state into a host buffer:
+1. Back-pressure: each stage needs a free slot of its host buffer (`host_buffer_bytes`, default twice
+   the stage checkpoint, i.e. two slots); if one is full, training blocks until a flush frees it.
+2. The copy into host memory (stage checkpoint bytes over the `host_memory` tier's write bandwidth,
+   instantaneous without such a tier) overlaps the next iteration's forward and backward; training
+   blocks before the optimizer step only for the part not hidden:
+   max(0, copy − (T_iter − optimizer_step_s)), the slowest stage's copy (checkpointing.md §6).
+   Approximation: that stall is booked at the boundary, before the iteration it delays.
+3. Background flushes through `levels` (default local disk, then remote). Level 1 is a per-stage
+   FIFO: every snapshot is flushed, and its host slot is freed when it is on the first level. Each
+   later level works in rounds: all stages send the newest snapshot complete at the level above
+   (older waiting snapshots are superseded, as `keep_per_level` would drop them anyway), so a level
+   that is slower than the interval skips checkpoints instead of building an unbounded backlog.
+   A snapshot is durable at a level when every stage's part is there.
+On failure: restart from the newest snapshot durable at a level that survives node loss (host memory
+and local disk die with their node); all stages read their part from that level. Every snapshot not
+yet durable there is abandoned (its in-flight transfers finish on links nobody uses any more).
+`rollback = "stage"` as for `checkpoint` (see `checkpointing.py`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generator, Iterable
+
+from simpy import AllOf
+
+from .base import RecoveryPolicy, stage_checkpoint_bytes
+from .checkpointing import RestartRecovery
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+HOST_MEMORY_TIER = "host_memory"
+
+
+@dataclass(kw_only=True)
+class _Snapshot:
+    number: int
+    progress: float
+    epoch: int
+    created_s: float
+    ready_s: float
+    """When the copy into host memory is complete."""
+    parts_at_level: list[int] = field(default_factory=list)
+
+
+class AsyncCheckpointPolicy(RecoveryPolicy):
+    name = "async_checkpoint"
+
+    def __init__(self, config, scenario) -> None:
+        super().__init__(config, scenario)
+        self.levels = tuple(config.levels)
+        self.stage_bytes = tuple(stage_checkpoint_bytes(scenario, stage) for stage in range(self.num_stages))
+        self.slots_per_stage = tuple(
+            2 if config.host_buffer_bytes is None else max(1, int(config.host_buffer_bytes // size))
+            for size in self.stage_bytes
+        )
+        names = {tier.name for tier in scenario.storage}
+        self.host_tier = scenario.tier(HOST_MEMORY_TIER) if HOST_MEMORY_TIER in names else None
+        self.surviving_levels = frozenset(
+            index for index, name in enumerate(self.levels) if scenario.tier(name).survives_node_loss
+        )
+        self.recovery = RestartRecovery(scenario, rollback=config.rollback)
+        self.restore_point: tuple[_Snapshot, int] | None = None
+        """Newest snapshot durable at a level that survives node loss, and that level."""
+        self.num_snapshots = 0
+        self.num_durable = [0] * len(self.levels)
+        self._epoch = 0
+        self._origin = 0
+
+    # ------------------------------------------------------------ per-epoch pipeline of flushes
+    def on_start(self, run: "Run") -> None:
+        self._reset(run)
+
+    def _reset(self, run: "Run") -> None:
+        """Forget every snapshot not yet durable at a surviving level and start fresh buffers and workers."""
+        self._epoch += 1
+        self._free_slots = list(self.slots_per_stage)
+        self._slot_waiters: list[deque] = [deque() for _ in range(self.num_stages)]
+        self._queues: list[deque] = [deque() for _ in range(self.num_stages)]
+        self._queue_wakeups: list = [None] * self.num_stages
+        self._level_candidate: list[_Snapshot | None] = [None] * len(self.levels)
+        self._level_wakeups: list = [None] * len(self.levels)
+        for stage in range(self.num_stages):
+            run.env.process(self._first_level_flusher(run, stage, self._epoch))
+        for level in range(1, len(self.levels)):
+            run.env.process(self._level_rounds(run, level, self._epoch))
+
+    def _acquire_slot(self, run: "Run", stage: int):
+        event = run.env.event()
+        if self._free_slots[stage] > 0:
+            self._free_slots[stage] -= 1
+            event.succeed()
+        else:
+            self._slot_waiters[stage].append(event)
+        return event
+
+    def _release_slot(self, stage: int) -> None:
+        waiters = self._slot_waiters[stage]
+        if waiters:
+            waiters.popleft().succeed()  # the slot passes straight to the waiting snapshot
+        else:
+            self._free_slots[stage] += 1
+
+    def _first_level_flusher(self, run: "Run", stage: int, epoch: int) -> Generator:
+        env, queue = run.env, self._queues[stage]
+        while True:
+            while not queue:
+                wakeup = env.event()
+                self._queue_wakeups[stage] = wakeup
+                yield wakeup
+                if epoch != self._epoch:
+                    return
+            snapshot = queue.popleft()
+            if snapshot.ready_s > env.now:
+                yield env.timeout(snapshot.ready_s - env.now)
+            if epoch != self._epoch:
+                return
+            yield run.tier_link(self.levels[0], "write", stage, generation=epoch).transfer(self.stage_bytes[stage])
+            if epoch != self._epoch:
+                return
+            self._release_slot(stage)
+            snapshot.parts_at_level[0] += 1
+            if snapshot.parts_at_level[0] == self.num_stages:
+                self._durable(run, snapshot, 0)
+
+    def _level_rounds(self, run: "Run", level: int, epoch: int) -> Generator:
+        env, last_number = run.env, -1
+        while True:
+            candidate = self._level_candidate[level]
+            if candidate is None or candidate.number <= last_number:
+                wakeup = env.event()
+                self._level_wakeups[level] = wakeup
+                yield wakeup
+                if epoch != self._epoch:
+                    return
+                continue
+            last_number = candidate.number
+            name = self.levels[level]
+            sends = [
+                run.tier_link(name, "write", stage, generation=epoch).transfer(size)
+                for stage, size in enumerate(self.stage_bytes)
+            ]
+            yield AllOf(env, sends)
+            if epoch != self._epoch:
+                return
+            candidate.parts_at_level[level] = self.num_stages
+            self._durable(run, candidate, level)
+
+    def _durable(self, run: "Run", snapshot: _Snapshot, level: int) -> None:
+        self.num_durable[level] += 1
+        run.span(f"checkpoint {snapshot.number} durable at {self.levels[level]}", "flush", snapshot.created_s)
+        if level in self.surviving_levels:
+            if self.restore_point is None or snapshot.number > self.restore_point[0].number:
+                self.restore_point = (snapshot, level)
+        following = level + 1
+        if following < len(self.levels):
+            self._level_candidate[following] = snapshot
+            wakeup = self._level_wakeups[following]
+            if wakeup is not None and not wakeup.triggered:
+                wakeup.succeed()
+
+    # ------------------------------------------------------------ hooks
+    def iterations_until_boundary(self, run: "Run") -> int:
+        return self.config.interval_iterations - (run.iterations_executed - self._origin)
+
+    def copy_s(self, stage: int) -> float:
+        if self.host_tier is None:
+            return 0.0
+        return self.host_tier.latency_s + self.stage_bytes[stage] / self.host_tier.write_bandwidth_bytes_per_s
+
+    def at_boundary(self, run: "Run") -> Generator:
+        slots = [self._acquire_slot(run, stage) for stage in range(self.num_stages)]
+        yield from run.wait(AllOf(run.env, slots), "checkpoint_stall_s", "host buffer full")
+        copy_s = max(self.copy_s(stage) for stage in range(self.num_stages))
+        hidden_s = max(run.iteration_time_s - self.scenario.compute.optimizer_step_s, 0.0)
+        created_s = run.now
+        yield from run.wait(max(0.0, copy_s - hidden_s), "checkpoint_stall_s", "snapshot copy not hidden")
+        self.num_snapshots += 1
+        snapshot = _Snapshot(
+            number=self.num_snapshots,
+            progress=run.progress,
+            epoch=self._epoch,
+            created_s=created_s,
+            ready_s=created_s + copy_s,
+            parts_at_level=[0] * len(self.levels),
+        )
+        for stage in range(self.num_stages):
+            self._queues[stage].append(snapshot)
+            wakeup = self._queue_wakeups[stage]
+            if wakeup is not None and not wakeup.triggered:
+                wakeup.succeed()
+        self._origin = run.iterations_executed
+
+    def _read(self, run: "Run", stages: Iterable[int]) -> Generator:
+        if self.restore_point is None:
+            return
+        level_name = self.levels[self.restore_point[1]]
+        reads = [run.tier_link(level_name, "read", stage).transfer(self.stage_bytes[stage]) for stage in stages]
+        yield from run.wait(AllOf(run.env, reads), "recovery_downtime_s", f"checkpoint read ({level_name})")
+
+    def on_failures(self, run: "Run", failures) -> Generator:
+        self._reset(run)
+        restore_progress = 0.0 if self.restore_point is None else self.restore_point[0].progress
+        yield from self.recovery.recover(run, failures, restore_progress=restore_progress, read=self._read)
+        self._origin = run.iterations_executed

@@ -1,0 +1,95 @@
+"""The one abstract recovery policy of the simulator: a few hooks the run model calls.
+
+A policy never loops over time itself. The run model (`sim/run.py`) calls:
+
+- `healthy_state()`: the pipeline state of a failure-free iteration under this method (redundant
+  forwards, CheckFree+ swapped routes);
+- `on_start(run)`: once, before training (start background workers);
+- `iterations_until_boundary(run)`: executed iterations until the method's next periodic work
+  (a checkpoint, a replica refresh), or None; at 0 the run calls
+- `at_boundary(run)`: a generator doing that work (stalls through `run.wait`, background transfers);
+- `on_failures(run, failures)`: a generator that recovers from a batch of failures. It may be
+  interrupted by further failures, in which case it is called again with the new ones: a policy
+  keeps the recovery in progress in its own state and merges (it must leave that state consistent
+  at every `yield`, and apply rollbacks and setbacks so that a repeated call does not count twice).
+
+Generators spend simulated time only through `run.wait(...)`, which books it to a badput category.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar, Generator
+
+from churnsim.calibration.methods import MethodConfig
+from churnsim.calibration.scenario import Scenario
+
+from ..iteration_state import PipelineState
+from ..pipeline_state import build_pipeline_state
+
+if TYPE_CHECKING:
+    from ..churn import FailureEvent
+    from ..run import Run
+
+
+class RecoveryPolicy(ABC):
+    """One recovery method in the simulator; subclasses set `name` to a `METHOD_NAMES` entry."""
+
+    name: ClassVar[str]
+    interrupts_training: ClassVar[bool] = True
+    """False only for `none`: failures are recorded and otherwise ignored."""
+    uses_setbacks: ClassVar[bool] = False
+    """True when the method's cost depends on the (possibly uncalibrated) convergence setbacks."""
+    swap_odd_microbatches: ClassVar[bool] = False
+    redundant_forward: ClassVar[bool] = False
+
+    def __init__(self, config: MethodConfig, scenario: Scenario) -> None:
+        self.config = config
+        self.scenario = scenario
+        self.num_stages = scenario.pipeline.num_stages
+
+    def healthy_state(self, node_of_stage: tuple[int, ...] | None = None) -> PipelineState:
+        return build_pipeline_state(
+            self.scenario,
+            swap_odd_microbatches=self.swap_odd_microbatches,
+            redundant_forward=self.redundant_forward,
+            node_of_stage=node_of_stage,
+        )
+
+    def on_start(self, run: "Run") -> None:
+        """Called once before training starts."""
+
+    def iterations_until_boundary(self, run: "Run") -> int | None:
+        return None
+
+    def at_boundary(self, run: "Run") -> Generator:
+        return
+        yield  # a generator that does nothing
+
+    @abstractmethod
+    def on_failures(self, run: "Run", failures: tuple["FailureEvent", ...]) -> Generator:
+        """Recover from `failures` (stages whose nodes were just lost)."""
+
+
+# ---------------------------------------------------------------- sizes shared by the policies
+def stage_checkpoint_bytes(scenario: Scenario, stage: int) -> float:
+    """Weights + optimizer state of one stage (`checkpoint_bytes_per_parameter` per parameter)."""
+    return scenario.stage_parameters(stage) * scenario.model.checkpoint_bytes_per_parameter
+
+
+def stage_weight_bytes(scenario: Scenario, stage: int) -> float:
+    """Weights of one stage, embedding or head included."""
+    return scenario.stage_parameters(stage) * scenario.model.weight_bytes_per_parameter
+
+
+def block_weight_bytes(scenario: Scenario) -> float:
+    """Weights of one stage's transformer blocks (what a neighbour contributes to a rebuild)."""
+    return scenario.layers_per_stage * scenario.model.parameters_per_layer * scenario.model.weight_bytes_per_parameter
+
+
+def embedding_weight_bytes(scenario: Scenario) -> float:
+    return scenario.model.embedding_parameters * scenario.model.weight_bytes_per_parameter
+
+
+def head_weight_bytes(scenario: Scenario) -> float:
+    return scenario.model.head_parameters * scenario.model.weight_bytes_per_parameter

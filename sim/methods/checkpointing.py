@@ -1,0 +1,136 @@
+"""`checkpoint`: synchronous checkpointing, and the restart-from-checkpoint recovery other methods reuse.
+
+Every K executed iterations (counted from the last checkpoint or restart) every stage writes its
+weights + optimizer state (`stage parameters × checkpoint_bytes_per_parameter`) to the tier;
+training is blocked until all writes are done (a shared tier makes them share one link). A write
+interrupted by a failure is not a checkpoint; a checkpoint on a tier that does not survive node loss
+is gone after any failure (a part of it died with the node). Progress 0 is an implicit checkpoint (the seeded
+initialisation), so a failure before the first checkpoint needs no read.
+
+Restart recovery (`RestartRecovery`): wait until every lost stage's replacement has joined, then
+`recovery.restart_s` (rendezvous, process groups), then the checkpoint reads (all stages for
+`rollback = "all"`, only the lost stages for `"stage"`) concurrently over the tier's read links.
+With `"all"` progress returns to the checkpoint and the iterations since are lost work. With
+`"stage"` (an approximation, chosen here): the other stages keep their state and the reloaded stage
+is Δ = P − P_checkpoint iterations stale; as it holds 1/S of the model, the run loses Δ / S
+iterations per reloaded stage, booked as lost work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Generator, Iterable
+
+from simpy import AllOf
+
+from churnsim.calibration.scenario import Scenario
+
+from .base import RecoveryPolicy, stage_checkpoint_bytes
+
+if TYPE_CHECKING:
+    from ..churn import FailureEvent
+    from ..run import Run
+
+
+class SyncCheckpointer:
+    """Blocking checkpoints to one storage tier every `interval_iterations` executed iterations."""
+
+    def __init__(self, scenario: Scenario, *, tier: str, interval_iterations: int) -> None:
+        self.tier = tier
+        self.survives_node_loss = scenario.tier(tier).survives_node_loss
+        self.interval_iterations = interval_iterations
+        self.num_stages = scenario.pipeline.num_stages
+        self.stage_bytes = tuple(stage_checkpoint_bytes(scenario, stage) for stage in range(self.num_stages))
+        self.committed_progress = 0.0
+        self.has_checkpoint = False
+        self.num_written = 0
+        self._origin = 0
+
+    def iterations_until(self, run: "Run") -> int:
+        return self.interval_iterations - (run.iterations_executed - self._origin)
+
+    def node_lost(self) -> None:
+        """A node died: a checkpoint on a tier that dies with its node has lost a part."""
+        if not self.survives_node_loss:
+            self.committed_progress = 0.0
+            self.has_checkpoint = False
+
+    def restart_origin(self, run: "Run") -> None:
+        self._origin = run.iterations_executed
+
+    def write(self, run: "Run") -> Generator:
+        writes = [run.tier_link(self.tier, "write", stage).transfer(size) for stage, size in enumerate(self.stage_bytes)]
+        yield from run.wait(AllOf(run.env, writes), "checkpoint_stall_s", f"checkpoint write ({self.tier})")
+        self.committed_progress = run.progress
+        self.has_checkpoint = True
+        self.num_written += 1
+        self._origin = run.iterations_executed
+
+    def read(self, run: "Run", stages: Iterable[int]) -> Generator:
+        if not self.has_checkpoint:
+            return
+        reads = [run.tier_link(self.tier, "read", stage).transfer(self.stage_bytes[stage]) for stage in stages]
+        yield from run.wait(AllOf(run.env, reads), "recovery_downtime_s", f"checkpoint read ({self.tier})")
+
+
+class RestartRecovery:
+    """A re-entrant restart from a checkpoint; failures during it are merged into it."""
+
+    def __init__(self, scenario: Scenario, *, rollback: str) -> None:
+        self.rollback = rollback
+        self.num_stages = scenario.pipeline.num_stages
+        self.restart_s = scenario.recovery.restart_s
+        self.stages: set[int] = set()
+        self._stale_iterations = 0.0
+
+    @property
+    def in_progress(self) -> bool:
+        return bool(self.stages)
+
+    def recover(
+        self,
+        run: "Run",
+        failures: tuple["FailureEvent", ...],
+        *,
+        restore_progress: float,
+        read: Callable[["Run", Iterable[int]], Generator],
+        handled_as: str | None = None,
+    ) -> Generator:
+        label = handled_as or ("rollback" if self.rollback == "all" else "stage_reload")
+        for event in failures:
+            run.record_failure(event, label)
+        if not self.stages:
+            self._stale_iterations = max(run.progress - restore_progress, 0.0)
+        self.stages.update(event.stage for event in failures)
+        if self.rollback == "all":
+            run.rollback_to(restore_progress)
+        start_s = run.now
+        yield from run.wait_for_replacements(self.stages)
+        yield from run.wait(self.restart_s, "recovery_downtime_s", "restart")
+        readers = range(self.num_stages) if self.rollback == "all" else sorted(self.stages)
+        yield from read(run, readers)
+        if self.rollback == "stage":
+            run.lose_iterations(len(self.stages) * self._stale_iterations / self.num_stages)
+        run.span(f"restart of stages {sorted(self.stages)}", "recovery", start_s)
+        self.stages.clear()
+
+
+class CheckpointPolicy(RecoveryPolicy):
+    name = "checkpoint"
+
+    def __init__(self, config, scenario: Scenario) -> None:
+        super().__init__(config, scenario)
+        self.checkpointer = SyncCheckpointer(scenario, tier=config.tier, interval_iterations=config.interval_iterations)
+        self.recovery = RestartRecovery(scenario, rollback=config.rollback)
+
+    def iterations_until_boundary(self, run: "Run") -> int:
+        return self.checkpointer.iterations_until(run)
+
+    def at_boundary(self, run: "Run") -> Generator:
+        yield from self.checkpointer.write(run)
+
+    def on_failures(self, run: "Run", failures) -> Generator:
+        self.checkpointer.node_lost()
+        yield from self.recovery.recover(
+            run, failures, restore_progress=self.checkpointer.committed_progress, read=self.checkpointer.read
+        )
+        self.checkpointer.restart_origin(run)

@@ -1,0 +1,20 @@
+"""`none`: failures are ignored; the no-failure reference curve (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+from typing import Generator
+
+from .base import RecoveryPolicy
+
+
+class NonePolicy(RecoveryPolicy):
+    """Training never stops: the run model records each failure as `ignored` and does not interrupt."""
+
+    name = "none"
+    interrupts_training = False
+
+    def on_failures(self, run, failures) -> Generator:
+        for event in failures:  # not reached (interrupts_training is False); kept for completeness
+            run.record_failure(event, "ignored")
+        return
+        yield

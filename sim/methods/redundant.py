@@ -1,0 +1,138 @@
+"""`redundant`: Bamboo-style redundant computation (Thorpe et al., NSDI'23), with a checkpoint fallback.
+
+Healthy iterations run with `redundant_forward=True`: stage s holds a replica of stage s + 1 and runs
+its forward in idle time (the iteration model prices that). A failure of stage s ≥ 1 loses nothing:
+the node of s − 1 runs both stages (a degraded pipeline state, `node_of_stage[s] = s − 1`) while
+training goes on; once the replacement has joined, restarted (`recovery.restart_s`) and received
+stage s's weights from s − 1, the pipeline is healthy again. In parallel the new node receives the
+weights of s + 1 (its replica); until that arrives, a failure of s + 1 has no replica.
+
+Fatal (choices documented here) ⇒ restart from the fallback checkpoint (`rollback = "all"`):
+- stage 0 fails: nobody holds its replica (the last stage holds none, as in the iteration model,
+  which runs no redundant forward on the last stage);
+- the predecessor s − 1 is itself down (run by s − 2), or has no current replica of s yet;
+- s was running s + 1 (two coordinates on the lost node, Bamboo's fatal case).
+A failure of a replacement that joined but has not taken over yet only restarts that replacement.
+The fallback checkpoints are synchronous writes every `fallback_interval_iterations` to
+`fallback_tier`, and their stalls are charged as checkpoint stalls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generator
+
+from .base import RecoveryPolicy, stage_weight_bytes
+from .checkpointing import RestartRecovery, SyncCheckpointer
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+
+class RedundantPolicy(RecoveryPolicy):
+    name = "redundant"
+    redundant_forward = True
+
+    def __init__(self, config, scenario) -> None:
+        super().__init__(config, scenario)
+        self.checkpointer = SyncCheckpointer(
+            scenario, tier=config.fallback_tier, interval_iterations=config.fallback_interval_iterations
+        )
+        self.restart = RestartRecovery(scenario, rollback="all")
+        self.hosted_by: dict[int, int] = {}
+        """Lost stage → the stage whose node runs it meanwhile."""
+        self.replica_missing: set[int] = set()
+        """Stages whose predecessor has no current replica of them (its replacement is still receiving it)."""
+        self._epoch = 0
+        self._replacement_token = [0] * self.num_stages
+        self.num_fatal = 0
+
+    def iterations_until_boundary(self, run: "Run") -> int:
+        return self.checkpointer.iterations_until(run)
+
+    def at_boundary(self, run: "Run") -> Generator:
+        yield from self.checkpointer.write(run)
+
+    def is_fatal(self, stage: int) -> bool:
+        return (
+            stage == 0
+            or (stage - 1) in self.hosted_by
+            or stage in self.replica_missing
+            or (stage + 1) in self.hosted_by
+        )
+
+    def _state(self):
+        if not self.hosted_by:
+            return self.healthy_state()
+        return self.healthy_state(tuple(self.hosted_by.get(stage, stage) for stage in range(self.num_stages)))
+
+    def on_failures(self, run: "Run", failures) -> Generator:
+        if self.restart.in_progress:
+            yield from self._restart(run, failures)
+            return
+        fatal = []
+        for event in sorted(failures, key=lambda event: event.stage):
+            stage = event.stage
+            if stage in self.hosted_by:
+                run.record_failure(event, "replacement_lost")
+                self._start_replacement(run, stage)
+            elif self.is_fatal(stage):
+                fatal.append(event)
+            else:
+                run.record_failure(event, "degraded")
+                self.hosted_by[stage] = stage - 1
+                if stage + 1 < self.num_stages:
+                    self.replica_missing.add(stage + 1)
+                self._start_replacement(run, stage)
+        if fatal:
+            self.num_fatal += 1
+            yield from self._restart(run, tuple(fatal))
+        else:
+            run.set_pipeline_state(self._state())
+
+    def _restart(self, run: "Run", failures) -> Generator:
+        self._epoch += 1  # replacements in progress are taken over by the restart
+        self.checkpointer.node_lost()
+        self.restart.stages.update(self.hosted_by)
+        yield from self.restart.recover(
+            run,
+            failures,
+            restore_progress=self.checkpointer.committed_progress,
+            read=self.checkpointer.read,
+            handled_as="fatal_restart",
+        )
+        self.hosted_by.clear()
+        self.replica_missing.clear()
+        run.set_pipeline_state(self.healthy_state())
+        self.checkpointer.restart_origin(run)
+
+    def _start_replacement(self, run: "Run", stage: int) -> None:
+        self._replacement_token[stage] += 1
+        run.env.process(self._replace(run, stage, self._epoch, self._replacement_token[stage], run.now))
+
+    def _replace(self, run: "Run", stage: int, epoch: int, token: int, failed_s: float) -> Generator:
+        def stale() -> bool:
+            return epoch != self._epoch or token != self._replacement_token[stage]
+
+        ready_s = run.down_until[stage] + self.scenario.recovery.restart_s
+        if ready_s > run.now:
+            yield run.env.timeout(ready_s - run.now)
+        if stale():
+            return
+        own = run.node_link(stage - 1, stage).transfer(stage_weight_bytes(self.scenario, stage))
+        successor = stage + 1
+        replica = (
+            run.node_link(successor, stage).transfer(stage_weight_bytes(self.scenario, successor))
+            if successor < self.num_stages
+            else None
+        )
+        yield own
+        if stale():
+            return
+        del self.hosted_by[stage]
+        run.set_pipeline_state(self._state())
+        run.span(f"stage {stage} run by node {stage - 1}", "degraded", failed_s, stage=stage)
+        if replica is not None:
+            yield replica
+            if stale():
+                return
+            self.replica_missing.discard(successor)

@@ -1,0 +1,172 @@
+"""Replications with common random numbers, and the statistics that compare methods.
+
+Replication r of a scenario draws its failure path from a stream seeded by (seed, r, churn), once,
+and hands the same path to every method (common random numbers), so that differences between
+methods are differences of the methods, not of luck. Speed-ups are paired: the ratio of two methods'
+times in the same replication, averaged over replications with a Student-t 95 % interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from churnsim.calibration.churn import StageHourlyChurn
+from churnsim.calibration.convergence import PowerLawLossCurve
+from churnsim.calibration.methods import MethodConfig
+from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TRAJECTORY_COLUMNS
+
+from .churn import FailureEvent, sample_failures
+from .iteration import IterationModel
+from .results import BADPUT_CATEGORIES, RunResult
+from .run import simulate_run
+
+# Independent random streams of one replication (simulators.md §3, pattern 5).
+CHURN_STREAM = 0
+
+
+def failure_path(scenario: Scenario, replication: int, seed: int | None = None) -> tuple[FailureEvent, ...]:
+    """The failures replication `replication` sees, identical for every method."""
+    base_seed = scenario.seed if seed is None else seed
+    rng = np.random.default_rng(np.random.SeedSequence([base_seed, replication, CHURN_STREAM]))
+    return sample_failures(
+        scenario.churn, num_stages=scenario.pipeline.num_stages, horizon_s=scenario.target.max_wall_clock_s, rng=rng
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicationTask:
+    """One replication of one scenario for a set of methods: the unit of work a sweep distributes."""
+
+    scenario: Scenario
+    replication: int
+    methods: tuple[MethodConfig, ...]
+
+
+def run_replication(task: ReplicationTask) -> list[RunResult]:
+    """Every method of `task` on the same failure path, sharing one iteration-model cache."""
+    failures = failure_path(task.scenario, task.replication)
+    iteration_model = IterationModel()
+    return [
+        simulate_run(
+            task.scenario, method, failures, replication=task.replication, seed=task.scenario.seed, iteration_model=iteration_model
+        )
+        for method in task.methods
+    ]
+
+
+def replication_tasks(scenario: Scenario, methods: Sequence[MethodConfig] | None = None) -> list[ReplicationTask]:
+    chosen = tuple(methods) if methods is not None else scenario.methods
+    return [ReplicationTask(scenario=scenario, replication=r, methods=chosen) for r in range(scenario.replications)]
+
+
+def run_replications(
+    scenario: Scenario,
+    methods: Sequence[MethodConfig] | None = None,
+    *,
+    on_replication_done: Callable[[], None] | None = None,
+) -> list[RunResult]:
+    results: list[RunResult] = []
+    for task in replication_tasks(scenario, methods):
+        results.extend(run_replication(task))
+        if on_replication_done is not None:
+            on_replication_done()
+    return results
+
+
+def failure_probability_of(scenario: Scenario) -> float:
+    churn = scenario.churn
+    return churn.failure_probability_per_stage_hour if isinstance(churn, StageHourlyChurn) else math.nan
+
+
+def runs_table(scenario: Scenario, results: Iterable[RunResult]) -> pd.DataFrame:
+    """One row per run, columns `calibration.tables.RUN_COLUMNS`."""
+    rows = []
+    for result in results:
+        row = {
+            "scenario": scenario.name,
+            "failure_probability_per_stage_hour": failure_probability_of(scenario),
+            "method": result.method,
+            "replication": result.replication,
+            "seed": result.seed,
+            "reached_target": result.reached_target,
+            "wall_clock_s": result.wall_clock_s,
+            "time_to_target_s": result.wall_clock_s if result.reached_target else math.nan,
+            "target_iterations": result.target_iterations,
+            "progress_iterations": result.progress_iterations,
+            "iterations_executed": result.iterations_executed,
+            "healthy_iteration_time_s": result.healthy_iteration_time_s,
+            "num_failures": len(result.failures),
+            "goodput_s": result.goodput_s,
+            "setbacks_calibrated": scenario.convergence.calibrated,
+        }
+        row.update({category: result.badput[category] for category in BADPUT_CATEGORIES})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def mean_with_ci95(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and Student-t 95 % interval; the interval collapses to the mean for one value, NaN for none."""
+    data = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if data.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(data.mean())
+    if data.size == 1:
+        return mean, mean, mean
+    half_width = float(stats.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
+    return mean, mean - half_width, mean + half_width
+
+
+def _paired_speedups(runs: pd.DataFrame, method: str, baseline: str) -> list[float]:
+    times = runs.pivot_table(index="replication", columns="method", values="time_to_target_s", aggfunc="first")
+    if baseline not in times or method not in times:
+        return []
+    ratios = times[baseline] / times[method]
+    return [float(r) for r in ratios if np.isfinite(r)]
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (scenario, failure rate, method): time to target and paired speed-ups with 95 % CIs."""
+    rows = []
+    keys = ["scenario", "failure_probability_per_stage_hour"]
+    for (scenario_name, probability), group in runs.groupby(keys, sort=False, dropna=False):
+        for method, method_runs in group.groupby("method", sort=False):
+            mean, low, high = mean_with_ci95(method_runs["time_to_target_s"].tolist())
+            row = {
+                "scenario": scenario_name,
+                "failure_probability_per_stage_hour": probability,
+                "method": method,
+                "num_replications": len(method_runs),
+                "fraction_reached": float(method_runs["reached_target"].mean()),
+                "time_to_target_mean_s": mean,
+                "time_to_target_ci95_low_s": low,
+                "time_to_target_ci95_high_s": high,
+                "setbacks_calibrated": bool(method_runs["setbacks_calibrated"].all()),
+            }
+            for baseline in ("checkpoint", "redundant"):
+                speed_mean, speed_low, speed_high = mean_with_ci95(_paired_speedups(group, method, baseline))
+                row[f"speedup_vs_{baseline}_mean"] = speed_mean
+                row[f"speedup_vs_{baseline}_ci95_low"] = speed_low
+                row[f"speedup_vs_{baseline}_ci95_high"] = speed_high
+            rows.append(row)
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def trajectories_table(scenario: Scenario, results: Iterable[RunResult], *, max_replications: int = 1) -> pd.DataFrame:
+    """Loss against wall-clock for the first `max_replications` replications of each method."""
+    curve: PowerLawLossCurve = scenario.convergence.baseline
+    rows = []
+    for result in results:
+        if result.replication >= max_replications:
+            continue
+        for time_s, progress in result.trajectory:
+            rows.append(
+                (scenario.name, failure_probability_of(scenario), result.method, result.replication, time_s, progress, curve.loss(progress))
+            )
+    return pd.DataFrame(rows, columns=list(TRAJECTORY_COLUMNS))

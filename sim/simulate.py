@@ -1,0 +1,68 @@
+"""`churnsim simulate`: one scenario, its methods and replications → tables, run records, timelines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.tables import write_table
+
+from .iteration import IterationResult, simulate_iteration
+from .methods import build_policy
+from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_simulated_run_records
+from .replicate import run_replications, runs_table, summary_table, trajectories_table
+
+
+@dataclass(frozen=True)
+class SimulationOutput:
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    trajectories: pd.DataFrame
+    notes: tuple[str, ...]
+    files: tuple[Path, ...]
+
+
+def healthy_iterations(scenario: Scenario) -> dict[str, IterationResult]:
+    """One failure-free iteration per method, at microbatch resolution (for Gantt charts and timelines)."""
+    return {method.name: simulate_iteration(build_policy(method, scenario).healthy_state()) for method in scenario.methods}
+
+
+def simulate_scenario(
+    scenario: Scenario,
+    *,
+    out_directory: str | Path,
+    parquet: bool = False,
+    write_records: bool = True,
+    on_replication_done: Callable[[], None] | None = None,
+) -> SimulationOutput:
+    """Run every method of `scenario` over its replications and write the results to `out_directory`.
+
+    Layout: runs.csv, summary.csv, trajectories.csv, iteration_spans.csv, timelines/<method>-r0.json
+    (Perfetto / chrome://tracing), records/<method>-r<k>/ (run records).
+    """
+    out_directory = Path(out_directory)
+    results = run_replications(scenario, on_replication_done=on_replication_done)
+    runs = runs_table(scenario, results)
+    summary = summary_table(runs)
+    trajectories = trajectories_table(scenario, results)
+    iterations = healthy_iterations(scenario)
+    files: list[Path] = []
+    files += write_table(runs, out_directory / "runs.csv", parquet=parquet)
+    files += write_table(summary, out_directory / "summary.csv", parquet=parquet)
+    files += write_table(trajectories, out_directory / "trajectories.csv", parquet=parquet)
+    spans = pd.concat(
+        [iteration_spans_table(result).assign(method=name) for name, result in iterations.items()], ignore_index=True
+    )
+    files += write_table(spans, out_directory / "iteration_spans.csv", parquet=parquet)
+    for result in results:
+        if result.replication == 0:
+            files.append(
+                write_chrome_trace(out_directory / "timelines" / f"{result.method}-r0.json", result, iterations.get(result.method))
+            )
+    if write_records:
+        files += write_simulated_run_records(out_directory / "records", scenario, results, iterations)
+    return SimulationOutput(runs=runs, summary=summary, trajectories=trajectories, notes=scenario_notes(scenario), files=tuple(files))

@@ -1,0 +1,187 @@
+"""Sweeps: a grid over scenario fields, run in local processes or on a Dask cluster.
+
+A grid is a list of `field.path=value1,value2,...` settings; their Cartesian product gives one
+scenario per point. The unit of work is one replication of one point (every method on the same
+failure path), so results do not depend on where or in which order the work runs: a Dask cluster
+returns exactly the numbers of the local pool for the same seeds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from churnsim.calibration.base import validate_model
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.methods import MethodConfig
+from churnsim.calibration.scenario import Scenario
+
+from .replicate import ReplicationTask, replication_tasks, run_replication, runs_table, summary_table, trajectories_table
+
+GridSetting = tuple[str, tuple[Any, ...]]
+
+
+def parse_grid_setting(text: str) -> GridSetting:
+    """`churn.failure_probability_per_stage_hour=0.05,0.1` → (path, (0.05, 0.1)); values are JSON scalars or bare strings."""
+    if "=" not in text:
+        raise InputError(f"--set {text!r}: expected FIELD=VALUE[,VALUE...], e.g. pipeline.num_stages=4,8")
+    path, _, values_text = text.partition("=")
+    path = path.strip()
+    values = [value.strip() for value in values_text.split(",") if value.strip()]
+    if not path or not values:
+        raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
+    parsed = []
+    for value in values:
+        try:
+            parsed.append(json.loads(value))
+        except json.JSONDecodeError:
+            parsed.append(value)
+    return path, tuple(parsed)
+
+
+def _assign(data: Any, path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise InputError(f"--set {path}: '{part}' is not an index of a list of {len(node)}; use 0..{len(node) - 1}")
+            key: Any = int(part)
+        elif isinstance(node, dict):
+            if part not in node:
+                raise InputError(f"--set {path}: the scenario has no field '{part}' there; fields: {', '.join(sorted(node))}")
+            key = part
+        else:
+            raise InputError(f"--set {path}: '{part}' goes below a plain value")
+        if last:
+            node[key] = value
+        else:
+            node = node[key]
+
+
+def apply_settings(scenario: Scenario, settings: dict[str, Any]) -> Scenario:
+    """A copy of `scenario` with dotted-path fields replaced, validated, named after the settings."""
+    data = scenario.model_dump(mode="json")
+    for path, value in settings.items():
+        _assign(data, path, value)
+    if settings:
+        data["name"] = f"{scenario.name}[" + ",".join(f"{path}={value}" for path, value in settings.items()) + "]"
+    return validate_model(Scenario, data, f"scenario {scenario.name} with {settings}")
+
+
+def grid_points(grid: Sequence[GridSetting]) -> list[dict[str, Any]]:
+    if not grid:
+        return [{}]
+    paths = [path for path, _ in grid]
+    if len(set(paths)) != len(paths):
+        raise InputError(f"--set names a field twice: {paths}; give all its values in one --set")
+    return [dict(zip(paths, combination)) for combination in itertools.product(*(values for _, values in grid))]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepTask:
+    task: ReplicationTask
+    settings: dict[str, Any]
+    keep_trajectories: bool
+
+
+def run_sweep_task(sweep_task: SweepTask) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs table (plus one column per swept field) and, for replication 0, trajectories."""
+    scenario = sweep_task.task.scenario
+    results = run_replication(sweep_task.task)
+    runs = runs_table(scenario, results)
+    trajectories = trajectories_table(scenario, results) if sweep_task.keep_trajectories else pd.DataFrame()
+    for path, value in sweep_task.settings.items():
+        runs[path] = value
+        if not trajectories.empty:
+            trajectories[path] = value
+    return runs, trajectories
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    trajectories: pd.DataFrame
+
+
+def build_tasks(
+    scenario: Scenario, grid: Sequence[GridSetting], methods: Sequence[MethodConfig] | None = None
+) -> list[SweepTask]:
+    tasks = []
+    for settings in grid_points(grid):
+        point = apply_settings(scenario, settings)
+        for task in replication_tasks(point, methods):
+            tasks.append(SweepTask(task=task, settings=settings, keep_trajectories=task.replication == 0))
+    return tasks
+
+
+def _connect(scheduler_address: str):
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InputError("--scheduler needs Dask: pip install 'churnsim[dask]'") from None
+    try:
+        return Client(scheduler_address, timeout="10s")
+    except (OSError, ValueError, TimeoutError) as error:
+        raise InputError(
+            f"--scheduler {scheduler_address!r}: cannot reach a Dask scheduler ({error.__class__.__name__}); "
+            "check the address, e.g. tcp://host:8786"
+        ) from None
+
+
+def run_sweep(
+    tasks: Sequence[SweepTask],
+    *,
+    workers: int | None = None,
+    scheduler_address: str | None = None,
+    client: Any = None,
+    on_task_done: Callable[[], None] | None = None,
+) -> SweepResult:
+    """Run every task locally (a process pool), on a Dask cluster (address or client), or inline (workers=1)."""
+    if not tasks:
+        raise InputError("the sweep has no work: check the grid and --replications")
+    outcomes: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+    if client is not None or scheduler_address is not None:
+        own_client = client is None
+        client = client if client is not None else _connect(scheduler_address)  # type: ignore[arg-type]
+        try:
+            from distributed import as_completed
+
+            futures = client.map(run_sweep_task, list(tasks), pure=False)
+            index_of = {future.key: index for index, future in enumerate(futures)}
+            results: list[Any] = [None] * len(futures)
+            for future in as_completed(futures):
+                results[index_of[future.key]] = future.result()
+                if on_task_done:
+                    on_task_done()
+            outcomes = results
+        finally:
+            if own_client:
+                client.close()
+    else:
+        num_workers = workers if workers is not None else min(len(tasks), os.cpu_count() or 1)
+        if num_workers < 1:
+            raise InputError(f"--workers {num_workers}: must be >= 1")
+        if num_workers == 1:
+            for task in tasks:
+                outcomes.append(run_sweep_task(task))
+                if on_task_done:
+                    on_task_done()
+        else:
+            with ProcessPoolExecutor(max_workers=num_workers) as pool:
+                for outcome in pool.map(run_sweep_task, tasks, chunksize=1):
+                    outcomes.append(outcome)
+                    if on_task_done:
+                        on_task_done()
+    runs = pd.concat([runs for runs, _ in outcomes], ignore_index=True)
+    trajectory_frames = [frame for _, frame in outcomes if not frame.empty]
+    trajectories = pd.concat(trajectory_frames, ignore_index=True) if trajectory_frames else pd.DataFrame()
+    return SweepResult(runs=runs, summary=summary_table(runs), trajectories=trajectories)

@@ -1,0 +1,180 @@
+"""`churnsim whatif`: failure rates × methods on one scenario, tables and everything the figures need.
+
+The sweep replaces the scenario's churn with the CheckFree paper's per-stage hourly failure
+probability at each rate (use `churnsim sweep` for other churn models). Beside it, a checkpoint
+interval study at one rate compares synchronous and lazy asynchronous checkpointing and places the
+simulated optimum next to Young's and Daly's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from churnsim.calibration.base import atomic_write_text
+from churnsim.calibration.churn import StageHourlyChurn
+from churnsim.calibration.methods import METHOD_NAMES, MethodConfig, method_from_name
+from churnsim.calibration.run_record import git_revision, package_versions, utc_now
+from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
+
+from .analytic import daly_interval_s, young_interval_s
+from .iteration import simulate_iteration
+from .outputs import iteration_spans_table, scenario_notes
+from .pipeline_state import build_pipeline_state
+from .replicate import mean_with_ci95, replication_tasks
+from .sweep import SweepResult, SweepTask, run_sweep
+
+WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
+CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)
+RATE_SETTING = "churn.failure_probability_per_stage_hour"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIfPlan:
+    scenario: Scenario
+    failure_rates: tuple[float, ...] = WHATIF_FAILURE_RATES
+    methods: tuple[MethodConfig, ...] = ()
+    replications: int = 10
+    interval_study_rate: float | None = 0.10
+    intervals: tuple[int, ...] = CHECKPOINT_INTERVALS
+
+    def chosen_methods(self) -> tuple[MethodConfig, ...]:
+        return self.methods or self.scenario.methods
+
+
+def at_rate(scenario: Scenario, rate: float, *, replications: int, methods: Sequence[MethodConfig]) -> Scenario:
+    base_name = scenario.name.rsplit("-", 1)[0] if scenario.name.endswith("pct") else scenario.name
+    return scenario.model_copy(
+        update={
+            "name": base_name,
+            "churn": StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=rate),
+            "replications": replications,
+            "methods": tuple(methods),
+        }
+    )
+
+
+def rate_tasks(plan: WhatIfPlan) -> list[SweepTask]:
+    tasks = []
+    for rate in plan.failure_rates:
+        scenario = Scenario.model_validate(
+            at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods()).model_dump()
+        )
+        for task in replication_tasks(scenario):
+            tasks.append(SweepTask(task=task, settings={RATE_SETTING: rate}, keep_trajectories=task.replication == 0))
+    return tasks
+
+
+def interval_tasks(plan: WhatIfPlan) -> list[SweepTask]:
+    if plan.interval_study_rate is None:
+        return []
+    tasks = []
+    for name in ("checkpoint", "async_checkpoint"):
+        for interval in plan.intervals:
+            method = method_from_name(name, interval_iterations=interval)
+            scenario = at_rate(plan.scenario, plan.interval_study_rate, replications=plan.replications, methods=(method,))
+            scenario = Scenario.model_validate(scenario.model_dump())
+            for task in replication_tasks(scenario):
+                tasks.append(SweepTask(task=task, settings={"interval_iterations": interval}, keep_trajectories=False))
+    return tasks
+
+
+def interval_table(plan: WhatIfPlan, runs: pd.DataFrame) -> pd.DataFrame:
+    """Stall fraction and time to target per (method, interval), with Young's and Daly's intervals."""
+    if runs.empty or plan.interval_study_rate is None:
+        return pd.DataFrame(columns=list(INTERVAL_COLUMNS))
+    scenario = plan.scenario
+    num_stages = scenario.pipeline.num_stages
+    churn = StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=plan.interval_study_rate)
+    pipeline_failure_rate_per_s = churn.rate_per_stage_s * num_stages
+    rows = []
+    young = daly = math.nan
+    sync = runs[runs["method"] == "checkpoint"]
+    if not sync.empty and pipeline_failure_rate_per_s > 0:
+        # δ: blocked seconds per synchronous checkpoint, read off the runs (stall / checkpoints taken).
+        per_checkpoint = sync["checkpoint_stall_s"] / (sync["iterations_executed"] / sync["interval_iterations"]).clip(lower=1)
+        delta_s = float(per_checkpoint.median())
+        iteration_s = float(sync["healthy_iteration_time_s"].median())
+        mtbf_s = 1.0 / pipeline_failure_rate_per_s
+        young = young_interval_s(delta_s, mtbf_s) / iteration_s
+        daly = daly_interval_s(delta_s, mtbf_s) / iteration_s
+    for (method, interval), group in runs.groupby(["method", "interval_iterations"], sort=True):
+        mean, low, high = mean_with_ci95(group["time_to_target_s"].tolist())
+        rows.append(
+            {
+                "source": "simulated",
+                "method": method,
+                "interval_iterations": int(interval),
+                "stall_fraction": float((group["checkpoint_stall_s"] / group["wall_clock_s"]).mean()),
+                "time_to_target_mean_s": mean,
+                "time_to_target_ci95_low_s": low,
+                "time_to_target_ci95_high_s": high,
+                "young_interval_iterations": young,
+                "daly_interval_iterations": daly,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    sweep: SweepResult
+    intervals: pd.DataFrame
+    notes: tuple[str, ...]
+    files: tuple[Path, ...]
+
+
+def run_whatif(
+    plan: WhatIfPlan,
+    out_directory: str | Path,
+    *,
+    workers: int | None = None,
+    scheduler_address: str | None = None,
+    parquet: bool = False,
+    on_task_done: Callable[[], None] | None = None,
+) -> WhatIfResult:
+    out_directory = Path(out_directory)
+    main_tasks, study_tasks = rate_tasks(plan), interval_tasks(plan)
+    everything = run_sweep(
+        main_tasks + study_tasks, workers=workers, scheduler_address=scheduler_address, on_task_done=on_task_done
+    )
+    runs = everything.runs
+    is_study = runs["interval_iterations"].notna() if "interval_iterations" in runs else pd.Series(False, index=runs.index)
+    main_runs = runs[~is_study].drop(columns=["interval_iterations"], errors="ignore").reset_index(drop=True)
+    from .replicate import summary_table
+
+    sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=everything.trajectories)
+    intervals = interval_table(plan, runs[is_study])
+    files: list[Path] = []
+    files += write_table(sweep.runs, out_directory / "runs.csv", parquet=parquet)
+    files += write_table(sweep.summary, out_directory / "summary.csv", parquet=parquet)
+    files += write_table(sweep.trajectories, out_directory / "trajectories.csv", parquet=parquet)
+    files += write_table(intervals, out_directory / "checkpoint_intervals.csv", parquet=parquet)
+    healthy = simulate_iteration(build_pipeline_state(plan.scenario))
+    files += write_table(iteration_spans_table(healthy), out_directory / "iteration_spans.csv", parquet=parquet)
+    notes = scenario_notes(plan.scenario)
+    manifest = {
+        "command": "whatif",
+        "scenario": plan.scenario.model_dump(mode="json"),
+        "failure_rates": list(plan.failure_rates),
+        "methods": [method.name for method in plan.chosen_methods()],
+        "replications": plan.replications,
+        "interval_study_rate": plan.interval_study_rate,
+        "git_revision": git_revision(),
+        "package_versions": package_versions(),
+        "created_utc": utc_now(),
+        "notes": list(notes),
+    }
+    import json
+
+    atomic_write_text(out_directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    files.append(out_directory / "manifest.json")
+    return WhatIfResult(sweep=sweep, intervals=intervals, notes=notes, files=tuple(files))
+
+
+ALL_METHODS: tuple[str, ...] = METHOD_NAMES
