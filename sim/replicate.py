@@ -1,6 +1,7 @@
 """Replications with common random numbers, and the statistics that compare methods.
 
-Replication r of a scenario draws its failure path from a stream seeded by (seed, r, churn), once,
+Replication r of a scenario draws its failure path from a stream seeded by (seed, r, churn) once
+(`run.failures_for_replication`),
 and hands the same path to every method (common random numbers), so that differences between
 methods are differences of the methods, not of luck. Speed-ups are paired: the ratio of two methods'
 times in the same replication, averaged over replications with a Student-t 95 % interval.
@@ -22,23 +23,9 @@ from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TRAJECTORY_COLUMNS
 
-from .churn import FailureEvent, sample_failures
 from .iteration import IterationModel
 from .results import BADPUT_CATEGORIES, RunResult
-from .run import simulate_run
-
-# Independent random streams of one replication (simulators.md §3, pattern 5).
-CHURN_STREAM = 0
-
-
-def failure_path(scenario: Scenario, replication: int, seed: int | None = None) -> tuple[FailureEvent, ...]:
-    """The failures replication `replication` sees, identical for every method."""
-    base_seed = scenario.seed if seed is None else seed
-    rng = np.random.default_rng(np.random.SeedSequence([base_seed, replication, CHURN_STREAM]))
-    return sample_failures(
-        scenario.churn, num_stages=scenario.pipeline.num_stages, horizon_s=scenario.target.max_wall_clock_s, rng=rng
-    )
-
+from .run import failures_for_replication, simulate_run
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicationTask:
@@ -51,7 +38,7 @@ class ReplicationTask:
 
 def run_replication(task: ReplicationTask) -> list[RunResult]:
     """Every method of `task` on the same failure path, sharing one iteration-model cache."""
-    failures = failure_path(task.scenario, task.replication)
+    failures = failures_for_replication(task.scenario, replication=task.replication)
     iteration_model = IterationModel()
     return [
         simulate_run(

@@ -1,0 +1,338 @@
+"""The fits recover known parameters from synthetic run records drawn with fixed seeds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from churnsim.calibration.calibration_file import Calibration, TierBandwidth
+from churnsim.calibration.convergence import DEFAULT_SETBACKS, PowerLawLossCurve
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.failures import ScheduledFailure
+from churnsim.calibration.fit import (
+    build_calibration,
+    estimate_setbacks,
+    fit_baseline_curve,
+    fit_iteration_overhead_s,
+    fit_link_profile,
+    fit_optimizer_step,
+    fit_recovery_times,
+    fit_stage_timings,
+    fit_tier_bandwidth,
+    summarize_setbacks,
+)
+from churnsim.calibration.fit_convergence import SetbackSample, setback_spec
+from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.run_record import RealRunSettings, RunManifest, RunRecord, make_run_record
+from churnsim.calibration.scenario import ModelSpec, PipelineSpec
+
+NUM_STAGES = 4
+NUM_MICROBATCHES = 4
+NUM_ITERATIONS = 400
+WARMUP = 3
+TRUE_CURVE = PowerLawLossCurve(floor_loss=1.5, scale=4.0, exponent=0.5, offset_iterations=10.0)
+FORWARD_MEDIAN_S = tuple(0.010 + 0.002 * stage for stage in range(NUM_STAGES))
+BACKWARD_MEDIAN_S = tuple(2 * f for f in FORWARD_MEDIAN_S)
+TIMING_SIGMA = 0.1  # lognormal shape of span durations
+OPTIMIZER_MEDIAN_S = 0.004
+PREDICTED_ITERATION_S = 1.0
+OVERHEAD_S = 0.05
+EVAL_EVERY = 50
+INTERIOR_SETBACK = 30.0
+EDGE_SETBACK = 60.0
+# (iteration, stage): interior, edge, interior
+FAILURES = ((100, 1), (200, 0), (300, 2))
+TRANSFER_S = (0.2, 0.3, 0.4)  # slowest rank's transfer time in the three recovery events
+REBUILD_S = 0.05
+
+
+def _settings(method: str) -> RealRunSettings:
+    return RealRunSettings(
+        model=ModelSpec(name="tiny", num_layers=4, hidden_size=32, num_heads=4, vocab_size=256, sequence_length=16),
+        pipeline=PipelineSpec(num_stages=NUM_STAGES, microbatch_size=2, num_microbatches=NUM_MICROBATCHES),
+        method=method_from_name(method),
+        num_iterations=NUM_ITERATIONS,
+        learning_rate=1e-3,
+        eval_every_iterations=EVAL_EVERY,
+    )
+
+
+def _progress_lost(iteration: int, failures: tuple[tuple[int, int], ...]) -> float:
+    lost = 0.0
+    for failed_at, stage in failures:
+        if iteration >= failed_at:
+            lost += EDGE_SETBACK if stage in (0, NUM_STAGES - 1) else INTERIOR_SETBACK
+    return lost
+
+
+def _record(
+    *, method: str, seed: int, failures: tuple[tuple[int, int], ...] = (), swap: bool = False, num_iterations: int = NUM_ITERATIONS
+) -> RunRecord:
+    """A real-run record: spans from known lognormal durations, loss from TRUE_CURVE with a seed's noise.
+
+    The multiplicative loss noise depends only on the seed (same data order as the reference run);
+    a small independent noise stands for non-deterministic kernels.
+    """
+    data_order = np.random.default_rng(seed)
+    shared_noise = 1 + 0.01 * data_order.standard_normal(num_iterations)
+    rng = np.random.default_rng([seed, len(failures), int(swap), len(method)])
+    failed_steps = {iteration: index for index, (iteration, _) in enumerate(failures)}
+    spans, metrics, wall_s = [], [], 0.0
+    for step in range(num_iterations):
+        slow = 20.0 if step < WARMUP else 1.0
+        start = wall_s
+        for stage in range(NUM_STAGES):
+            for microbatch in range(NUM_MICROBATCHES):
+                for kind, medians in (("forward", FORWARD_MEDIAN_S), ("backward", BACKWARD_MEDIAN_S)):
+                    duration = slow * medians[stage] * math.exp(TIMING_SIGMA * rng.standard_normal())
+                    # CheckFree+ edge stages do an odd microbatch in two hops: split the work in two spans.
+                    parts = (0.3, 0.7) if swap and microbatch % 2 and stage in (0, NUM_STAGES - 1) else (1.0,)
+                    for part in parts:
+                        spans.append(dict(rank=stage, stage=stage, iteration=step, kind=kind, microbatch=microbatch,
+                                          start_s=start, end_s=start + part * duration))
+                        start += part * duration
+            optimizer_s = slow * OPTIMIZER_MEDIAN_S * math.exp(TIMING_SIGMA * rng.standard_normal())
+            spans.append(dict(rank=stage, stage=stage, iteration=step, kind="optimizer", microbatch=None, start_s=start, end_s=start + optimizer_s))
+        duration_s = PREDICTED_ITERATION_S + OVERHEAD_S + 0.01 * rng.standard_normal()
+        if step in failed_steps:
+            event = failed_steps[step]
+            for rank in range(NUM_STAGES):
+                transfer_s = TRANSFER_S[event] * (1.0 if rank == failures[event][1] else 0.5)
+                spans.append(dict(rank=rank, stage=rank, iteration=step, kind="recovery.transfer", microbatch=None, start_s=wall_s, end_s=wall_s + transfer_s))
+            spans.append(dict(rank=failures[event][1], stage=failures[event][1], iteration=step, kind="recovery.rebuild", microbatch=None,
+                              start_s=wall_s, end_s=wall_s + REBUILD_S))
+            duration_s += 5.0
+        evaluated = step % EVAL_EVERY == 0
+        if evaluated:
+            duration_s += 1.0
+        wall_s += duration_s
+        progress = step - _progress_lost(step, failures)
+        loss = TRUE_CURVE.loss(progress) * shared_noise[step] * (1 + 0.001 * rng.standard_normal())
+        metrics.append(dict(step=step, iteration=step, wall_time_s=wall_s, train_loss=loss, eval_loss=loss if evaluated else math.nan))
+    manifest = RunManifest(
+        run_id=f"{method}-seed{seed}", source="real", method=method, seed=seed, real_settings=_settings(method),
+        hardware={"machine": "synthetic"},
+    )
+    schedule = [ScheduledFailure(iteration=iteration, stage=stage) for iteration, stage in failures]
+    return make_run_record(manifest, metrics, spans, schedule)
+
+
+@pytest.fixture(scope="module")
+def references() -> list[RunRecord]:
+    return [_record(method="none", seed=seed) for seed in (1, 2, 3)]
+
+
+@pytest.fixture(scope="module")
+def checkfree_runs() -> list[RunRecord]:
+    return [_record(method="checkfree", seed=seed, failures=FAILURES) for seed in (1, 2, 3)]
+
+
+def _link_points(seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    size = np.repeat(np.logspace(3, 8, 10), 3)
+    seconds = (1e-4 + size / 1e9) * (1 + 0.01 * rng.standard_normal(size.size))
+    return pd.DataFrame({"bytes": size, "seconds": seconds})
+
+
+def test_stage_timings_recover_known_medians_within_two_percent(references):
+    timings = fit_stage_timings(references, num_warmup_iterations=WARMUP)
+    assert [t.stage for t in timings] == list(range(NUM_STAGES))
+    true_iqr_factor = 2 * math.sinh(stats.norm.ppf(0.75) * TIMING_SIGMA)  # IQR / median of a lognormal
+    for timing in timings:
+        assert timing.block_forward.median_s == pytest.approx(FORWARD_MEDIAN_S[timing.stage], rel=0.02)
+        assert timing.block_backward.median_s == pytest.approx(BACKWARD_MEDIAN_S[timing.stage], rel=0.02)
+        assert timing.block_forward.interquartile_range_s == pytest.approx(true_iqr_factor * FORWARD_MEDIAN_S[timing.stage], rel=0.1)
+
+
+def test_stage_timings_skip_warmup_iterations(references):
+    timings = fit_stage_timings(references[:1], num_warmup_iterations=WARMUP)
+    assert timings[0].block_forward.num_samples == (NUM_ITERATIONS - WARMUP) * NUM_MICROBATCHES
+    with_warmup = fit_stage_timings([_record(method="none", seed=9, num_iterations=2 * WARMUP)], num_warmup_iterations=0)
+    without = fit_stage_timings([_record(method="none", seed=9, num_iterations=2 * WARMUP)], num_warmup_iterations=WARMUP)
+    # Half the steps are 20x slower during warm-up: including them moves the median far up.
+    assert with_warmup[1].block_forward.median_s > 3 * without[1].block_forward.median_s
+    assert without[1].block_forward.median_s == pytest.approx(FORWARD_MEDIAN_S[1], rel=0.1)
+
+
+def test_checkfree_plus_two_hops_of_one_microbatch_are_summed():
+    timings = fit_stage_timings([_record(method="checkfree_plus", seed=4, swap=True)], num_warmup_iterations=WARMUP)
+    assert timings[0].block_forward.num_samples == (NUM_ITERATIONS - WARMUP) * NUM_MICROBATCHES
+    assert timings[0].block_forward.median_s == pytest.approx(FORWARD_MEDIAN_S[0], rel=0.03)
+    assert timings[-1].block_backward.median_s == pytest.approx(BACKWARD_MEDIAN_S[-1], rel=0.03)
+
+
+def test_optimizer_step_is_median_of_optimizer_spans(references):
+    step = fit_optimizer_step(references, num_warmup_iterations=WARMUP)
+    assert step.median_s == pytest.approx(OPTIMIZER_MEDIAN_S, rel=0.02)
+    assert step.num_samples == len(references) * NUM_STAGES * (NUM_ITERATIONS - WARMUP)
+
+
+def test_iteration_overhead_is_measured_steady_mean_minus_prediction(references, checkfree_runs):
+    seen = []
+
+    def predict(stage_timings, optimizer_step):
+        seen.append((len(stage_timings), optimizer_step.median_s))
+        return PREDICTED_ITERATION_S
+
+    timings = fit_stage_timings(references)
+    optimizer = fit_optimizer_step(references)
+    # Evaluation (+1 s) and recovery (+5 s) steps are excluded, so only the overhead remains.
+    overhead = fit_iteration_overhead_s([*references, *checkfree_runs], timings, optimizer, predict)
+    assert overhead == pytest.approx(OVERHEAD_S, abs=0.002)
+    assert seen == [(NUM_STAGES, optimizer.median_s)]
+    assert fit_iteration_overhead_s(references, timings, optimizer, lambda *_: 2.0) == 0.0
+
+
+def test_link_profile_recovers_latency_and_bandwidth_within_five_percent():
+    link = fit_link_profile(_link_points())
+    assert link.latency_s == pytest.approx(1e-4, rel=0.05)
+    assert link.bandwidth_bytes_per_s == pytest.approx(1e9, rel=0.05)
+    assert link.r_squared > 0.99
+    assert link.num_points == 30
+
+
+def test_link_profile_needs_two_sizes_and_named_columns():
+    with pytest.raises(InputError, match="at least two different sizes"):
+        fit_link_profile(pd.DataFrame({"bytes": [1e6, 1e6], "seconds": [0.1, 0.2]}))
+    with pytest.raises(InputError, match="link measurements lacks column.*seconds"):
+        fit_link_profile(pd.DataFrame({"bytes": [1e6, 2e6], "time": [0.1, 0.2]}))
+
+
+def test_tier_bandwidth_is_total_bytes_over_total_seconds():
+    tier = fit_tier_bandwidth("local_disk", 1e9, [0.5, 0.5], 0.25)
+    assert tier == TierBandwidth(name="local_disk", write_bandwidth_bytes_per_s=2e9, read_bandwidth_bytes_per_s=4e9)
+    with pytest.raises(InputError, match="tier 'x'"):
+        fit_tier_bandwidth("x", 1e9, 0.0, 1.0)
+
+
+def test_recovery_times_are_medians_over_events_of_the_slowest_rank(references, checkfree_runs):
+    times = fit_recovery_times([*references, *checkfree_runs])
+    assert set(times) == {"checkfree"}
+    checkfree = times["checkfree"]
+    assert checkfree.transfer_s == pytest.approx(float(np.median(TRANSFER_S)))
+    assert checkfree.rebuild_s == pytest.approx(REBUILD_S)
+    assert (checkfree.join_s, checkfree.load_s) == (0.0, 0.0)
+    assert checkfree.num_samples == len(FAILURES) * len(checkfree_runs)
+
+
+def test_baseline_curve_predicts_loss_within_one_percent_over_the_range(references):
+    curve = fit_baseline_curve([record.metrics for record in references])
+    errors = [abs(curve.loss(i) / TRUE_CURVE.loss(i) - 1) for i in range(NUM_ITERATIONS)]
+    assert max(errors) < 0.01
+    assert curve.r_squared is not None and curve.r_squared > 0.9
+
+
+def test_baseline_curve_from_too_few_iterations_raises(references):
+    with pytest.raises(InputError, match="5 distinct iterations of train_loss, at least 10 needed"):
+        fit_baseline_curve(references[0].metrics.head(5))
+
+
+def test_baseline_metrics_without_train_loss_names_the_column(references):
+    with pytest.raises(InputError, match="lacks column.*train_loss"):
+        fit_baseline_curve(references[0].metrics.drop(columns=["train_loss"]))
+
+
+def test_spans_without_end_time_name_the_run_and_file(references):
+    record = references[0]
+    broken = RunRecord(manifest=record.manifest, metrics=record.metrics, spans=record.spans.drop(columns=["end_s"]), failures=record.failures)
+    with pytest.raises(InputError, match=r"run record 'none-seed1': spans.csv lacks column\(s\) end_s"):
+        fit_stage_timings([broken])
+
+
+def test_injected_setbacks_are_recovered_within_ten_percent(references, checkfree_runs):
+    setbacks, samples = estimate_setbacks(checkfree_runs, references, TRUE_CURVE)
+    assert len(samples) == len(FAILURES) * len(checkfree_runs)
+    interior, edge = setbacks["checkfree"].interior, setbacks["checkfree"].edge
+    assert interior.mean_iterations == pytest.approx(INTERIOR_SETBACK, rel=0.1)
+    assert edge.mean_iterations == pytest.approx(EDGE_SETBACK, rel=0.1)
+    assert (interior.num_samples, edge.num_samples) == (2 * len(checkfree_runs), len(checkfree_runs))
+    assert interior.ci95_low_iterations <= interior.mean_iterations <= interior.ci95_high_iterations
+    # Methods without failure runs keep the documented defaults, flagged by num_samples = 0.
+    assert setbacks["copy"] == DEFAULT_SETBACKS["copy"]
+    assert setbacks["copy"].interior.num_samples == 0
+
+
+def test_setbacks_with_the_curve_as_reference_are_recovered_within_twenty_percent(checkfree_runs):
+    setbacks, _ = estimate_setbacks(checkfree_runs, [], TRUE_CURVE, window_iterations=40)
+    assert setbacks["checkfree"].interior.mean_iterations == pytest.approx(INTERIOR_SETBACK, rel=0.2)
+    assert setbacks["checkfree"].edge.mean_iterations == pytest.approx(EDGE_SETBACK, rel=0.2)
+
+
+def test_failure_whose_window_reaches_the_next_failure_or_the_end_is_skipped(references):
+    close = _record(method="copy", seed=1, failures=((100, 1), (110, 2), (390, 1)))
+    _, samples = estimate_setbacks([close], references, TRUE_CURVE, window_iterations=20)
+    assert [(s.iteration, s.stage) for s in samples] == [(110, 2)]
+
+
+def test_rollback_runs_are_not_setbacks(references):
+    record = _record(method="checkpoint", seed=1, failures=((100, 1),))
+    setbacks, samples = estimate_setbacks([record], references, TRUE_CURVE)
+    assert samples == []
+    assert setbacks == summarize_setbacks([])
+
+
+def test_setback_interval_is_student_t_and_absent_for_one_sample():
+    spec = setback_spec([10.0, 12.0, 14.0])
+    half_width = stats.t.ppf(0.975, 2) * 2.0 / math.sqrt(3)
+    assert (spec.mean_iterations, spec.num_samples) == (12.0, 3)
+    assert spec.ci95_high_iterations == pytest.approx(12.0 + half_width)
+    assert spec.ci95_low_iterations == pytest.approx(12.0 - half_width)
+    assert setback_spec([0.0, 0.0, 9.0]).ci95_low_iterations == 0.0  # 3 − 12.9 < 0 is clipped
+    single = setback_spec([5.0])
+    assert (single.ci95_low_iterations, single.ci95_high_iterations, single.num_samples) == (None, None, 1)
+    sample = SetbackSample(run_id="r", method="random", stage=1, position="interior", iteration=3, setback_iterations=7.0)
+    assert summarize_setbacks([sample])["random"].interior.mean_iterations == 7.0
+
+
+def test_build_calibration_assembles_every_part_with_provenance(references, checkfree_runs):
+    tiers = (fit_tier_bandwidth("local_disk", 1e9, 0.5, 0.25),)
+    calibration = build_calibration(
+        "synthetic",
+        [*references, *checkfree_runs],
+        link_points=_link_points(),
+        tier_bandwidths=tiers,
+        command="churnsim calibrate --test",
+        predict_iteration_s=lambda *_: PREDICTED_ITERATION_S,
+    )
+    assert isinstance(calibration, Calibration)
+    assert calibration.model.name == "tiny" and calibration.pipeline.num_stages == NUM_STAGES
+    assert len(calibration.stage_timings) == NUM_STAGES
+    assert calibration.iteration_overhead_s == pytest.approx(OVERHEAD_S, abs=0.002)
+    assert calibration.activation_bytes == 2 * 16 * 32 * 2.0
+    assert calibration.storage == tiers
+    assert set(calibration.recovery) == {"checkfree"}
+    assert calibration.convergence.calibrated is True
+    assert "checkfree/interior n=6" in calibration.convergence.source
+    assert calibration.convergence.setbacks["checkfree"].edge.mean_iterations == pytest.approx(EDGE_SETBACK, rel=0.1)
+    provenance = calibration.provenance
+    assert provenance.fit_run_ids == tuple(r.manifest.run_id for r in [*references, *checkfree_runs])
+    assert provenance.hardware == {"machine": "synthetic"}
+    assert provenance.command == "churnsim calibrate --test"
+    assert "python" in provenance.package_versions and provenance.created_utc
+
+
+def test_build_calibration_without_a_no_failure_run_raises(checkfree_runs):
+    with pytest.raises(InputError, match="no-failure run"):
+        build_calibration("x", checkfree_runs, link_points=_link_points(), predict_iteration_s=lambda *_: 1.0)
+
+
+def test_build_calibration_rejects_simulated_records(references):
+    simulated = references[0].manifest.model_copy(update={"source": "simulated", "real_settings": None})
+    record = RunRecord(manifest=simulated, metrics=references[0].metrics, spans=references[0].spans, failures=references[0].failures)
+    with pytest.raises(InputError, match="field 'real_settings' is missing"):
+        build_calibration("x", [record], link_points=_link_points(), predict_iteration_s=lambda *_: 1.0)
+
+
+def test_failures_given_only_by_time_map_to_the_next_step(references, checkfree_runs):
+    record = checkfree_runs[0]
+    wall = record.metrics.set_index("step")["wall_time_s"]
+    # A failure that struck just after step f-1 ended precedes step f.
+    timed = [ScheduledFailure(time_s=float(wall[iteration - 1]) + 1e-3, stage=stage) for iteration, stage in FAILURES]
+    retimed = make_run_record(record.manifest, record.metrics, record.spans, timed)
+    _, by_time = estimate_setbacks([retimed], references, TRUE_CURVE)
+    _, by_iteration = estimate_setbacks([record], references, TRUE_CURVE)
+    assert by_time == by_iteration
