@@ -1,0 +1,174 @@
+"""One look for every figure: a fixed colour, marker and display name per method, and readable defaults.
+
+Colours are the Okabe–Ito palette (distinguishable with the common colour-vision deficiencies); the
+markers differ too, so a figure still reads in grayscale. A method keeps its colour and marker in
+every figure, whichever subset of methods a table holds.
+"""
+
+from __future__ import annotations
+
+from matplotlib.axes import Axes
+
+from churnsim.calibration.methods import METHOD_NAMES
+
+FIGURE_DPI = 150
+
+METHOD_COLORS: dict[str, str] = {
+    "none": "#000000",
+    "checkpoint": "#E69F00",
+    "async_checkpoint": "#56B4E9",
+    "redundant": "#009E73",
+    "checkfree": "#0072B2",
+    "checkfree_plus": "#D55E00",
+    "copy": "#CC79A7",
+    "uniform": "#7F7F7F",
+    "random": "#8C564B",
+}
+
+METHOD_MARKERS: dict[str, str] = {
+    "none": ".",
+    "checkpoint": "s",
+    "async_checkpoint": "D",
+    "redundant": "^",
+    "checkfree": "o",
+    "checkfree_plus": "P",
+    "copy": "v",
+    "uniform": "<",
+    "random": "X",
+}
+
+# The no-failure reference is dotted so that it reads as a bound, not a competitor.
+METHOD_LINESTYLES: dict[str, str] = {"none": ":"}
+
+METHOD_DISPLAY_NAMES: dict[str, str] = {
+    "none": "no failures",
+    "checkpoint": "checkpoint (sync)",
+    "async_checkpoint": "lazy async checkpoint",
+    "redundant": "redundant (Bamboo)",
+    "checkfree": "CheckFree",
+    "checkfree_plus": "CheckFree+",
+    "copy": "copy (ablation)",
+    "uniform": "uniform average (ablation)",
+    "random": "random init (ablation)",
+}
+
+UNKNOWN_COLOR = "#BBBBBB"
+UNKNOWN_MARKER = "x"
+
+# Where wall-clock time goes, in stacking order (goodput first, at the bottom of a bar).
+TIME_CATEGORIES: tuple[str, ...] = (
+    "goodput_s",
+    "bubble_s",
+    "method_overhead_s",
+    "checkpoint_stall_s",
+    "lost_work_s",
+    "recovery_downtime_s",
+    "degraded_slowdown_s",
+    "convergence_setback_s",
+)
+
+# ColorBrewer Set2: muted, so category bars are not mistaken for method colours.
+CATEGORY_COLORS: dict[str, str] = {
+    "goodput_s": "#66C2A5",
+    "bubble_s": "#B3B3B3",
+    "method_overhead_s": "#8DA0CB",
+    "checkpoint_stall_s": "#FC8D62",
+    "lost_work_s": "#E78AC3",
+    "recovery_downtime_s": "#A6D854",
+    "degraded_slowdown_s": "#FFD92F",
+    "convergence_setback_s": "#E5C494",
+}
+
+CATEGORY_DISPLAY_NAMES: dict[str, str] = {
+    "goodput_s": "goodput",
+    "bubble_s": "pipeline bubble",
+    "method_overhead_s": "method overhead",
+    "checkpoint_stall_s": "checkpoint stall",
+    "lost_work_s": "lost work",
+    "recovery_downtime_s": "recovery downtime",
+    "degraded_slowdown_s": "degraded-mode slowdown",
+    "convergence_setback_s": "convergence setback",
+}
+
+# Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv.
+SPAN_KIND_COLORS: dict[str, str] = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "redundant_forward": "#8172B3",
+    "allreduce": "#55A868",
+    "optimizer": "#C44E52",
+    "checkpoint": "#937860",
+    "send": "#6F6F6F",
+    "receive": "#A0A0A0",
+    "send_wait": "#D0D0D0",
+}
+# Communication spans overlap compute on the same stage, so they are drawn as thin bars under it.
+COMMUNICATION_KINDS: frozenset[str] = frozenset({"send", "receive", "send_wait"})
+_EXTRA_KIND_COLORS = ("#DA8BC3", "#CCB974", "#64B5CD", "#8C8C8C")
+
+# Readable defaults for the figure-making entry points (used in a matplotlib.rc_context, never set globally).
+FIGURE_RC: dict[str, object] = {
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "legend.fontsize": 8.5,
+    "legend.framealpha": 0.85,
+    "lines.linewidth": 1.8,
+    "lines.markersize": 5.5,
+    "savefig.dpi": FIGURE_DPI,
+}
+
+
+def method_color(method: str) -> str:
+    return METHOD_COLORS.get(method, UNKNOWN_COLOR)
+
+
+def method_marker(method: str) -> str:
+    return METHOD_MARKERS.get(method, UNKNOWN_MARKER)
+
+
+def method_linestyle(method: str) -> str:
+    return METHOD_LINESTYLES.get(method, "-")
+
+
+def method_label(method: str) -> str:
+    return METHOD_DISPLAY_NAMES.get(method, method)
+
+
+def method_style(method: str) -> dict[str, object]:
+    """Keyword arguments for `Axes.plot` that give `method` its fixed look and legend label."""
+    return dict(
+        color=method_color(method),
+        marker=method_marker(method),
+        linestyle=method_linestyle(method),
+        label=method_label(method),
+        gid=method,
+    )
+
+
+def ordered_methods(methods) -> list[str]:
+    """Unique methods in METHOD_NAMES order (legend order is the same in every figure); unknown names last."""
+    unique = {str(method) for method in methods}
+    known = [name for name in METHOD_NAMES if name in unique]
+    return known + sorted(unique - set(METHOD_NAMES))
+
+
+def span_kind_color(kind: str, other_kinds_seen: list[str] | None = None) -> str:
+    """Fixed colour of a span kind; kinds not listed get a spare colour by order of appearance."""
+    if kind in SPAN_KIND_COLORS:
+        return SPAN_KIND_COLORS[kind]
+    position = other_kinds_seen.index(kind) if other_kinds_seen and kind in other_kinds_seen else 0
+    return _EXTRA_KIND_COLORS[position % len(_EXTRA_KIND_COLORS)]
+
+
+def style_axes(ax: Axes) -> None:
+    """Light grid behind the data and no top/right frame: the shared look of every panel."""
+    ax.grid(True, which="major", alpha=0.3, linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+
+
+def percent(probability: float) -> str:
+    """0.1 → '10 %'; trims needless decimals."""
+    return f"{100.0 * probability:.3g} %"
