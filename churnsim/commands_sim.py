@@ -157,7 +157,7 @@ def whatif_command(
     with progress_bar(total, f"what-if on {scenario.name}") as advance:
         result = run_whatif(plan, out, workers=workers, scheduler_address=scheduler, parquet=parquet, on_task_done=advance)
     for probability, rows in result.sweep.summary.groupby("failure_probability_per_stage_hour", sort=True):
-        print_summary(rows, f"{scenario.name} at {probability:.0%} failure probability per stage-hour")
+        print_summary(rows, f"{rows['scenario'].iloc[0]} at {probability:.0%} failure probability per stage-hour")
     if figures:
         from churnsim.figures.make_all import make_all_figures
 
