@@ -16,23 +16,12 @@ try:  # typer >= 0.24 vendors its own click; older releases use the click packag
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions
 
+from churnsim.app import app
 from churnsim.calibration.errors import InputError
-
-app = typer.Typer(
-    name="churnsim",
-    help="Which recovery method reaches your target loss first when pipeline stages fail?",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-real_app = typer.Typer(help="Real PyTorch pipeline runs with injected failures.", no_args_is_help=True)
-app.add_typer(real_app, name="real")
-
 
 def _register_commands() -> None:
     # Each module adds its commands to `app` / `real_app`; importing them here keeps this file thin.
-    from churnsim import commands_sim  # noqa: F401
-    from churnsim import commands_real  # noqa: F401
+    from churnsim import commands_real, commands_sim  # noqa: F401
 
 
 def main(argv: Optional[list[str]] = None) -> None:

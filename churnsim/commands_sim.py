@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from churnsim.cli import app
+from churnsim.app import app
 
 console = Console(stderr=True)
 
@@ -153,9 +153,16 @@ def whatif_command(
         )
     from churnsim.sim.whatif import interval_tasks, rate_tasks
 
+    from churnsim.sim.sweep import connect_scheduler
+
     total = len(rate_tasks(plan)) + len(interval_tasks(plan))
-    with progress_bar(total, f"what-if on {scenario.name}") as advance:
-        result = run_whatif(plan, out, workers=workers, scheduler_address=scheduler, parquet=parquet, on_task_done=advance)
+    client = connect_scheduler(scheduler) if scheduler else None
+    try:
+        with progress_bar(total, f"what-if on {scenario.name}") as advance:
+            result = run_whatif(plan, out, workers=workers, client=client, parquet=parquet, on_task_done=advance)
+    finally:
+        if client is not None:
+            client.close()
     for probability, rows in result.sweep.summary.groupby("failure_probability_per_stage_hour", sort=True):
         print_summary(rows, f"{rows['scenario'].iloc[0]} at {probability:.0%} failure probability per stage-hour")
     if figures:
@@ -197,13 +204,18 @@ def sweep_command(
 ) -> None:
     """A grid over scenario fields, in local processes or on a Dask cluster."""
     from churnsim.calibration.tables import write_table
-    from churnsim.sim.sweep import build_tasks, parse_grid_setting, run_sweep
+    from churnsim.sim.sweep import build_tasks, connect_scheduler, parse_grid_setting, run_sweep
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     grid = [parse_grid_setting(text) for text in settings]
     tasks = build_tasks(scenario, grid)
-    with progress_bar(len(tasks), f"sweeping {scenario.name}") as advance:
-        result = run_sweep(tasks, workers=workers, scheduler_address=scheduler, on_task_done=advance)
+    client = connect_scheduler(scheduler) if scheduler else None
+    try:
+        with progress_bar(len(tasks), f"sweeping {scenario.name}") as advance:
+            result = run_sweep(tasks, workers=workers, client=client, on_task_done=advance)
+    finally:
+        if client is not None:
+            client.close()
     write_table(result.runs, out / "runs.csv", parquet=parquet)
     write_table(result.summary, out / "summary.csv", parquet=parquet)
     write_table(result.trajectories, out / "trajectories.csv", parquet=parquet)

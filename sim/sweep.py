@@ -123,7 +123,8 @@ def build_tasks(
     return tasks
 
 
-def _connect(scheduler_address: str):
+def connect_scheduler(scheduler_address: str):
+    """A Dask client for `scheduler_address`, or one clear InputError."""
     try:
         from distributed import Client
     except ImportError:
@@ -151,7 +152,7 @@ def run_sweep(
     outcomes: list[tuple[pd.DataFrame, pd.DataFrame]] = []
     if client is not None or scheduler_address is not None:
         own_client = client is None
-        client = client if client is not None else _connect(scheduler_address)  # type: ignore[arg-type]
+        client = client if client is not None else connect_scheduler(scheduler_address)  # type: ignore[arg-type]
         try:
             from distributed import as_completed
 

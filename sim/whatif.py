@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
@@ -134,14 +134,14 @@ def run_whatif(
     out_directory: str | Path,
     *,
     workers: int | None = None,
-    scheduler_address: str | None = None,
+    client: Any = None,
     parquet: bool = False,
     on_task_done: Callable[[], None] | None = None,
 ) -> WhatIfResult:
     out_directory = Path(out_directory)
     main_tasks, study_tasks = rate_tasks(plan), interval_tasks(plan)
     everything = run_sweep(
-        main_tasks + study_tasks, workers=workers, scheduler_address=scheduler_address, on_task_done=on_task_done
+        main_tasks + study_tasks, workers=workers, client=client, on_task_done=on_task_done
     )
     runs = everything.runs
     is_study = runs["interval_iterations"].notna() if "interval_iterations" in runs else pd.Series(False, index=runs.index)

@@ -1,0 +1,101 @@
+"""The command line: what it writes, and one clear line with exit code 2 for every bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from churnsim.calibration.presets import preset
+from churnsim.calibration.run_record import read_run_record
+from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS
+from churnsim.cli import main
+
+
+def run_cli(arguments: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True, timeout=600)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("churnsim: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_whatif_quick_writes_tables_figures_and_manifest(tmp_path):
+    out = tmp_path / "whatif"
+    main(["whatif", "--quick", "--preset", "checkfree-124m-geo-10pct", "--workers", "1", "--out", str(out)])
+    for name in ("runs.csv", "summary.csv", "trajectories.csv", "checkpoint_intervals.csv", "iteration_spans.csv", "manifest.json"):
+        assert (out / name).is_file(), name
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary.columns) == list(SUMMARY_COLUMNS)
+    assert sorted(summary["failure_probability_per_stage_hour"].unique()) == [0.0, 0.10, 0.33]
+    assert set(summary["method"]) == {method.name for method in preset("checkfree-124m-geo-10pct").methods}
+    assert (summary["num_replications"] == 3).all()
+    for figure in ("time_to_target", "speedup", "badput_breakdown", "loss_vs_wallclock", "pipeline_gantt", "checkpoint_interval", "optimal_interval"):
+        assert (out / "figures" / f"{figure}.png").is_file(), figure
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["replications"] == 3 and manifest["notes"]  # uncalibrated setbacks are flagged
+
+
+def test_simulate_writes_one_record_per_run_and_a_perfetto_timeline(tmp_path):
+    out = tmp_path / "sim"
+    main(["simulate", "--preset", "checkfree-124m-geo-16pct", "--method", "checkpoint", "--method", "checkfree", "--replications", "2", "--out", str(out)])
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs.columns) == list(RUN_COLUMNS) and len(runs) == 4
+    # Common random numbers: in each replication the shorter run's failures are the first ones the
+    # longer run saw (same times, same stages).
+    for replication in (0, 1):
+        schedules = [
+            read_run_record(out / "records" / f"{method}-r{replication}").failures.failures for method in ("checkpoint", "checkfree")
+        ]
+        shorter, longer = sorted(schedules, key=len)
+        assert shorter and [(f.time_s, f.stage) for f in longer[: len(shorter)]] == [(f.time_s, f.stage) for f in shorter]
+    assert sorted(p.name for p in (out / "records").iterdir()) == ["checkfree-r0", "checkfree-r1", "checkpoint-r0", "checkpoint-r1"]
+    trace = json.loads((out / "timelines" / "checkfree-r0.json").read_text())
+    assert {event["ph"] for event in trace["traceEvents"]} >= {"X", "M"}
+
+
+@pytest.mark.parametrize(
+    "arguments, fragments",
+    [
+        (["whatif", "--preset", "no-such-preset"], ("unknown preset 'no-such-preset'",)),
+        (["simulate", "--preset", "checkfree-124m-geo-10pct", "--method", "magic", "--out", "x"], ("unknown method 'magic'",)),
+        (["simulate", "--out", "x"], ("give a scenario file or --preset",)),
+        (["sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "pipeline.num_stages=", "--out", "x"], ("grid is empty",)),
+        (["sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "pipeline.stages=2", "--out", "x"], ("no field 'stages'",)),
+        (["whatif", "--rates", "0.1,abc"], ("--rates",)),
+        (["whatif", "--bogus-flag"], ("No such option: --bogus-flag",)),
+        (["plot", "does-not-exist"], ("not a results directory",)),
+    ],
+)
+def test_bad_input_gives_one_line_and_exit_code_2(arguments, fragments, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def test_broken_scenario_file_names_the_field(tmp_path):
+    data = json.loads(preset("checkfree-124m-geo-10pct").model_dump_json())
+    data["churn"]["failure_probability_per_stage_hour"] = 1.5
+    (tmp_path / "scenario.json").write_text(json.dumps(data))
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "simulate", "scenario.json", "--out", "out"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert_one_line_error(result, "scenario.json", "churn.stage_hourly.failure_probability_per_stage_hour")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_dask_scheduler_is_one_clear_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "replications=1",
+         "--scheduler", "tcp://127.0.0.1:1", "--out", "x"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert_one_line_error(result, "cannot reach a Dask scheduler")
