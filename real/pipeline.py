@@ -1,0 +1,392 @@
+"""One pipeline stage's share of an iteration: forward and backward hops with point-to-point sends.
+
+Each process executes `stage_operation_order(...)` (calibration/pipeline_schedule.py) for its stage.
+A forward hop receives the previous hop's activation (or embeds tokens), runs the parts the `Hop`
+names, and sends its output to the next hop's stage; the head hop computes the microbatch loss
+divided by M, so the gradients summed over microbatches are those of the mean loss. A backward hop
+receives the output gradient (or starts from the loss), backpropagates, and sends the input
+gradient to the previous hop's stage.
+
+Deadlock freedom: sends are non-blocking (`isend`, waited at the end of the iteration) and every
+operation waits only for its own input, so a stage never blocks on a message it has not yet
+needed. `message_flow_completes` replays the operation orders of all stages under exactly these
+rules and tells whether every stage finishes; the tests run it for GPipe and 1F1B with and without
+CheckFree+'s swapped routes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from churnsim.calibration.pipeline_schedule import Hop, StageOperation, microbatch_route, stage_operation_order
+
+from .distributed import Communicator
+from .model import StageModule
+
+SPAN_COLUMNS = ("rank", "stage", "iteration", "kind", "microbatch", "start_s", "end_s")
+_FORWARD, _BACKWARD, _EVAL = 0, 1, 2
+
+
+class SpanRecorder:
+    """Timed spans of one rank, relative to the run start (time.perf_counter).
+
+    The `iteration` column holds the trainer's step (executed iterations, monotonic; it equals the
+    training iteration unless a rollback replayed iterations). The trainer sets `step` before each
+    iteration; `span(kind)` without an explicit iteration stamps it, which is what methods should use.
+    On CUDA each span boundary synchronises the device so that spans time the work, not its launch.
+    """
+
+    def __init__(self, *, rank: int, stage: int, device: torch.device | None = None) -> None:
+        self.rank = rank
+        self.stage = stage
+        self.step = 0
+        self.origin_s = time.perf_counter()
+        self.rows: list[dict[str, Any]] = []
+        self._synchronize = device is not None and device.type == "cuda"
+
+    def restart_clock(self) -> None:
+        """Call right after the start-of-run barrier so that every rank shares the origin."""
+        self.origin_s = time.perf_counter()
+
+    def now_s(self) -> float:
+        if self._synchronize:
+            torch.cuda.synchronize()
+        return time.perf_counter() - self.origin_s
+
+    def add(self, kind: str, iteration: int | None, microbatch: int | None, start_s: float, end_s: float) -> None:
+        self.rows.append(
+            {
+                "rank": self.rank,
+                "stage": self.stage,
+                "iteration": self.step if iteration is None else iteration,
+                "kind": kind,
+                "microbatch": -1 if microbatch is None else microbatch,
+                "start_s": start_s,
+                "end_s": end_s,
+            }
+        )
+
+    @contextmanager
+    def span(self, kind: str, iteration: int | None = None, microbatch: int | None = None) -> Iterator[None]:
+        start_s = self.now_s()
+        try:
+            yield
+        finally:
+            self.add(kind, iteration, microbatch, start_s, self.now_s())
+
+
+def _tag(microbatch: int, hop_index: int, direction: int, num_hops: int) -> int:
+    """A tag unique within an iteration for the message that arrives at (microbatch, hop_index)."""
+    return (microbatch * num_hops + hop_index) * 3 + direction
+
+
+AfterForwardHop = Callable[..., None]
+
+
+class PipelineStage:
+    """The work of stage `stage` in every iteration: holds the routes and the operation order."""
+
+    def __init__(
+        self,
+        *,
+        module: StageModule,
+        communicator: Communicator,
+        spans: SpanRecorder,
+        schedule: str,
+        num_microbatches: int,
+        microbatch_size: int,
+        swap_odd_microbatches: bool = False,
+        after_forward_hop: AfterForwardHop | None = None,
+    ) -> None:
+        self.module = module
+        self.stage = module.stage
+        self.num_stages = module.num_stages
+        self.communicator = communicator
+        self.spans = spans
+        self.num_microbatches = num_microbatches
+        self.after_forward_hop = after_forward_hop
+        self.operations: tuple[StageOperation, ...] = stage_operation_order(
+            schedule,
+            num_stages=self.num_stages,
+            num_microbatches=num_microbatches,
+            stage=self.stage,
+            swap_odd_microbatches=swap_odd_microbatches,
+        )
+        self.routes = [
+            microbatch_route(self.num_stages, m, swap_odd_microbatches=swap_odd_microbatches)
+            for m in range(num_microbatches)
+        ]
+        self.in_order_route = microbatch_route(self.num_stages, 0, swap_odd_microbatches=False)
+        self.num_hops = max(len(route) for route in self.routes)
+        config = module.config
+        self.activation_shape = (microbatch_size, config.seq_len, config.dim)
+        self._pending_sends: list[tuple[Any, torch.Tensor]] = []
+        self._local_messages: dict[int, torch.Tensor] = {}
+        # Messages from each peer in the order that peer sends them; receiving in this order and
+        # holding early arrivals back works without tags (NCCL) and cannot deadlock, because the
+        # peer sends everything before the wanted message without waiting (isend).
+        sent, _ = pair_message_orders(
+            schedule,
+            num_stages=self.num_stages,
+            num_microbatches=num_microbatches,
+            swap_odd_microbatches=swap_odd_microbatches,
+        )
+        directions = {"forward": _FORWARD, "backward": _BACKWARD}
+        self._send_order_of: dict[int, list[int]] = {
+            source: [_tag(m, index, directions[direction], self.num_hops) for direction, m, index in keys]
+            for (source, destination), keys in sent.items()
+            if destination == self.stage
+        }
+        self._next_from: dict[int, int] = {}
+        self._early: dict[int, torch.Tensor] = {}
+
+    # -- messages ------------------------------------------------------------------------------
+    def _send(self, tensor: torch.Tensor, destination: int, tag: int, iteration: int, microbatch: int) -> None:
+        tensor = tensor.detach().contiguous()  # the very tensor sent, kept alive below
+        if destination == self.stage:  # consecutive hops on one stage: no message needed
+            self._local_messages[tag] = tensor
+            return
+        with self.spans.span("send", iteration, microbatch):
+            work = self.communicator.isend(tensor, destination, tag)
+        self._pending_sends.append((work, tensor))  # keep the tensor alive until the send completes
+
+    def _receive(self, source: int, tag: int, iteration: int, microbatch: int) -> torch.Tensor:
+        if source == self.stage:
+            return self._local_messages.pop(tag)
+        if tag in self._early:
+            return self._early.pop(tag)
+        with self.spans.span("receive", iteration, microbatch):
+            while True:
+                position = self._next_from.get(source, 0)
+                next_tag = self._send_order_of[source][position]
+                self._next_from[source] = position + 1
+                message = self.communicator.recv(self.activation_shape, torch.float32, source, next_tag)
+                if next_tag == tag:
+                    return message
+                self._early[next_tag] = message
+
+    def wait_for_sends(self, iteration: int) -> None:
+        """Block until this iteration's sends are delivered (before the optimizer changes weights)."""
+        if not self._pending_sends:
+            return
+        with self.spans.span("send_wait", iteration):
+            for work, _ in self._pending_sends:
+                self.communicator.wait(work)
+        self._pending_sends.clear()
+
+    # -- training ------------------------------------------------------------------------------
+    def run_iteration(
+        self,
+        iteration: int,
+        *,
+        inputs: list[torch.Tensor] | None,
+        targets: list[torch.Tensor] | None,
+    ) -> float | None:
+        """Forward and backward of all microbatches; gradients accumulate in the module's `.grad`.
+
+        `inputs` (stage 0) and `targets` (last stage) are the M microbatches of token ids. Returns
+        the mean loss over microbatches on the stage that runs the head, None elsewhere.
+        """
+        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        total_loss = 0.0
+        has_head = False
+        for operation in self.operations:
+            route = self.routes[operation.microbatch]
+            hop = route[operation.hop_index]
+            if operation.direction == "forward":
+                loss = self._forward(iteration, operation, route, hop, inputs, targets, saved)
+                if loss is not None:
+                    total_loss += loss
+                    has_head = True
+            else:
+                self._backward(iteration, operation, route, hop, saved)
+        assert not saved and not self._early, "every forward hop must have had its backward"
+        self._next_from.clear()
+        self.wait_for_sends(iteration)
+        return total_loss if has_head else None
+
+    def _forward(
+        self,
+        iteration: int,
+        operation: StageOperation,
+        route: tuple[Hop, ...],
+        hop: Hop,
+        inputs: list[torch.Tensor] | None,
+        targets: list[torch.Tensor] | None,
+        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]],
+    ) -> float | None:
+        m, index = operation.microbatch, operation.hop_index
+        hop_input: torch.Tensor | None = None
+        if hop.runs_embedding:
+            assert inputs is not None, "stage 0 needs the input tokens"
+        else:
+            tag = _tag(m, index, _FORWARD, self.num_hops)
+            hop_input = self._receive(route[index - 1].stage, tag, iteration, m).requires_grad_(True)
+        with self.spans.span("forward", iteration, m):
+            hidden = self.module.embed(inputs[m].to(self.communicator.device)) if inputs is not None and hop.runs_embedding else hop_input
+            assert hidden is not None
+            if hop.runs_blocks:
+                hidden = self.module.run_blocks(hidden)
+            loss_value: float | None = None
+            if hop.runs_head:
+                assert targets is not None, "the head stage needs the targets"
+                output = self.module.head_loss(hidden, targets[m].to(self.communicator.device)) / self.num_microbatches
+                loss_value = float(output.detach())
+            else:
+                output = hidden
+        saved[(m, index)] = (hop_input, output)
+        if self.after_forward_hop is not None:
+            self.after_forward_hop(
+                iteration=iteration, microbatch=m, hop_index=index, hop=hop, hop_input=hop_input, hop_output=output
+            )
+        if not hop.runs_head:
+            self._send(output, route[index + 1].stage, _tag(m, index + 1, _FORWARD, self.num_hops), iteration, m)
+        return loss_value
+
+    def _backward(
+        self,
+        iteration: int,
+        operation: StageOperation,
+        route: tuple[Hop, ...],
+        hop: Hop,
+        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]],
+    ) -> None:
+        m, index = operation.microbatch, operation.hop_index
+        hop_input, output = saved.pop((m, index))
+        if hop.runs_head:
+            output_gradient = None
+        else:
+            tag = _tag(m, index, _BACKWARD, self.num_hops)
+            output_gradient = self._receive(route[index + 1].stage, tag, iteration, m)
+        with self.spans.span("backward", iteration, m):
+            torch.autograd.backward(output, output_gradient)
+        if hop_input is not None:
+            assert hop_input.grad is not None
+            self._send(hop_input.grad, route[index - 1].stage, _tag(m, index - 1, _BACKWARD, self.num_hops), iteration, m)
+
+    # -- evaluation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(
+        self,
+        iteration: int,
+        *,
+        num_batches: int,
+        inputs: list[torch.Tensor] | None,
+        targets: list[torch.Tensor] | None,
+    ) -> float | None:
+        """Mean held-out loss over `num_batches` batches of `microbatch_size` sequences, forward only,
+        along the in-order route (also under CheckFree+). Returns the loss on the last stage."""
+        total = 0.0
+        last = self.num_stages - 1
+        with self.spans.span("eval", iteration):
+            for batch in range(num_batches):
+                if self.stage == 0:
+                    assert inputs is not None
+                    hidden = self.module.embed(inputs[batch].to(self.communicator.device))
+                else:
+                    tag = _tag(batch, self.stage, _EVAL, self.num_stages)
+                    hidden = self.communicator.recv(self.activation_shape, torch.float32, self.stage - 1, tag)
+                hidden = self.module.run_blocks(hidden)
+                if self.stage == last:
+                    assert targets is not None
+                    total += float(self.module.head_loss(hidden, targets[batch].to(self.communicator.device)))
+                else:
+                    self.communicator.send(hidden, self.stage + 1, _tag(batch, self.stage + 1, _EVAL, self.num_stages))
+        return total / num_batches if self.stage == last and num_batches else None
+
+
+def message_flow_completes(schedule: str, *, num_stages: int, num_microbatches: int, swap_odd_microbatches: bool) -> bool:
+    """Replay every stage's operation order with non-blocking sends and blocking receives.
+
+    Returns True when all stages finish, False on a deadlock (no stage can make progress). Pure:
+    used by the tests to show the orders of pipeline_schedule.py cannot hang this executor.
+    """
+    orders = [
+        stage_operation_order(
+            schedule,
+            num_stages=num_stages,
+            num_microbatches=num_microbatches,
+            stage=stage,
+            swap_odd_microbatches=swap_odd_microbatches,
+        )
+        for stage in range(num_stages)
+    ]
+    routes = [
+        microbatch_route(num_stages, m, swap_odd_microbatches=swap_odd_microbatches) for m in range(num_microbatches)
+    ]
+    delivered: set[tuple[str, int, int]] = set()  # (direction, microbatch, receiving hop index)
+    positions = [0] * num_stages
+    progress = True
+    while progress:
+        progress = False
+        for stage in range(num_stages):
+            while positions[stage] < len(orders[stage]):
+                operation = orders[stage][positions[stage]]
+                route = routes[operation.microbatch]
+                hop = route[operation.hop_index]
+                key = (operation.direction, operation.microbatch, operation.hop_index)
+                needs_input = not hop.runs_embedding if operation.direction == "forward" else not hop.runs_head
+                if needs_input and key not in delivered:
+                    break
+                if operation.direction == "forward" and not hop.runs_head:
+                    delivered.add(("forward", operation.microbatch, operation.hop_index + 1))
+                if operation.direction == "backward" and operation.hop_index > 0 and not hop.runs_embedding:
+                    delivered.add(("backward", operation.microbatch, operation.hop_index - 1))
+                positions[stage] += 1
+                progress = True
+    return all(position == len(order) for position, order in zip(positions, orders))
+
+
+MessageKey = tuple[str, int, int]  # (direction, microbatch, hop index of the receiving hop)
+
+
+def pair_message_orders(
+    schedule: str, *, num_stages: int, num_microbatches: int, swap_odd_microbatches: bool
+) -> tuple[dict[tuple[int, int], list[MessageKey]], dict[tuple[int, int], list[MessageKey]]]:
+    """For every (source, destination) pair: the messages in the order the source sends them, and in
+    the order the destination first needs them."""
+    routes = [
+        microbatch_route(num_stages, m, swap_odd_microbatches=swap_odd_microbatches) for m in range(num_microbatches)
+    ]
+    sent: dict[tuple[int, int], list[MessageKey]] = {}
+    received: dict[tuple[int, int], list[MessageKey]] = {}
+    for stage in range(num_stages):
+        order = stage_operation_order(
+            schedule,
+            num_stages=num_stages,
+            num_microbatches=num_microbatches,
+            stage=stage,
+            swap_odd_microbatches=swap_odd_microbatches,
+        )
+        for operation in order:
+            route = routes[operation.microbatch]
+            index, m = operation.hop_index, operation.microbatch
+            hop = route[index]
+            if operation.direction == "forward":
+                if not hop.runs_embedding and route[index - 1].stage != stage:
+                    received.setdefault((route[index - 1].stage, stage), []).append(("forward", m, index))
+                if not hop.runs_head and route[index + 1].stage != stage:
+                    sent.setdefault((stage, route[index + 1].stage), []).append(("forward", m, index + 1))
+            else:
+                if not hop.runs_head and route[index + 1].stage != stage:
+                    received.setdefault((route[index + 1].stage, stage), []).append(("backward", m, index))
+                if not hop.runs_embedding and route[index - 1].stage != stage:
+                    sent.setdefault((stage, route[index - 1].stage), []).append(("backward", m, index - 1))
+    return sent, received
+
+
+def pair_orders_agree(schedule: str, *, num_stages: int, num_microbatches: int, swap_odd_microbatches: bool) -> bool:
+    """Whether every stage needs its messages from each peer in the order the peer sends them.
+
+    When they disagree (1F1B with CheckFree+'s swapped routes), `PipelineStage` still receives in
+    the sender's order and holds early messages back, which NCCL (no tags) requires.
+    """
+    sent, received = pair_message_orders(
+        schedule, num_stages=num_stages, num_microbatches=num_microbatches, swap_odd_microbatches=swap_odd_microbatches
+    )
+    return sent == received
