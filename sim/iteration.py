@@ -365,25 +365,42 @@ def simulate_iteration(state: PipelineState) -> IterationResult:
 
 
 class IterationModel:
-    """`simulate_iteration` with a cache keyed by the (hashable) pipeline state."""
+    """`simulate_iteration` with a cache keyed by the (hashable) pipeline state.
+
+    Hashing a state (nested tuples) on every lookup is costly, so a lookup first tries the state
+    object itself (by identity; callers such as the recovery policies reuse their state objects).
+    """
 
     def __init__(self, *, max_entries: int = 4096) -> None:
         self._cache: dict[PipelineState, IterationResult] = {}
+        self._by_identity: dict[int, tuple[PipelineState, IterationResult]] = {}
+        """id(state) → (state, result); holding the state keeps its id from being reused."""
         self._max_entries = max_entries
         self.num_cache_hits = 0
         self.num_cache_misses = 0
 
     def result(self, state: PipelineState) -> IterationResult:
+        known = self._by_identity.get(id(state))
+        if known is not None and known[0] is state:
+            self.num_cache_hits += 1
+            return known[1]
         cached = self._cache.get(state)
         if cached is not None:
             self.num_cache_hits += 1
+            self._remember_identity(state, cached)
             return cached
         self.num_cache_misses += 1
         result = simulate_iteration(state)
         if len(self._cache) >= self._max_entries:
             self._cache.pop(next(iter(self._cache)))  # evict the oldest entry
         self._cache[state] = result
+        self._remember_identity(state, result)
         return result
+
+    def _remember_identity(self, state: PipelineState, result: IterationResult) -> None:
+        if len(self._by_identity) >= self._max_entries:
+            self._by_identity.clear()
+        self._by_identity[id(state)] = (state, result)
 
     def iteration_time_s(self, state: PipelineState) -> float:
         return self.result(state).time_s

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Generator, Iterable
 
 from simpy import AllOf
 
+from ..links import relayed_event
 from .base import RecoveryPolicy, stage_checkpoint_bytes
 from .checkpointing import RestartRecovery
 
@@ -141,11 +142,9 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
                 continue
             last_number = candidate.number
             name = self.levels[level]
-            sends = [
-                run.tier_link(name, "write", stage, generation=epoch).transfer(size)
-                for stage, size in enumerate(self.stage_bytes)
-            ]
-            yield AllOf(env, sends)
+            yield run.all_transfers_done(
+                (run.tier_link(name, "write", stage, generation=epoch), size) for stage, size in enumerate(self.stage_bytes)
+            )
             if epoch != self._epoch:
                 return
             candidate.parts_at_level[level] = self.num_stages
@@ -174,8 +173,16 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
         return self.host_tier.latency_s + self.stage_bytes[stage] / self.host_tier.write_bandwidth_bytes_per_s
 
     def at_boundary(self, run: "Run") -> Generator:
-        slots = [self._acquire_slot(run, stage) for stage in range(self.num_stages)]
-        yield from run.wait(AllOf(run.env, slots), "checkpoint_stall_s", "host buffer full")
+        if all(free > 0 for free in self._free_slots):
+            # Every slot is free: the slot events would all fire at once, one after another, so a
+            # relayed pair stands in for them and their AllOf (same instant, same event order).
+            for stage in range(self.num_stages):
+                self._free_slots[stage] -= 1
+            first, slots_ready = relayed_event(run.env)
+            first.succeed()
+        else:
+            slots_ready = AllOf(run.env, [self._acquire_slot(run, stage) for stage in range(self.num_stages)])
+        yield from run.wait(slots_ready, "checkpoint_stall_s", "host buffer full")
         copy_s = max(self.copy_s(stage) for stage in range(self.num_stages))
         hidden_s = max(run.iteration_time_s - self.scenario.compute.optimizer_step_s, 0.0)
         created_s = run.now
@@ -200,8 +207,8 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
         if self.restore_point is None:
             return
         level_name = self.levels[self.restore_point[1]]
-        reads = [run.tier_link(level_name, "read", stage).transfer(self.stage_bytes[stage]) for stage in stages]
-        yield from run.wait(AllOf(run.env, reads), "recovery_downtime_s", f"checkpoint read ({level_name})")
+        reads = run.all_transfers_done((run.tier_link(level_name, "read", stage), self.stage_bytes[stage]) for stage in stages)
+        yield from run.wait(reads, "recovery_downtime_s", f"checkpoint read ({level_name})")
 
     def on_failures(self, run: "Run", failures) -> Generator:
         self._reset(run)

@@ -47,14 +47,21 @@ class RecoveryPolicy(ABC):
         self.config = config
         self.scenario = scenario
         self.num_stages = scenario.pipeline.num_stages
+        self._states: dict[tuple[int, ...] | None, PipelineState] = {}
 
     def healthy_state(self, node_of_stage: tuple[int, ...] | None = None) -> PipelineState:
-        return build_pipeline_state(
-            self.scenario,
-            swap_odd_microbatches=self.swap_odd_microbatches,
-            redundant_forward=self.redundant_forward,
-            node_of_stage=node_of_stage,
-        )
+        # Memoised: building a state (link matrices, validation) is costly and a degraded placement
+        # recurs often; returning the same object also makes the iteration-model lookup an identity hit.
+        state = self._states.get(node_of_stage)
+        if state is None:
+            state = build_pipeline_state(
+                self.scenario,
+                swap_odd_microbatches=self.swap_odd_microbatches,
+                redundant_forward=self.redundant_forward,
+                node_of_stage=node_of_stage,
+            )
+            self._states[node_of_stage] = state
+        return state
 
     def on_start(self, run: "Run") -> None:
         """Called once before training starts."""

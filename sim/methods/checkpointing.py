@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Generator, Iterable
 
-from simpy import AllOf
-
 from churnsim.calibration.scenario import Scenario
 
 from .base import RecoveryPolicy, stage_checkpoint_bytes
@@ -58,8 +56,8 @@ class SyncCheckpointer:
         self._origin = run.iterations_executed
 
     def write(self, run: "Run") -> Generator:
-        writes = [run.tier_link(self.tier, "write", stage).transfer(size) for stage, size in enumerate(self.stage_bytes)]
-        yield from run.wait(AllOf(run.env, writes), "checkpoint_stall_s", f"checkpoint write ({self.tier})")
+        writes = run.all_transfers_done((run.tier_link(self.tier, "write", stage), size) for stage, size in enumerate(self.stage_bytes))
+        yield from run.wait(writes, "checkpoint_stall_s", f"checkpoint write ({self.tier})")
         self.committed_progress = run.progress
         self.has_checkpoint = True
         self.num_written += 1
@@ -68,8 +66,8 @@ class SyncCheckpointer:
     def read(self, run: "Run", stages: Iterable[int]) -> Generator:
         if not self.has_checkpoint:
             return
-        reads = [run.tier_link(self.tier, "read", stage).transfer(self.stage_bytes[stage]) for stage in stages]
-        yield from run.wait(AllOf(run.env, reads), "recovery_downtime_s", f"checkpoint read ({self.tier})")
+        reads = run.all_transfers_done((run.tier_link(self.tier, "read", stage), self.stage_bytes[stage]) for stage in stages)
+        yield from run.wait(reads, "recovery_downtime_s", f"checkpoint read ({self.tier})")
 
 
 class RestartRecovery:

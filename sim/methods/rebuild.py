@@ -29,8 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator
 
-from simpy import AllOf
-
 from churnsim.calibration.convergence import stage_position
 
 from .base import RecoveryPolicy, block_weight_bytes, embedding_weight_bytes, head_weight_bytes
@@ -106,13 +104,9 @@ class RebuildPolicy(RecoveryPolicy):
         start_s = run.now
         yield from run.wait_for_replacements(lost)
         yield from run.wait(self.scenario.recovery.restart_s, "recovery_downtime_s", "restart")
-        transfers = [
-            run.node_link(source, stage).transfer(num_bytes)
-            for stage, plan in plans.items()
-            for source, num_bytes in plan.sources
-        ]
+        transfers = [(run.node_link(source, stage), num_bytes) for stage, plan in plans.items() for source, num_bytes in plan.sources]
         if transfers:
-            yield from run.wait(AllOf(run.env, transfers), "recovery_downtime_s", "weight transfer")
+            yield from run.wait(run.all_transfers_done(transfers), "recovery_downtime_s", "weight transfer")
         run.apply_setback(sum(plan.setback_iterations for plan in plans.values()))
         run.span(f"rebuild of stages {sorted(lost)}", "recovery", start_s)
         self.num_rebuilds += len(lost)
@@ -164,11 +158,12 @@ class CheckFreePlusPolicy(RebuildPolicy):
             yield from run.wait(self._refresh_done, "method_overhead_s", "replica refresh backlog")
         last = self.num_stages - 1
         start_s = run.now
-        sends = [
-            run.node_link(0, 1).transfer(embedding_weight_bytes(self.scenario)),
-            run.node_link(last, last - 1).transfer(head_weight_bytes(self.scenario)),
-        ]
-        done = AllOf(run.env, sends)
+        done = run.all_transfers_done(
+            [
+                (run.node_link(0, 1), embedding_weight_bytes(self.scenario)),
+                (run.node_link(last, last - 1), head_weight_bytes(self.scenario)),
+            ]
+        )
         done.callbacks.append(lambda _event: run.span("(de)embedding replica refresh", "flush", start_s))
         self._refresh_done = done
         self._refresh_origin = run.iterations_executed
