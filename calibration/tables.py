@@ -12,6 +12,19 @@ import pandas as pd
 
 from .errors import InputError
 
+# Where a run's wall-clock time goes, in stacking order: goodput_s + the rest == wall_clock_s.
+TIME_CATEGORIES: tuple[str, ...] = (
+    "goodput_s",  # the stages' compute of the useful iterations
+    "bubble_s",  # pipeline fill and drain of the useful iterations (idle stages, links free)
+    "communication_s",  # waiting for activations, gradients and all-reduces of the useful iterations
+    "method_overhead_s",  # steady-state cost of the method: redundant forwards, CheckFree+ swaps, replica refreshes
+    "checkpoint_stall_s",  # training blocked by checkpoint writes or snapshot copies
+    "lost_work_s",  # iterations rolled back, and the partial iteration a failure interrupts
+    "recovery_downtime_s",  # training stopped: join delay, restart, weight transfers, checkpoint loads
+    "degraded_slowdown_s",  # extra time of iterations run with one node doing two stages
+    "convergence_setback_s",  # iterations a rebuilt stage costs the model's progress
+)
+
 # runs.csv: one row per (scenario, method, replication).
 RUN_COLUMNS: tuple[str, ...] = (
     "scenario",
@@ -27,14 +40,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "iterations_executed",
     "healthy_iteration_time_s",
     "num_failures",
-    "goodput_s",
-    "bubble_s",
-    "method_overhead_s",
-    "checkpoint_stall_s",
-    "lost_work_s",
-    "recovery_downtime_s",
-    "degraded_slowdown_s",
-    "convergence_setback_s",
+    *TIME_CATEGORIES,
     "setbacks_calibrated",
 )
 

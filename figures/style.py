@@ -10,6 +10,7 @@ from __future__ import annotations
 from matplotlib.axes import Axes
 
 from churnsim.calibration.methods import METHOD_NAMES
+from churnsim.calibration.tables import TIME_CATEGORIES  # noqa: F401  (stacking order, re-exported)
 
 FIGURE_DPI = 150
 
@@ -55,22 +56,11 @@ METHOD_DISPLAY_NAMES: dict[str, str] = {
 UNKNOWN_COLOR = "#BBBBBB"
 UNKNOWN_MARKER = "x"
 
-# Where wall-clock time goes, in stacking order (goodput first, at the bottom of a bar).
-TIME_CATEGORIES: tuple[str, ...] = (
-    "goodput_s",
-    "bubble_s",
-    "method_overhead_s",
-    "checkpoint_stall_s",
-    "lost_work_s",
-    "recovery_downtime_s",
-    "degraded_slowdown_s",
-    "convergence_setback_s",
-)
-
 # ColorBrewer Set2: muted, so category bars are not mistaken for method colours.
 CATEGORY_COLORS: dict[str, str] = {
     "goodput_s": "#66C2A5",
     "bubble_s": "#B3B3B3",
+    "communication_s": "#D9D9D9",
     "method_overhead_s": "#8DA0CB",
     "checkpoint_stall_s": "#FC8D62",
     "lost_work_s": "#E78AC3",
@@ -82,6 +72,7 @@ CATEGORY_COLORS: dict[str, str] = {
 CATEGORY_DISPLAY_NAMES: dict[str, str] = {
     "goodput_s": "goodput",
     "bubble_s": "pipeline bubble",
+    "communication_s": "communication wait",
     "method_overhead_s": "method overhead",
     "checkpoint_stall_s": "checkpoint stall",
     "lost_work_s": "lost work",

@@ -6,13 +6,17 @@ split into the categories below. With
 
     P      effective progress at the end (iterations of the no-failure run),
     N      iterations executed (whole iterations that completed, including ones later rolled back),
-    T_ref  iteration time of the plain pipeline (the `none` method's state), b_ref its bubble fraction,
+    T_ref  iteration time of the plain pipeline (the `none` method's state),
+    T_c    iteration time of the same pipeline with free links (compute only), b_c its bubble fraction,
     T_h    iteration time of this method's healthy pipeline state,
 
 the categories are:
 
-- goodput_s = P · T_ref · (1 − b_ref): the stages' compute of the useful iterations.
-- bubble_s = P · T_ref · b_ref: the idle share of the useful iterations' pipeline.
+- goodput_s = P · T_c · (1 − b_c): the stages' compute of the useful iterations.
+- bubble_s = P · T_c · b_c: pipeline fill and drain of the useful iterations (stages idle even
+  with free links).
+- communication_s = P · (T_ref − T_c): what links (activations, gradients, all-reduce) add to the
+  useful iterations.
 - method_overhead_s = P · (T_h − T_ref) + waits charged to it (a CheckFree+ replica refresh that
   was not finished by the next refresh): the steady-state cost of the method.
 - checkpoint_stall_s: waits while training is blocked by checkpoint writes, unhidden snapshot copies
@@ -66,16 +70,18 @@ def split_time(
     progress_iterations: float,
     healthy_iteration_time_s: float,
     reference_iteration_time_s: float,
-    reference_bubble_fraction: float,
+    compute_only_iteration_time_s: float,
+    compute_only_bubble_fraction: float,
     wall_clock_s: float,
 ) -> tuple[float, dict[str, float]]:
     """(goodput_s, badput) for a finished run; the identity goodput + Σ badput = wall-clock is asserted."""
     progress = progress_iterations
-    useful_reference_s = progress * reference_iteration_time_s
+    useful_compute_s = progress * compute_only_iteration_time_s
     completed_iterations_s = ledger.training_s - ledger.interrupted_iteration_s
-    goodput_s = useful_reference_s * (1.0 - reference_bubble_fraction)
+    goodput_s = useful_compute_s * (1.0 - compute_only_bubble_fraction)
     badput = {
-        "bubble_s": useful_reference_s * reference_bubble_fraction,
+        "bubble_s": useful_compute_s * compute_only_bubble_fraction,
+        "communication_s": progress * (reference_iteration_time_s - compute_only_iteration_time_s),
         "method_overhead_s": progress * (healthy_iteration_time_s - reference_iteration_time_s)
         + ledger.waits_s["method_overhead_s"],
         "checkpoint_stall_s": ledger.waits_s["checkpoint_stall_s"],

@@ -11,6 +11,9 @@ node that runs two stages is expressed through `node_of_stage`.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from churnsim.calibration.network import link_matrices
 from churnsim.calibration.scenario import ExplicitCompute, FlopsCompute, Scenario
 
@@ -74,4 +77,15 @@ def build_pipeline_state(
         allreduce_bandwidth_bytes_per_s=network.allreduce_bandwidth_bytes_per_s,
         allreduce_latency_s=network.allreduce_latency_s,
         optimizer_step_s=compute.optimizer_step_s,
+    )
+
+
+def compute_only_state(state: PipelineState) -> PipelineState:
+    """The same pipeline with free links and all-reduce: what compute and the schedule alone cost."""
+    return dataclasses.replace(
+        state,
+        link_latency_s=None,
+        link_bandwidth_bytes_per_s=None,
+        allreduce_latency_s=0.0,
+        allreduce_bandwidth_bytes_per_s=math.inf,
     )

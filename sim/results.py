@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Where wall-clock time goes. goodput_s + sum(badput) == wall_clock_s for every run.
-BADPUT_CATEGORIES: tuple[str, ...] = (
-    "bubble_s",  # pipeline bubble of the useful iterations (idle stages inside an iteration)
-    "method_overhead_s",  # steady-state cost of the method: redundant forwards, CheckFree+ swaps, replica refreshes
-    "checkpoint_stall_s",  # training blocked by checkpoint writes or snapshot copies
-    "lost_work_s",  # iterations rolled back, and the partial iteration a failure interrupts
-    "recovery_downtime_s",  # training stopped: join delay, restart, weight transfers, checkpoint loads
-    "degraded_slowdown_s",  # extra time of iterations run with one node doing two stages
-    "convergence_setback_s",  # iterations a rebuilt stage costs the model's progress
-)
+from churnsim.calibration.tables import TIME_CATEGORIES
+
+# Where wall-clock time goes: goodput_s + sum(badput) == wall_clock_s for every run (definitions in
+# calibration/tables.py and sim/accounting.py).
+BADPUT_CATEGORIES: tuple[str, ...] = TIME_CATEGORIES[1:]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,7 @@ from .iteration_state import PipelineState
 from .links import ProcessorSharingLink, all_transfers_done
 from .methods import build_policy
 from .methods.base import RecoveryPolicy
-from .pipeline_state import build_pipeline_state
+from .pipeline_state import build_pipeline_state, compute_only_state
 from .results import HandledFailure, RunResult, TimelineEvent
 
 CHURN_STREAM = 1
@@ -112,9 +112,12 @@ class Run:
         self.per_microbatch_everywhere = per_microbatch_everywhere
         self.num_stages = scenario.pipeline.num_stages
         self.target_iterations = scenario.target_iterations
-        reference = iteration_model.result(build_pipeline_state(scenario))
+        reference_state = build_pipeline_state(scenario)
+        reference = iteration_model.result(reference_state)
         self.reference_iteration_time_s = reference.time_s
-        self.reference_bubble_fraction = reference.bubble_fraction
+        compute_only = iteration_model.result(compute_only_state(reference_state))
+        self.compute_only_iteration_time_s = compute_only.time_s
+        self.compute_only_bubble_fraction = compute_only.bubble_fraction
         self.healthy_state = policy.healthy_state()
         self.healthy_iteration_time_s = iteration_model.iteration_time_s(self.healthy_state)
         self._state = self.healthy_state
@@ -152,7 +155,8 @@ class Run:
             progress_iterations=self.progress,
             healthy_iteration_time_s=self.healthy_iteration_time_s,
             reference_iteration_time_s=self.reference_iteration_time_s,
-            reference_bubble_fraction=self.reference_bubble_fraction,
+            compute_only_iteration_time_s=self.compute_only_iteration_time_s,
+            compute_only_bubble_fraction=self.compute_only_bubble_fraction,
             wall_clock_s=wall_clock_s,
         )
         if not self.scenario.convergence.calibrated and self.policy.uses_setbacks:
