@@ -1,0 +1,96 @@
+"""Replications, confidence intervals, and sweeps that give the same numbers wherever they run."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.presets import preset
+from churnsim.sim.replicate import ReplicationTask, mean_with_ci95, run_replication, runs_table, summary_table
+from churnsim.sim.run import failures_for_replication
+from churnsim.sim.sweep import apply_settings, build_tasks, grid_points, parse_grid_setting, run_sweep
+
+
+def small_scenario(replications: int = 2):
+    scenario = preset("checkfree-124m-geo-33pct")
+    methods = tuple(method_from_name(name) for name in ("checkpoint", "redundant", "checkfree"))
+    return scenario.model_copy(update={"replications": replications, "methods": methods})
+
+
+def test_every_method_of_a_replication_sees_the_same_failures():
+    scenario = small_scenario()
+    path = failures_for_replication(scenario, replication=1)
+    results = run_replication(ReplicationTask(scenario=scenario, replication=1, methods=scenario.methods))
+    assert path, "the scenario must fail at all for this test to mean anything"
+    for result in results:
+        seen = [(failure.time_s, failure.stage) for failure in result.failures]
+        expected = [(event.time_s, event.stage) for event in path if event.time_s <= result.wall_clock_s]
+        assert seen == expected, result.method
+    # ... and another replication sees another path.
+    assert failures_for_replication(scenario, replication=0) != path
+
+
+def test_mean_with_ci95_is_the_student_t_interval():
+    values = [10.0, 12.0, 11.0, 15.0]
+    mean, low, high = mean_with_ci95(values)
+    half = stats.t.ppf(0.975, 3) * stats.tstd(values) / 2.0
+    assert mean == pytest.approx(12.0) and low == pytest.approx(12.0 - half) and high == pytest.approx(12.0 + half)
+    assert mean_with_ci95([3.0]) == (3.0, 3.0, 3.0)
+    assert all(math.isnan(value) for value in mean_with_ci95([math.nan]))
+
+
+def test_speedups_are_paired_ratios_within_each_replication():
+    runs = pd.DataFrame(
+        {
+            "scenario": "s", "failure_probability_per_stage_hour": 0.1, "replication": [0, 0, 1, 1],
+            "method": ["checkpoint", "checkfree", "checkpoint", "checkfree"],
+            "time_to_target_s": [200.0, 100.0, 300.0, 100.0], "reached_target": True, "setbacks_calibrated": False,
+        }
+    )
+    summary = summary_table(runs).set_index("method")
+    assert summary.loc["checkfree", "speedup_vs_checkpoint_mean"] == pytest.approx(2.5)  # mean of 2 and 3
+    assert summary.loc["checkpoint", "speedup_vs_checkpoint_mean"] == pytest.approx(1.0)
+    assert math.isnan(summary.loc["checkfree", "speedup_vs_redundant_mean"])  # no redundant runs
+
+
+def test_grid_settings_parse_and_expand():
+    assert parse_grid_setting("pipeline.num_microbatches=2,4") == ("pipeline.num_microbatches", (2, 4))
+    points = grid_points([("a", (1, 2)), ("b", ("x",))])
+    assert points == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
+    changed = apply_settings(small_scenario(), {"pipeline.num_microbatches": 8})
+    assert changed.pipeline.num_microbatches == 8 and "num_microbatches=8" in changed.name
+
+
+def test_local_pool_and_inline_runs_give_identical_tables():
+    scenario = small_scenario()
+    tasks = build_tasks(scenario, [parse_grid_setting("churn.failure_probability_per_stage_hour=0.1,0.33")])
+    inline = run_sweep(tasks, workers=1)
+    pooled = run_sweep(tasks, workers=2)
+    pd.testing.assert_frame_equal(inline.runs, pooled.runs)
+
+
+def test_dask_local_cluster_returns_the_numbers_of_the_local_pool():
+    distributed = pytest.importorskip("distributed")
+    scenario = small_scenario()
+    tasks = build_tasks(scenario, [parse_grid_setting("churn.failure_probability_per_stage_hour=0.1,0.33")])
+    local = run_sweep(tasks, workers=1)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client:
+            on_dask = run_sweep(tasks, client=client)
+    pd.testing.assert_frame_equal(local.runs, on_dask.runs)
+    pd.testing.assert_frame_equal(local.summary, on_dask.summary)
+
+
+def test_runs_table_has_the_contract_columns():
+    from churnsim.calibration.tables import RUN_COLUMNS
+
+    scenario = small_scenario(replications=1)
+    results = run_replication(ReplicationTask(scenario=scenario, replication=0, methods=scenario.methods))
+    table = runs_table(scenario, results)
+    assert list(table.columns) == list(RUN_COLUMNS)
+    total = table[[c for c in RUN_COLUMNS if c.endswith("_s") and c not in ("wall_clock_s", "time_to_target_s", "healthy_iteration_time_s")]].sum(axis=1)
+    assert (abs(total - table["wall_clock_s"]) <= 1e-6 * table["wall_clock_s"]).all()
