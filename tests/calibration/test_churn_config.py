@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from churnsim.calibration.base import StrictModel, validate_model
@@ -124,11 +124,14 @@ def test_per_iteration_probability_reproduces_checkfree_configs(hourly, iteratio
     hourly=st.floats(min_value=0.0, max_value=0.99),
     iteration_time_s=st.floats(min_value=0.01, max_value=3600.0),
 )
+@example(hourly=1.192092896e-07, iteration_time_s=0.0625)  # once lost precision in the check itself
 def test_per_iteration_probabilities_compound_back_to_the_hourly_probability(hourly, iteration_time_s):
     per_iteration = stage_hourly_to_per_iteration_probability(hourly, iteration_time_s)
     assert 0.0 <= per_iteration <= hourly + 1e-12
     iterations_per_hour = 3600.0 / iteration_time_s
-    assert math.isclose(1.0 - (1.0 - per_iteration) ** iterations_per_hour, hourly, rel_tol=1e-6, abs_tol=1e-12)
+    # Compounded with log1p/expm1: (1 − p)^n in plain floats loses the digits of a tiny p.
+    compounded = -math.expm1(iterations_per_hour * math.log1p(-per_iteration))
+    assert math.isclose(compounded, hourly, rel_tol=1e-6, abs_tol=1e-12)
 
 
 def test_per_iteration_probability_rejects_bad_inputs_with_the_fix():
