@@ -130,7 +130,7 @@ def connect_scheduler(scheduler_address: str):
     except ImportError:
         raise InputError("--scheduler needs Dask: pip install 'churnsim[dask]'") from None
     try:
-        return Client(scheduler_address, timeout="10s")
+        return Client(scheduler_address, timeout="5s")
     except (OSError, ValueError, TimeoutError) as error:
         raise InputError(
             f"--scheduler {scheduler_address!r}: cannot reach a Dask scheduler ({error.__class__.__name__}); "
