@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pickle
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -76,7 +77,14 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
     return RunResult(config=config, metrics=metrics, spans=spans, failures=failures, recoveries=recoveries)
 
 
-def write_record(result: RunResult, run_dir: str | Path, *, run_id: str | None = None) -> Path:
+def write_record(
+    result: RunResult,
+    run_dir: str | Path,
+    *,
+    run_id: str | None = None,
+    checkpoint_directory: str | None = None,
+    failure_rate_per_stage_hour: float | None = None,
+) -> Path:
     """Write `result` as a run record directory (manifest, metrics, spans, failures)."""
     from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
     from churnsim.calibration.run_record import (
@@ -118,6 +126,8 @@ def write_record(result: RunResult, run_dir: str | Path, *, run_id: str | None =
         device=config.device,  # type: ignore[arg-type]
         corpus=config.corpus or "python-stdlib",
         deterministic=config.deterministic,
+        checkpoint_directory=checkpoint_directory,
+        failure_rate_per_stage_hour=failure_rate_per_stage_hour,
     )
     manifest = RunManifest(
         run_id=run_id or uuid.uuid4().hex[:12],
@@ -188,13 +198,15 @@ def run_distributed(
     *arguments: Any,
     device: str = "cpu",
     timeout_s: float = 60.0,
+    poll: Callable[[], None] | None = None,
+    poll_interval_s: float = 0.25,
 ) -> list[Any]:
     """Run `function(communicator, *arguments)` on `world_size` local processes; returns each rank's value.
 
     `function` must be importable by name (a module-level function). Processes start from a fork
     server that imported torch and the trainer once (CPU), so later runs in the same interpreter
     start in a fraction of a second; CUDA runs use plain spawn, since forking after CUDA
-    initialisation is unsafe.
+    initialisation is unsafe. `poll()` is called every `poll_interval_s` while the ranks run (progress).
     """
     if device == "cpu":
         start_method = "forkserver"
@@ -204,32 +216,98 @@ def run_distributed(
         start_method = "spawn"
     with tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
         result_path = os.path.join(directory, "results.pkl")
-        multiprocessing.start_processes(
+        context = multiprocessing.start_processes(
             _worker,
             args=(world_size, find_free_port(), device, timeout_s, function, arguments, result_path),
             nprocs=world_size,
-            join=True,
+            join=False,
             start_method=start_method,
         )
+        while not context.join(timeout=poll_interval_s):
+            if poll is not None:
+                poll()
         with open(result_path, "rb") as file:
             return pickle.load(file)
 
 
-def _train(communicator: Communicator, config: TrainingConfig, run_dir: Path | None) -> RankResult:
-    return train_stage(config, communicator, run_dir=run_dir)
+def _train(
+    communicator: Communicator, config: TrainingConfig, run_dir: Path | None, progress_path: str | None
+) -> RankResult:
+    report = None
+    if progress_path is not None and communicator.rank == config.num_stages - 1:  # the stage with the loss
+
+        def report(row: dict[str, Any]) -> None:
+            temporary = f"{progress_path}.tmp"
+            with open(temporary, "w") as file:
+                json.dump({k: row[k] for k in ("step", "iteration", "train_loss")}, file)
+            os.replace(temporary, progress_path)  # the parent never reads a half-written file
+
+    return train_stage(config, communicator, run_dir=run_dir, on_iteration_done=report)
 
 
-def launch_local(config: TrainingConfig, *, run_dir: str | Path | None = None) -> RunResult:
-    """Run `config` with one local process per stage; writes a run record when `run_dir` is given."""
+def launch_local(
+    config: TrainingConfig,
+    *,
+    run_dir: str | Path | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    failure_rate_per_stage_hour: float | None = None,
+) -> RunResult:
+    """Run `config` with one local process per stage; writes a run record when `run_dir` is given.
+
+    The ranks work in a hidden sibling `.<name>.work` of `run_dir` (checkpoints, node-local
+    levels); only a finished run writes `run_dir`: the record, plus the remote-tier checkpoints in
+    `run_dir/checkpoints`. A failed run leaves `run_dir` untouched. `on_progress(row)` gets the
+    latest finished iteration (step, iteration, train_loss) while the run goes on.
+    """
     directory = Path(run_dir) if run_dir is not None else None
+    work_directory = None
     if directory is not None:
-        directory.mkdir(parents=True, exist_ok=True)
-    results = run_distributed(
-        _train, config.num_stages, config, directory, device=config.device, timeout_s=config.timeout_s
-    )
-    result = merge_rank_results(config, results)
-    if directory is not None:
-        result.run_dir = write_record(result, directory)
+        work_directory = directory.parent / f".{directory.name}.work"
+        shutil.rmtree(work_directory, ignore_errors=True)
+        work_directory.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="churnsim-progress-") as progress_directory:
+        progress_path = os.path.join(progress_directory, "progress.json") if on_progress is not None else None
+        last_seen: list[Any] = [None]
+
+        def poll() -> None:
+            if progress_path is None:
+                return
+            try:
+                with open(progress_path) as file:
+                    row = json.load(file)
+            except (OSError, ValueError):
+                return  # nothing finished yet
+            if row != last_seen[0]:
+                last_seen[0] = row
+                on_progress(row)  # type: ignore[misc]
+
+        try:
+            results = run_distributed(
+                _train,
+                config.num_stages,
+                config,
+                work_directory,
+                progress_path,
+                device=config.device,
+                timeout_s=config.timeout_s,
+                poll=poll,
+            )
+            poll()
+            result = merge_rank_results(config, results)
+            if directory is not None and work_directory is not None:
+                checkpoints = work_directory / "checkpoints"
+                kept = directory / "checkpoints" if checkpoints.is_dir() else None
+                result.run_dir = write_record(
+                    result,
+                    directory,
+                    checkpoint_directory=str(kept.resolve()) if kept is not None else None,
+                    failure_rate_per_stage_hour=failure_rate_per_stage_hour,
+                )
+                if kept is not None:
+                    os.replace(checkpoints, kept)
+        finally:
+            if work_directory is not None:
+                shutil.rmtree(work_directory, ignore_errors=True)
     return result
 
 

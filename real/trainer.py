@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -166,8 +167,17 @@ def _clip_gradients(config: TrainingConfig, module: StageModule, communicator: C
             parameter.grad.mul_(scale)  # type: ignore[union-attr]
 
 
-def train_stage(config: TrainingConfig, communicator: Communicator, *, run_dir: Path | None = None) -> RankResult:
-    """Run the whole training loop for this rank's stage (rank == stage); collective across ranks."""
+def train_stage(
+    config: TrainingConfig,
+    communicator: Communicator,
+    *,
+    run_dir: Path | None = None,
+    on_iteration_done: Callable[[dict[str, Any]], None] | None = None,
+) -> RankResult:
+    """Run the whole training loop for this rank's stage (rank == stage); collective across ranks.
+
+    `on_iteration_done(row)` gets each finished iteration's row (e.g. to report progress).
+    """
     if communicator.world_size != config.num_stages:
         raise InputError(
             f"world size {communicator.world_size} differs from num_stages {config.num_stages}: "
@@ -273,6 +283,8 @@ def train_stage(config: TrainingConfig, communicator: Communicator, *, run_dir: 
                     "blocked_s": blocked_s,
                 }
             )
+            if on_iteration_done is not None:
+                on_iteration_done(result.iteration_rows[-1])
             step += 1
             iteration += 1
     finally:
@@ -298,11 +310,12 @@ def _apply_failures(
         result.failures.append({"time_s": spans.now_s(), "iteration": step, "stage": stage, "kind": FAILURE_KIND})
         if method.destroys_state_on_failure:
             with spans.span("recovery.join", step):
-                # The replacement node: fresh random weights, fresh optimizer, nothing remembered.
+                # The node dies first (its background work stops reading the weights), then the
+                # replacement starts: fresh random weights, fresh optimizer, nothing remembered.
+                method.forget_node_state()
                 runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, stage, step))
                 runtime.optimizer = make_optimizer(1.0)
                 runtime.lr_scale = 1.0
-                method.forget_node_state()
     started = time.perf_counter()
     outcome = method.recover(failed, iteration)
     if stage == 0:

@@ -1,7 +1,6 @@
 """Registry of the real-run recovery methods, keyed by the names in calibration/methods.py.
 
-The registry is open: `register_method(cls)` adds a class (the `redundant`, `checkpoint` and
-`async_checkpoint` classes register themselves here). `build_method` is the only way the trainer
+The registry is open: `register_method(cls)` adds a class (a test double, a new method). `build_method` is the only way the trainer
 gets a method, so the training loop never branches on a method's name.
 """
 
@@ -13,8 +12,10 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import METHOD_NAMES
 
 from .base import MethodContext, RecoveryMethod, RecoveryOutcome, StageRuntime
+from .checkpointing import AsyncCheckpointMethod, CheckpointMethod
 from .neighbour_rebuild import CheckFreeMethod, CheckFreePlusMethod, CopyMethod, RandomMethod, UniformMethod
 from .none import NoneMethod
+from .redundant import RedundantMethod
 
 METHODS: dict[str, type[RecoveryMethod]] = {}
 
@@ -27,7 +28,17 @@ def register_method(method_class: type[RecoveryMethod]) -> type[RecoveryMethod]:
     return method_class
 
 
-for _method_class in (NoneMethod, CheckFreeMethod, CheckFreePlusMethod, CopyMethod, UniformMethod, RandomMethod):
+for _method_class in (
+    NoneMethod,
+    CheckpointMethod,
+    AsyncCheckpointMethod,
+    RedundantMethod,
+    CheckFreeMethod,
+    CheckFreePlusMethod,
+    CopyMethod,
+    UniformMethod,
+    RandomMethod,
+):
     register_method(_method_class)
 
 

@@ -8,10 +8,10 @@ Life of a method object (one per rank, built by `build_method`):
   are complete and before clipping, `after_optimizer_step(i)` after the weights changed
   (checkpoint saves, replica refreshes).
 - At a failure of stages F (before the iteration's first microbatch): on each failed stage whose
-  state `destroys_state_on_failure` says is lost, the trainer re-initialises the module in place,
-  installs a fresh optimizer and calls `forget_node_state()`; then every rank calls
-  `recover(F, i)` collectively, which moves real bytes over the process group or through files and
-  returns a `RecoveryOutcome` (the same on every rank).
+  state `destroys_state_on_failure` says is lost, the trainer calls `forget_node_state()` (the node
+  died: background work stops), re-initialises the module in place and installs a fresh optimizer;
+  then every rank calls `recover(F, i)` collectively, which moves real bytes over the process
+  group or through files and returns a `RecoveryOutcome` (the same on every rank).
 - `close()` at the end of the run.
 
 The context hands a method everything it may touch: the stage's module and optimizer (through

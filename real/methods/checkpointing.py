@@ -1,0 +1,292 @@
+"""`checkpoint` and `async_checkpoint`: save every K iterations, roll back at a failure (DESIGN.md §2).
+
+Both methods wrap a checkpoint engine (real/checkpoint) in one `CheckpointKeeper`, which `redundant`
+reuses for its fallback:
+
+- Saves: after the optimizer step of iteration i, when (i + 1) % K == 0, every stage saves its
+  weights, optimizer state and torch RNG state tagged with i + 1 = the iteration training resumes
+  at. The initial weights are an implicit checkpoint with tag 0 on every stage (as in the
+  simulator), so a failure before the first save restarts from iteration 0.
+- `checkpoint` writes synchronously (`SynchronousCheckpointEngine`, training blocked) to
+  `<checkpoint_dir>/stage-<s>`, checkpoint_dir = `<run_dir>/checkpoints`, the "remote" tier that
+  survives node loss. `tier = "local_disk"` writes to `<run_dir>/local/stage-<s>` instead, which
+  dies with the node.
+- `async_checkpoint` uses `LazyAsyncCheckpointEngine` (DataStates-LLM): host buffer, then
+  `<run_dir>/local/stage-<s>` (dies with the node), then `<checkpoint_dir>/stage-<s>`; training
+  waits only before the next optimizer step for an unfinished snapshot copy.
+- Rollback `all`: every stage lists the tags it can load (for a failed stage only what survived
+  node loss: its local level was wiped by `forget_node_state`), the ranks agree on the newest tag
+  every stage has (an all-gather), every stage restores it, and the outcome's `resume_iteration`
+  makes the trainer replay from there. Data order is a function of the iteration, so in
+  deterministic mode the replay is bit-exact. Survivors first let their in-flight saves become
+  durable, so nothing is purged while it is being read.
+- Rollback `stage`: only the failed stage loads its newest surviving checkpoint; no rewind.
+
+After a rollback to tag k, checkpoints of tags > k saved before the rollback belong to the
+abandoned timeline and are never loaded (`_is_current`); so are checkpoints left in the directory
+by an earlier run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from churnsim.calibration.errors import InputError
+
+from ..checkpoint import CheckpointEngine, CheckpointInfo, LazyAsyncCheckpointEngine, SynchronousCheckpointEngine
+from ..pipeline import SpanRecorder
+from .base import MethodContext, RecoveryMethod, RecoveryOutcome
+from .stage_state import capture_stage_state, restore_stage_state, state_nbytes
+
+RNG_KEY = "rng.torch"
+REMOTE_TIER = "remote"
+LOCAL_TIERS = ("local_disk", "local")
+ASYNC_LEVELS = ("local_disk", "remote")
+INITIAL_WEIGHTS = "initial weights"
+
+
+class EngineSpans:
+    """The engines' span callback: called from background threads, so appends are serialised."""
+
+    def __init__(self, spans: SpanRecorder, *, skip: tuple[str, ...] = ("load",)) -> None:
+        self.spans = spans
+        self.skip = skip
+        self._lock = threading.Lock()
+
+    def __call__(self, kind: str, start_s: float, end_s: float) -> None:
+        if kind in self.skip:
+            return  # loads are recorded by the method as "recovery.load"
+        with self._lock:
+            origin_s = self.spans.origin_s  # engine times are raw perf_counter values
+            self.spans.add(kind, None, None, start_s - origin_s, end_s - origin_s)
+
+
+class CheckpointDirectories:
+    """Where stage s keeps its checkpoints; a temporary root when the run has no directory."""
+
+    def __init__(self, context: MethodContext) -> None:
+        self._temporary: Path | None = None
+        if context.run_dir is None:
+            self._temporary = Path(tempfile.mkdtemp(prefix=f"churnsim-checkpoints-stage{context.stage}-"))
+            root = self._temporary
+        else:
+            root = Path(context.run_dir)
+        stage_directory = f"stage-{context.stage}"
+        self.remote = root / "checkpoints" / stage_directory
+        """The "remote" tier (checkpoint_dir): survives node loss."""
+        self.local = root / "local" / stage_directory
+        """Node-local disk: dies with the node."""
+
+    def cleanup(self) -> None:
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def synchronous_engine(
+    context: MethodContext, directories: CheckpointDirectories, tier: str, *, keep_last: int = 2
+) -> SynchronousCheckpointEngine:
+    """A blocking engine on `tier`: the remote checkpoint dir, or node-local disk."""
+    if tier == REMOTE_TIER:
+        directory, survives = directories.remote, True
+    elif tier in LOCAL_TIERS:
+        directory, survives = directories.local, False
+    else:
+        raise InputError(f"checkpoint tier {tier!r} does not exist in real runs: use 'remote' or 'local_disk'")
+    return SynchronousCheckpointEngine(
+        directory, level=tier, survives_node_loss=survives, keep_last=keep_last, record_span=EngineSpans(context.spans)
+    )
+
+
+class CheckpointKeeper:
+    """Saves one stage's state every `interval_iterations` and restores it collectively at failures."""
+
+    def __init__(
+        self,
+        context: MethodContext,
+        engine: CheckpointEngine,
+        directories: CheckpointDirectories,
+        *,
+        interval_iterations: int,
+        rollback: str,
+    ) -> None:
+        if rollback not in ("all", "stage"):
+            raise InputError(f"rollback {rollback!r}: use 'all' or 'stage'")
+        self.context = context
+        self.engine = engine
+        self.directories = directories
+        self.interval_iterations = interval_iterations
+        self.rollback = rollback
+        # (tag k, time): checkpoints of tags > k saved before that time are from an abandoned timeline.
+        # The first entry discards everything an earlier run left in the same directories.
+        self._abandoned: list[tuple[int, int]] = [(-1, time.time_ns())]
+
+    # -- steady state ---------------------------------------------------------------------------
+
+    def before_optimizer_step(self) -> float:
+        return self.engine.wait_before_optimizer_step()
+
+    def after_optimizer_step(self, iteration: int) -> None:
+        tag = iteration + 1
+        if tag % self.interval_iterations == 0:
+            runtime = self.context.runtime
+            state = capture_stage_state(runtime.module, runtime.optimizer)
+            state[RNG_KEY] = torch.get_rng_state()
+            self.engine.save(state, tag)
+
+    def forget_node_state(self) -> None:
+        """The node died: host buffers, in-flight saves and node-local levels are gone."""
+        self.engine.lose_node_local_levels()
+
+    def close(self) -> None:
+        try:
+            self.engine.close()
+        finally:
+            self.directories.cleanup()
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def _is_current(self, info: CheckpointInfo) -> bool:
+        return not any(info.iteration > tag and info.sequence < abandoned_ns for tag, abandoned_ns in self._abandoned)
+
+    def available_tags(self) -> set[int]:
+        """Tags this stage can restore now (0 = the initial weights, always available)."""
+        return {info.iteration for info in self.engine.list_durable() if self._is_current(info)} | {0}
+
+    def _restore(self, tag: int) -> None:
+        context = self.context
+        runtime = context.runtime
+        with context.spans.span("recovery.load"):
+            if tag == 0:
+                # The implicit checkpoint: the seeded initialisation, a fresh optimizer.
+                runtime.module.reset_parameters(context.seed)
+                runtime.optimizer = context.make_optimizer(1.0)
+                runtime.lr_scale = 1.0
+                return
+            candidates = [info for info in self.engine.list_durable() if info.iteration == tag and self._is_current(info)]
+            assert candidates, f"stage {context.stage} agreed on tag {tag} it does not hold"
+            state = self.engine.load(max(candidates, key=lambda info: info.sequence))
+            torch.set_rng_state(state.pop(RNG_KEY))
+            restore_stage_state(runtime, context.make_optimizer, state)
+
+    def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
+        # No background copy may read tensors we are about to overwrite.
+        self.engine.wait_before_optimizer_step()
+        if self.rollback == "all":
+            return self._rollback_all(failed_stages, iteration)
+        return self._rollback_stage(failed_stages, iteration)
+
+    def _rollback_all(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
+        context = self.context
+        if context.stage not in failed_stages:
+            self.engine.wait_until_durable()  # in-flight saves land (and purge) before we list and read
+        gathered = context.communicator.all_gather_objects(sorted(self.available_tags()))
+        tag = max(set.intersection(*(set(tags) for tags in gathered)))
+        self._restore(tag)
+        self._abandoned.append((tag, time.time_ns()))
+        source = f"checkpoint(iteration {tag})" if tag > 0 else f"{INITIAL_WEIGHTS} (no checkpoint yet)"
+        notes = [f"rollback all: every stage restored to iteration {tag}, {iteration - tag} iteration(s) replayed"]
+        if tag == 0:
+            notes.append("no checkpoint held by every stage yet: all stages restart from the initial weights at iteration 0")
+        return RecoveryOutcome(
+            failed_stages=failed_stages,
+            resume_iteration=tag,
+            rebuilt_from={stage: source for stage in failed_stages},
+            notes=tuple(notes),
+        )
+
+    def _rollback_stage(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
+        context = self.context
+        tag = None
+        if context.stage in failed_stages:
+            tag = max(self.available_tags())
+            self._restore(tag)
+        tags = context.communicator.all_gather_objects(tag)
+        rebuilt_from, notes = {}, []
+        for stage in sorted(failed_stages):
+            stage_tag = tags[stage]
+            rebuilt_from[stage] = f"checkpoint(iteration {stage_tag})" if stage_tag > 0 else INITIAL_WEIGHTS
+            notes.append(f"rollback stage: stage {stage} is {iteration - stage_tag} iteration(s) stale, the others kept")
+        return RecoveryOutcome(failed_stages=failed_stages, rebuilt_from=rebuilt_from, notes=tuple(notes))
+
+
+class CheckpointingMethod(RecoveryMethod):
+    """Shared hooks of the two checkpoint methods; subclasses only build their engine."""
+
+    def __init__(self, config: Any, context: MethodContext) -> None:
+        super().__init__(config, context)
+        directories = CheckpointDirectories(context)
+        self.keeper = CheckpointKeeper(
+            context,
+            self.build_engine(directories),
+            directories,
+            interval_iterations=config.interval_iterations,
+            rollback=config.rollback,
+        )
+
+    def build_engine(self, directories: CheckpointDirectories) -> CheckpointEngine:
+        raise NotImplementedError
+
+    def before_optimizer_step(self, iteration: int) -> float:
+        return self.keeper.before_optimizer_step()
+
+    def after_optimizer_step(self, iteration: int) -> None:
+        self.keeper.after_optimizer_step(iteration)
+
+    def forget_node_state(self) -> None:
+        self.keeper.forget_node_state()
+
+    def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
+        return self.keeper.recover(failed_stages, iteration)
+
+    def close(self) -> None:
+        self.keeper.close()
+
+
+class CheckpointMethod(CheckpointingMethod):
+    """Synchronous checkpoints every `interval_iterations` to `tier` (default: the remote checkpoint dir)."""
+
+    name: ClassVar[str] = "checkpoint"
+
+    def build_engine(self, directories: CheckpointDirectories) -> CheckpointEngine:
+        return synchronous_engine(self.context, directories, self.config.tier)
+
+
+def estimated_state_bytes(module: torch.nn.Module) -> int:
+    """Bytes of one checkpoint of `module` under AdamW: weights, two moments, step counters, RNG, padding.
+
+    An estimate taken before the first step (the optimizer state does not exist yet)."""
+    parameters = list(module.parameters())
+    weights = state_nbytes({str(i): p for i, p in enumerate(parameters)})
+    return 3 * weights + len(parameters) * (4 + 3 * 64) + 16 * 1024
+
+
+class AsyncCheckpointMethod(CheckpointingMethod):
+    """Lazy asynchronous checkpoints: host buffer → node-local dir → remote checkpoint dir."""
+
+    name: ClassVar[str] = "async_checkpoint"
+
+    def build_engine(self, directories: CheckpointDirectories) -> CheckpointEngine:
+        config = self.config
+        if tuple(config.levels) != ASYNC_LEVELS:
+            raise InputError(
+                f"async_checkpoint levels {tuple(config.levels)} are not available in real runs: use {ASYNC_LEVELS}"
+            )
+        host_buffer_bytes = config.host_buffer_bytes or 2 * estimated_state_bytes(self.context.runtime.module)
+        return LazyAsyncCheckpointEngine(
+            directories.local,
+            directories.remote,
+            host_buffer_bytes,
+            self.context.device,
+            # Headroom over keep_per_level: a lost node's newest saves may never reach the remote
+            # level, and the agreed rollback point must still be on every survivor.
+            keep_last=config.keep_per_level + 2,
+            record_span=EngineSpans(self.context.spans),
+        )
+
