@@ -9,7 +9,11 @@ one run, `--repeats` times in rotating order; reports medians:
 - blocked per save: training time blocked per checkpoint on the slowest stage (spans "save": the
                     whole synchronous write, or for the lazy engine the save() call plus the wait
                     before the next optimizer step);
-- stall_fraction:   blocked time / wall time.
+- stall_fraction:   blocked time / wall time;
+- cpu_ratio:        CPU time (user + system, all threads, summed over ranks) of the whole run / that
+                    of `none`. On a shared or oversubscribed machine wall time swings with other
+                    load; CPU time shows what the background work itself costs (kernel threads
+                    such as the file system journal are not counted).
 
 Writes `--out` as a CSV with the columns of `calibration.tables.INTERVAL_COLUMNS` (source "real",
 time-to-target and Young/Daly columns NaN), so `churnsim plot` can draw it beside simulated
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import tempfile
 from pathlib import Path
 
@@ -68,7 +73,10 @@ def _worker(communicator: Communicator, arguments: argparse.Namespace, root: str
         rotated = cases[repeat % len(cases) :] + cases[: repeat % len(cases)]
         for method, interval in rotated:
             run_dir = Path(root) / f"{method}-{interval}-{repeat}"
+            usage_before = resource.getrusage(resource.RUSAGE_SELF)
             result = train_stage(_training_config(method, interval, arguments), communicator, run_dir=run_dir)
+            usage_after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu_s = (usage_after.ru_utime + usage_after.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime)
             blocked_s = sum(span["end_s"] - span["start_s"] for span in result.spans if span["kind"] == "save")
             measurements.append(
                 {
@@ -77,6 +85,7 @@ def _worker(communicator: Communicator, arguments: argparse.Namespace, root: str
                     "repeat": repeat,
                     "end_s": [row["end_s"] for row in result.iteration_rows],
                     "blocked_s": blocked_s,
+                    "cpu_s": cpu_s,
                 }
             )
     return measurements
@@ -102,17 +111,19 @@ def summarise(per_rank: list[list[dict]], arguments: argparse.Namespace) -> pd.D
                 "wall_s": end_s[-1],
                 "blocked_s": blocked_s,
                 "blocked_per_save_s": blocked_s / num_saves if num_saves else 0.0,
+                "cpu_s": sum(run["cpu_s"] for run in runs),
             }
         )
     frame = pd.DataFrame(rows)
     medians = (
-        frame.groupby(["method", "interval_iterations"], dropna=False)[["iteration_s", "wall_s", "blocked_s", "blocked_per_save_s"]]
+        frame.groupby(["method", "interval_iterations"], dropna=False)[["iteration_s", "wall_s", "blocked_s", "blocked_per_save_s", "cpu_s"]]
         .median()
         .reset_index()
     )
     reference_s = float(medians.loc[medians["method"] == "none", "iteration_s"].iloc[0])
     medians["iteration_ratio"] = medians["iteration_s"] / reference_s
     medians["stall_fraction"] = medians["blocked_s"] / medians["wall_s"]
+    medians["cpu_ratio"] = medians["cpu_s"] / float(medians.loc[medians["method"] == "none", "cpu_s"].iloc[0])
     return medians
 
 
@@ -130,12 +141,12 @@ def main() -> None:
         per_rank = run_distributed(_worker, arguments.stages, arguments, root, timeout_s=300)
     medians = summarise(per_rank, arguments)
     print(f"tiny model, {arguments.stages} stages, {arguments.iterations} iterations, median of {arguments.repeats}:")
-    print(f"{'method':<18}{'K':>4}{'iteration ms':>14}{'× none':>9}{'blocked/save ms':>17}{'stall':>8}")
+    print(f"{'method':<18}{'K':>4}{'iteration ms':>14}{'× none':>9}{'blocked/save ms':>17}{'stall':>8}{'cpu × none':>12}")
     for row in medians.itertuples():
         interval = "-" if pd.isna(row.interval_iterations) else int(row.interval_iterations)
         print(
             f"{row.method:<18}{interval:>4}{row.iteration_s * 1e3:>14.1f}{row.iteration_ratio:>9.3f}"
-            f"{row.blocked_per_save_s * 1e3:>17.2f}{row.stall_fraction:>8.3f}"
+            f"{row.blocked_per_save_s * 1e3:>17.2f}{row.stall_fraction:>8.3f}{row.cpu_ratio:>12.3f}"
         )
     table = medians[medians["method"] != "none"].assign(
         source="real",

@@ -21,6 +21,7 @@ import abc
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,8 @@ class CheckpointEngine(abc.ABC):
         self._counters = _Counters(level_names=tuple(names))
         self._sequence_lock = threading.Lock()
         self._last_sequence = 0
+        # Hashes large pieces while they are written; its thread starts at the first such piece.
+        self._hash_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
 
     # --- the interface -------------------------------------------------------------------------
 
@@ -258,7 +261,7 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         layout = plan_layout(iteration, tensors, len(metadata_bytes))
         sequence = self._next_sequence()
         stem = self._storage.stem(iteration, sequence)
-        writer = DataFileWriter(self._storage.path, stem, layout)
+        writer = DataFileWriter(self._storage.path, stem, layout, self._hash_executor)
         try:
             for entry in layout.tensors:
                 data = tensor_bytes_view(tensors[entry.key])
@@ -291,3 +294,4 @@ class SynchronousCheckpointEngine(CheckpointEngine):
 
     def close(self) -> None:
         self._closed = True
+        self._hash_executor.shutdown()

@@ -23,8 +23,10 @@ so a manifest on disk means a complete checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import pickle
 import struct
@@ -137,13 +139,41 @@ def _header_json(layout: Layout, tensor_sha256: dict[str, str], metadata_sha256:
     return json.dumps(header, separators=(",", ":")).encode()
 
 
+# Layouts of recent state signatures: training saves the same shapes every time, and planning
+# re-encodes the JSON header two or three times, on the training thread (save() of both engines).
+_LAYOUT_CACHE: dict[tuple[Any, ...], Layout] = {}
+_LAYOUT_CACHE_MAX_ENTRIES = 16
+
+
 def plan_layout(
     iteration: int, tensors: dict[str, torch.Tensor], metadata_nbytes: int
 ) -> Layout:
-    """Offsets for `tensors` (in dict order) and the metadata; deterministic in the state alone."""
+    """Offsets for `tensors` (in dict order) and the metadata; deterministic in the state alone.
+
+    The header's length depends on the iteration only through its number of decimal digits, so a
+    layout planned for another iteration with as many digits, the same tensors (keys, dtypes,
+    shapes) and the same metadata length is the same layout with the iteration replaced.
+    """
+    signature = tuple((key, t.dtype, tuple(t.shape)) for key, t in tensors.items())
+    cache_key = (signature, len(str(iteration)), metadata_nbytes)
+    cached = _LAYOUT_CACHE.get(cache_key)
+    if cached is not None:
+        return dataclasses.replace(cached, iteration=iteration)
+    layout = _plan_layout_uncached(iteration, signature, metadata_nbytes)
+    if len(_LAYOUT_CACHE) >= _LAYOUT_CACHE_MAX_ENTRIES:
+        _LAYOUT_CACHE.pop(next(iter(_LAYOUT_CACHE)))  # oldest first: dicts keep insertion order
+    _LAYOUT_CACHE[cache_key] = layout  # a race between threads only plans the same layout twice
+    return layout
+
+
+def _plan_layout_uncached(
+    iteration: int, signature: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...],
+    metadata_nbytes: int,
+) -> Layout:
     entries_without_offsets = [
-        TensorEntry(key=key, dtype=t.dtype, shape=tuple(t.shape), offset=0, nbytes=tensor_nbytes(t))
-        for key, t in tensors.items()
+        TensorEntry(key=key, dtype=dtype, shape=shape, offset=0,
+                    nbytes=math.prod(shape) * dtype.itemsize)
+        for key, dtype, shape in signature
     ]
     # Offsets change the header's length, which changes the offsets: iterate to the fixed point
     # (two or three rounds, as the digits of the offsets settle).
@@ -203,8 +233,8 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """temp file → write → fsync → atomic rename → fsync directory."""
+def write_durable_temporary(path: Path, data: bytes) -> Path:
+    """Write `data` to a temp file beside `path` and fsync it; the caller renames it into place."""
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -212,7 +242,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(temporary, path)
+    return temporary
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """temp file → write → fsync → atomic rename → fsync directory."""
+    os.replace(write_durable_temporary(path, data), path)
     fsync_directory(path.parent)
 
 

@@ -26,6 +26,7 @@ GIL-free part of `copy_`.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -49,12 +50,30 @@ _SENTINEL = object()
 _MAX_BATCH_ITEMS = 256
 
 
+def _lower_this_thread_priority(increment: int) -> None:
+    """Raise the calling thread's nice value (Linux: nice is per thread, set by native thread id).
+
+    Best effort: elsewhere (or when not permitted) the thread keeps the process's priority.
+    """
+    try:
+        thread_id = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread_id)
+        os.setpriority(os.PRIO_PROCESS, thread_id, min(19, current + increment))
+    except (AttributeError, OSError):
+        pass
+
+
 class LazyAsyncCheckpointEngine(CheckpointEngine):
     """Host pool → local directory → remote directory, training blocked only for unfinished copies.
 
     `throttle_local_bytes_per_s` / `throttle_remote_bytes_per_s` cap each level's write rate (sleeping
     after each piece); they emulate slower storage and let tests provoke back-pressure.
     """
+
+    background_nice_increment: int = 10
+    """Added to the flush threads' nice value: where training and flushes share too few cores,
+    training runs first and flushes fill the gaps (pipeline bubbles, waits). The copy thread is
+    not lowered, since the next optimizer step waits for it."""
 
     def __init__(
         self,
@@ -173,6 +192,7 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         self._copy_queue.put(_SENTINEL)  # travels copy → flush → remote behind all queued work
         for thread in self._threads:
             thread.join()
+        self._hash_executor.shutdown()
         self._raise_if_failed(for_write=False)
 
     def lose_node_local_levels(self) -> None:
@@ -229,15 +249,20 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         self._remote_queue: queue.Queue[Any] = queue.Queue()
         # Daemon threads: an engine that is never closed must not hang interpreter exit.
         self._threads = [
-            threading.Thread(target=self._guarded, args=(work,), name=name, daemon=True)
-            for name, work in (("checkpoint-copy", self._copy_loop),
-                               ("checkpoint-flush-local", self._flush_loop),
-                               ("checkpoint-flush-remote", self._remote_loop))
+            threading.Thread(target=self._guarded, args=(work, nice), name=name, daemon=True)
+            for name, work, nice in (
+                # The copy gates the next optimizer step (block A): it keeps the training priority.
+                ("checkpoint-copy", self._copy_loop, 0),
+                ("checkpoint-flush-local", self._flush_loop, self.background_nice_increment),
+                ("checkpoint-flush-remote", self._remote_loop, self.background_nice_increment),
+            )
         ]
         for thread in self._threads:
             thread.start()
 
-    def _guarded(self, work: Any) -> None:
+    def _guarded(self, work: Any, nice_increment: int) -> None:
+        if nice_increment:
+            _lower_this_thread_priority(nice_increment)
         try:
             work()
         except (PoolStopped, InterruptedError) as error:
@@ -296,14 +321,14 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
                         return
                     if isinstance(item, Begin):
                         writer = DataFileWriter(self._local.path, item.snapshot.stem,
-                                                item.snapshot.layout)
+                                                item.snapshot.layout, self._hash_executor)
                         busy_s, first_write_s = 0.0, time.perf_counter()
                     elif isinstance(item, Chunk):
                         assert writer is not None
                         if item.copied_event is not None:
                             item.copied_event.synchronize()
                         piece_start_s = time.perf_counter()
-                        writer.write_piece(item.key, item.offset_in_tensor, item.region.view.numpy())
+                        writer.write_span(item.file_offset, item.region.view.numpy(), item.pieces)
                         held.append(item.region)
                         self._pace(LOCAL_LEVEL, item.region.view.numel(),
                                    time.perf_counter() - piece_start_s)

@@ -1,11 +1,16 @@
 """One storage level (a directory): streaming crash-consistent writes, manifests, `latest`, keep-N.
 
-Commit protocol of one checkpoint at one level (reference §7, crash consistency):
-data to `<stem>.ckpt.<pid>.tmp` → fsync → rename to `<stem>.ckpt` → fsync directory; then the
-manifest the same way; then `latest` the same way; then purge checkpoints beyond keep-N (manifest
-first, so a half-purged checkpoint is never taken for a complete one). A crash at any point leaves
-`latest` naming a complete, checksummed checkpoint (or no `latest` at all). Leftover temp files are
-deleted when a level is opened; one engine owns a directory.
+Commit protocol of one checkpoint at one level (reference §7, crash consistency), with one
+directory fsync between each rename and the next one that depends on it:
+data to `<stem>.ckpt.<pid>.tmp` → fsync → rename to `<stem>.ckpt`; manifest to its temp file →
+fsync; fsync directory (the data file's name is durable) → rename the manifest; `latest` to its
+temp file → fsync; fsync directory (the manifest is durable) → rename `latest`; then, only if
+something is beyond keep-N: fsync directory (the new `latest` is durable before what it replaced can
+go) → delete manifests → delete their data files (a manifest is never left without its data). A
+deletion is made durable by the next commit's first directory fsync: a crash before it brings back a
+complete older checkpoint, which the next purge removes. A crash at any point leaves `latest` naming
+a complete, checksummed checkpoint (or no `latest` at all). Leftover temp files are deleted when a
+level is opened; one engine owns a directory.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +29,11 @@ from .format import (
     IO_PIECE_BYTES,
     CheckpointCorruptError,
     Layout,
-    atomic_write_bytes,
     encode_header,
     fsync_directory,
     pwrite_all,
     read_header,
+    write_durable_temporary,
 )
 
 LATEST_FILE = "latest"
@@ -49,10 +54,20 @@ class CheckpointInfo:
     file_nbytes: int
 
 
-class DataFileWriter:
-    """Streams one data file into a temp file; `commit()` makes it durable under its final name."""
+# A piece at least this large is hashed on the engine's hash thread while this thread writes it
+# (SHA-256, ~1.8 GB/s per core, is as slow as the disk); smaller ones are hashed inline, where a
+# hand-off to another thread would cost more than the hash.
+HASH_OFFLOAD_MIN_BYTES = 4 * 1024 * 1024
 
-    def __init__(self, directory: Path, stem: str, layout: Layout) -> None:
+
+class DataFileWriter:
+    """Streams one data file into a temp file; `commit()` makes it durable under its final name.
+
+    `hash_executor` (one worker, owned by the engine) hashes large pieces concurrently with writes.
+    """
+
+    def __init__(self, directory: Path, stem: str, layout: Layout,
+                 hash_executor: Executor | None = None) -> None:
         self.final_path = directory / f"{stem}{_DATA_SUFFIX}"
         self.temporary_path = directory / f"{stem}{_DATA_SUFFIX}.{os.getpid()}.tmp"
         self._layout = layout
@@ -61,9 +76,7 @@ class DataFileWriter:
         self._fd: int | None = os.open(
             self.temporary_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
         )
-        # SHA-256 (~1.8 GB/s per core) is as slow as the disk: hash on a second thread while this
-        # one writes (both release the GIL). One worker keeps each tensor's updates in order.
-        self._hash_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
+        self._hash_executor = hash_executor
         self._pending_hashes: list[Future[None]] = []
         self.bytes_written = 0
 
@@ -72,10 +85,33 @@ class DataFileWriter:
 
         `data` must stay unchanged until the next `sync()` or `commit()` returns.
         """
+        nbytes = memoryview(data).nbytes
+        self.write_span(self._offsets[key] + offset_in_tensor, data, ((key, 0, nbytes),))
+
+    def write_span(self, file_offset: int, data: Any,
+                   pieces: Sequence[tuple[str, int, int]]) -> None:
+        """Write `data` at `file_offset` with one pwrite; `pieces` = (key, start in data, nbytes).
+
+        Each piece is the next bytes of its tensor (pieces of a tensor arrive in order); bytes of
+        `data` outside every piece are the file's zero padding. `data` must stay unchanged until
+        the next `sync()` or `commit()` returns.
+        """
         assert self._fd is not None
-        self._pending_hashes.append(self._hash_executor.submit(self._hashers[key].update, data))
-        pwrite_all(self._fd, data, self._offsets[key] + offset_in_tensor)
-        self.bytes_written += memoryview(data).nbytes
+        view = memoryview(data).cast("B")
+        # Once one piece went to the hash thread, later ones follow it there: a tensor's updates
+        # must stay in order.
+        if self._hash_executor is not None and (
+            len(view) >= HASH_OFFLOAD_MIN_BYTES or self._pending_hashes
+        ):
+            self._pending_hashes.append(self._hash_executor.submit(self._hash, view, pieces))
+        else:
+            self._hash(view, pieces)
+        pwrite_all(self._fd, view, file_offset)
+        self.bytes_written += len(view)
+
+    def _hash(self, view: memoryview, pieces: Sequence[tuple[str, int, int]]) -> None:
+        for key, start, nbytes in pieces:
+            self._hashers[key].update(view[start : start + nbytes])
 
     def _finish_hashing(self) -> None:
         for pending in self._pending_hashes:
@@ -89,10 +125,13 @@ class DataFileWriter:
         os.fsync(self._fd)
 
     def commit(self, metadata_bytes: bytes) -> bytes:
-        """Write metadata and header, fsync, rename, fsync the directory; return the header bytes."""
+        """Write metadata and header, fsync, rename; return the header bytes.
+
+        The rename is made durable by the directory fsync in `LevelDirectory.commit`, which comes
+        before the manifest that names this file is renamed into place.
+        """
         assert self._fd is not None
         self._finish_hashing()
-        self._hash_executor.shutdown()
         pwrite_all(self._fd, metadata_bytes, self._layout.metadata_offset)
         header = encode_header(
             self._layout,
@@ -107,12 +146,16 @@ class DataFileWriter:
         self._fd = None
         self.bytes_written += len(metadata_bytes) + len(header)
         os.replace(self.temporary_path, self.final_path)
-        fsync_directory(self.final_path.parent)
         return header
 
     def abort(self) -> None:
         """Close and delete the temp file (after an error or a simulated node loss)."""
-        self._hash_executor.shutdown(wait=True, cancel_futures=True)
+        for pending in self._pending_hashes:
+            pending.cancel()
+        for pending in self._pending_hashes:
+            if not pending.cancelled():
+                pending.exception()  # wait: the hash thread may still read the caller's buffer
+        self._pending_hashes.clear()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -131,6 +174,7 @@ class LevelDirectory:
         self.keep_last = keep_last
         self.path.mkdir(parents=True, exist_ok=True)
         self.remove_temporary_files()
+        self._committed: list[CheckpointInfo] | None = None  # known committed checkpoints
 
     def stem(self, iteration: int, sequence: int) -> str:
         # The sequence makes a re-save of the same iteration (after a rollback) a distinct file.
@@ -148,7 +192,11 @@ class LevelDirectory:
 
     def commit(self, *, stem: str, iteration: int, sequence: int, header: bytes,
                file_nbytes: int, protected_stems: frozenset[str] = frozenset()) -> CheckpointInfo:
-        """Write the manifest, move `latest`, purge beyond keep-N; the data file must be durable."""
+        """Write the manifest, move `latest`, purge beyond keep-N.
+
+        The data file must be fsync'ed and renamed to its final name; the first directory fsync
+        here makes that rename durable before the manifest appears.
+        """
         manifest = {
             "format_version": 1,
             "iteration": iteration,
@@ -159,11 +207,21 @@ class LevelDirectory:
             "committed_unix_s": time.time(),
         }
         manifest_path = self.manifest_path(stem)
-        atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1).encode())
+        manifest_temporary = write_durable_temporary(
+            manifest_path, json.dumps(manifest, indent=1).encode()
+        )
+        fsync_directory(self.path)
+        os.replace(manifest_temporary, manifest_path)
+        latest_path = self.path / LATEST_FILE
         latest = {"manifest": manifest_path.name, "iteration": iteration, "sequence": sequence}
-        atomic_write_bytes(self.path / LATEST_FILE, json.dumps(latest).encode())
+        latest_temporary = write_durable_temporary(latest_path, json.dumps(latest).encode())
+        fsync_directory(self.path)
+        os.replace(latest_temporary, latest_path)
+        info = self._info(manifest_path, manifest)
+        if self._committed is not None:
+            self._committed.append(info)
         self.purge(protected_stems | {stem})
-        return self._info(manifest_path, manifest)
+        return info
 
     def _info(self, manifest_path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
         return CheckpointInfo(
@@ -212,20 +270,28 @@ class LevelDirectory:
 
     def purge(self, protected_stems: frozenset[str]) -> list[CheckpointInfo]:
         """Delete all but the newest keep_last checkpoints (never a protected one)."""
-        infos = self.checkpoints()
-        removed = []
-        for info in infos[: max(0, len(infos) - self.keep_last)]:
-            if info.manifest_path.name.removesuffix(_MANIFEST_SUFFIX) in protected_stems:
-                continue
+        if self._committed is None:
+            # Scanned once; afterwards this engine's own commits keep the list (it owns the
+            # directory), so a commit does not re-read every manifest.
+            self._committed = self.checkpoints()
+        self._committed.sort(key=lambda info: info.sequence)
+        doomed = [
+            info for info in self._committed[: max(0, len(self._committed) - self.keep_last)]
+            if info.manifest_path.name.removesuffix(_MANIFEST_SUFFIX) not in protected_stems
+        ]
+        if not doomed:
+            return []
+        fsync_directory(self.path)  # the `latest` just renamed is durable before anything goes
+        for info in doomed:
             info.manifest_path.unlink(missing_ok=True)
+        for info in doomed:
             info.data_path.unlink(missing_ok=True)
-            removed.append(info)
-        if removed:
-            fsync_directory(self.path)
-        return removed
+        self._committed = [info for info in self._committed if info not in doomed]
+        return doomed
 
     def wipe(self) -> None:
         """Forget everything at this level (its node died)."""
+        self._committed = []
         for path in self.path.iterdir():
             if path.is_file():
                 path.unlink(missing_ok=True)
@@ -238,11 +304,13 @@ def copy_data_file(
     should_stop: Callable[[], bool],
     pace: Callable[[int, float], None] | None = None,
 ) -> tuple[Path, int]:
-    """Copy a committed data file to `target_directory` durably (temp, fsync, rename, fsync dir).
+    """Copy a committed data file to `target_directory`: temp file, fsync, rename.
 
-    `should_stop()` is polled between pieces; when it turns true the temp file is deleted and
-    InterruptedError is raised (a simulated node loss mid-copy). `pace(nbytes, seconds)` is called
-    after each piece (bandwidth emulation).
+    The rename is made durable by the directory fsync of `LevelDirectory.commit`. The bytes move
+    inside the kernel (copy_file_range) when it can, else through a buffer. `should_stop()` is
+    polled between pieces; when it turns true the temp file is deleted and InterruptedError is
+    raised (a simulated node loss mid-copy). `pace(nbytes, seconds)` is called after each piece
+    (bandwidth emulation).
     """
     final_path = target_directory / source.name
     temporary = target_directory / f"{source.name}.{os.getpid()}.tmp"
@@ -250,15 +318,28 @@ def copy_data_file(
     copied = 0
     try:
         with open(source, "rb", buffering=0) as reader:
-            buffer = bytearray(min(IO_PIECE_BYTES, max(1, source.stat().st_size)))
+            source_nbytes = os.fstat(reader.fileno()).st_size
+            buffer: bytearray | None = None
             while True:
-                if should_stop():
+                if should_stop():  # also after the last piece: its pace may end in a node loss
                     raise InterruptedError(f"copy of {source.name} interrupted")
-                count = reader.readinto(buffer)
-                if not count:
+                if copied == source_nbytes:
                     break
                 piece_start_s = time.perf_counter()
-                pwrite_all(fd, memoryview(buffer)[:count], copied)
+                want = min(IO_PIECE_BYTES, source_nbytes - copied)
+                count = 0
+                if buffer is None:
+                    try:
+                        count = os.copy_file_range(reader.fileno(), fd, want, copied, copied)
+                    except OSError:  # not supported between these file systems: copy through us
+                        buffer = bytearray(min(IO_PIECE_BYTES, source_nbytes))
+                if buffer is not None:
+                    count = os.preadv(reader.fileno(), [memoryview(buffer)[:want]], copied)
+                    pwrite_all(fd, memoryview(buffer)[:count], copied)
+                if not count:
+                    raise CheckpointCorruptError(
+                        f"{source}: shrank while being copied; delete it or load another level"
+                    )
                 copied += count
                 if pace is not None:
                     pace(count, time.perf_counter() - piece_start_s)
@@ -269,7 +350,6 @@ def copy_data_file(
         raise
     os.close(fd)
     os.replace(temporary, final_path)
-    fsync_directory(target_directory)
     return final_path, copied
 
 
