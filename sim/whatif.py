@@ -8,6 +8,7 @@ simulated optimum next to Young's and Daly's.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import pandas as pd
 
 from churnsim.calibration.base import atomic_write_text
 from churnsim.calibration.churn import StageHourlyChurn
-from churnsim.calibration.methods import METHOD_NAMES, MethodConfig, method_from_name
+from churnsim.calibration.methods import MethodConfig, method_from_name
 from churnsim.calibration.run_record import git_revision, package_versions, utc_now
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
@@ -26,7 +27,7 @@ from .analytic import daly_interval_s, young_interval_s
 from .iteration import simulate_iteration
 from .outputs import iteration_spans_table, scenario_notes
 from .pipeline_state import build_pipeline_state
-from .replicate import mean_with_ci95, replication_tasks
+from .replicate import mean_with_ci95, replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
@@ -146,8 +147,6 @@ def run_whatif(
     runs = everything.runs
     is_study = runs["interval_iterations"].notna() if "interval_iterations" in runs else pd.Series(False, index=runs.index)
     main_runs = runs[~is_study].drop(columns=["interval_iterations"], errors="ignore").reset_index(drop=True)
-    from .replicate import summary_table
-
     sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=everything.trajectories)
     intervals = interval_table(plan, runs[is_study])
     files: list[Path] = []
@@ -170,11 +169,7 @@ def run_whatif(
         "created_utc": utc_now(),
         "notes": list(notes),
     }
-    import json
-
     atomic_write_text(out_directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     files.append(out_directory / "manifest.json")
     return WhatIfResult(sweep=sweep, intervals=intervals, notes=notes, files=tuple(files))
 
-
-ALL_METHODS: tuple[str, ...] = METHOD_NAMES
