@@ -77,6 +77,16 @@ class Calibration(StrictModel):
     optimizer_step: MeasuredDuration
     iteration_overhead_s: float = Field(0.0, ge=0)
     """Per-iteration time outside forward, backward and optimizer (loss gathering, bookkeeping)."""
+    method_iteration_extra_s: dict[str, float] = Field(default_factory=dict)
+    """Per method whose healthy iteration is not the plain route (redundant forwards, CheckFree+ swaps,
+    lazy snapshot copies): its mean steady step minus the plain methods' mean steady step, measured."""
+    checkpoint_write_latency_s: float = Field(0.0, ge=0)
+    """Fixed time of one stage's checkpoint write beyond bytes / bandwidth (serialisation, checksums,
+    fsync, rename), from the synchronous checkpoint runs' save spans."""
+    evaluation: MeasuredDuration | None = None
+    """One held-out evaluation (the slowest rank's); the simulator has no evaluations, the validator adds them."""
+    warmup_extra_s: float = Field(0.0, ge=0)
+    """Extra time of a run's first warm-up steps over steady ones (allocator and cache warm-up)."""
     activation_bytes: float = Field(gt=0)
     link: LinkProfile
     storage: tuple[TierBandwidth, ...] = ()

@@ -28,12 +28,16 @@ from .fit_convergence import (
 from .fit_timing import (
     DEFAULT_WARMUP_ITERATIONS,
     Predictor,
+    fit_checkpoint_write_latency_s,
+    fit_evaluation,
     fit_iteration_overhead_s,
     fit_link_profile,
+    fit_method_iteration_extra_s,
     fit_optimizer_step,
     fit_recovery_times,
     fit_stage_timings,
     fit_tier_bandwidth,
+    fit_warmup_extra_s,
     measured_duration,
 )
 from .run_record import RealRunSettings, RunRecord, git_revision, hardware_description, package_versions, utc_now
@@ -111,6 +115,15 @@ def build_calibration(
         fit_records, baseline_records, curve, window_iterations=window_iterations, settle_iterations=settle_iterations
     )
     model = settings.model
+    largest_stage_parameters = model.num_layers // settings.pipeline.num_stages * model.parameters_per_layer + max(
+        model.embedding_parameters, model.head_parameters
+    )
+    disk = next((tier for tier in tier_bandwidths if tier.name == "local_disk"), tier_bandwidths[0] if tier_bandwidths else None)
+    checkpoint_write_latency_s = fit_checkpoint_write_latency_s(
+        fit_records,
+        largest_stage_parameters * model.checkpoint_bytes_per_parameter,
+        disk.write_bandwidth_bytes_per_s if disk is not None else None,
+    )
     activation_bytes = settings.pipeline.microbatch_size * model.sequence_length * model.hidden_size * model.activation_bytes_per_element
     hardware = dict(fit_records[0].manifest.hardware) or hardware_description()
     return Calibration(
@@ -129,6 +142,10 @@ def build_calibration(
         stage_timings=stage_timings,
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
+        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
+        checkpoint_write_latency_s=checkpoint_write_latency_s,
+        evaluation=fit_evaluation(fit_records),
+        warmup_extra_s=fit_warmup_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
         activation_bytes=activation_bytes,
         link=fit_link_profile(link_points),
         storage=tuple(tier_bandwidths),
@@ -149,12 +166,16 @@ __all__ = [
     "equivalent_progress",
     "estimate_setbacks",
     "fit_baseline_curve",
+    "fit_checkpoint_write_latency_s",
+    "fit_evaluation",
     "fit_iteration_overhead_s",
     "fit_link_profile",
+    "fit_method_iteration_extra_s",
     "fit_optimizer_step",
     "fit_recovery_times",
     "fit_stage_timings",
     "fit_tier_bandwidth",
+    "fit_warmup_extra_s",
     "is_no_failure_run",
     "measured_duration",
     "setback_samples_of_run",

@@ -168,6 +168,76 @@ def fit_iteration_overhead_s(
     return max(0.0, float(measured.mean()) - predicted)
 
 
+def fit_method_iteration_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, float]:
+    """Mean steady step of each non-plain method minus that of all plain-method runs pooled.
+
+    Only methods outside `PLAIN_ITERATION_METHODS` get an entry: for plain methods the pooled
+    overhead (`fit_iteration_overhead_s`) is the better estimate. Signed: noise can make it negative.
+    """
+    def steady(chosen: Sequence[RunRecord]) -> pd.Series:
+        times = [steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations) for record in chosen]
+        return pd.concat(times) if times else pd.Series(dtype=float)
+
+    plain = steady([record for record in records if record.manifest.method in PLAIN_ITERATION_METHODS])
+    if plain.empty:
+        return {}
+    extras = {}
+    for method in sorted({record.manifest.method for record in records} - PLAIN_ITERATION_METHODS):
+        own = steady([record for record in records if record.manifest.method == method])
+        if not own.empty:
+            extras[method] = float(own.mean() - plain.mean())
+    return extras
+
+
+def fit_checkpoint_write_latency_s(records: Sequence[RunRecord], largest_stage_bytes: float, write_bandwidth_bytes_per_s: float | None) -> float:
+    """Median blocking save of a synchronous checkpoint (per step, the slowest rank's summed "save"
+    spans) minus the largest stage's bytes / write bandwidth, clipped at 0; 0 without checkpoint runs."""
+    samples = []
+    for record in records:
+        if record.manifest.method != "checkpoint":
+            continue
+        spans = record.spans
+        saves = spans[spans["kind"] == "save"]
+        if saves.empty:
+            continue
+        per_rank = (saves["end_s"] - saves["start_s"]).groupby([saves["iteration"], saves["rank"]]).sum()
+        samples.extend(per_rank.groupby(level=0).max().tolist())
+    if not samples:
+        return 0.0
+    streaming_s = largest_stage_bytes / write_bandwidth_bytes_per_s if write_bandwidth_bytes_per_s else 0.0
+    return max(0.0, float(np.median(samples)) - streaming_s)
+
+
+def fit_evaluation(records: Sequence[RunRecord]) -> MeasuredDuration | None:
+    """Median and IQR of one held-out evaluation: per (run, step) the longest "eval" span over ranks."""
+    samples = []
+    for record in records:
+        spans = record.spans
+        chosen = spans[spans["kind"] == "eval"]
+        if not chosen.empty:
+            durations = (chosen["end_s"] - chosen["start_s"]).groupby(chosen["iteration"]).max()
+            samples.extend(durations.tolist())
+    return measured_duration(samples) if samples else None
+
+
+def fit_warmup_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> float:
+    """Median over runs of the first warm-up steps' time minus as many steady steps, clipped at 0.
+
+    Only runs of `PLAIN_ITERATION_METHODS` count; step 0 lasts from the run's start (wall time 0).
+    """
+    extras = []
+    for record in records:
+        if record.manifest.method not in PLAIN_ITERATION_METHODS or num_warmup_iterations == 0:
+            continue
+        steady = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+        metrics = record.metrics.sort_values("step")
+        first = metrics[metrics["step"] < num_warmup_iterations]
+        if steady.empty or len(first) < num_warmup_iterations:
+            continue
+        extras.append(float(first["wall_time_s"].iloc[-1]) - num_warmup_iterations * float(steady.mean()))
+    return max(0.0, float(np.median(extras))) if extras else 0.0
+
+
 def fit_link_profile(bytes_and_seconds: pd.DataFrame) -> LinkProfile:
     """Least squares of seconds = latency_s + bytes / bandwidth_bytes_per_s, with r².
 

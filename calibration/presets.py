@@ -8,8 +8,12 @@ paper text): they put the target loss at the order of the paper's x-axis, 10–2
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
+from .apply import apply_calibration
+from .builtin import load_builtin_calibration
+from .calibration_file import Calibration
 from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
 from .convergence import ConvergenceSpec, PowerLawLossCurve
 from .errors import InputError
@@ -35,6 +39,8 @@ BAMBOO = "Thorpe et al., 'Bamboo', NSDI'23; uclasystem/bamboo@8080929 (MIT): p3 
 LLAMA3 = "Llama 3 herd, arXiv 2407.21783: 419 unexpected interruptions in 54 days on 16,384 H100"
 
 CHECKFREE_FAILURE_RATES = (0.05, 0.10, 0.16, 0.33)
+CPU_TINY = "cpu-tiny"
+CPU_TINY_TARGET_ITERATIONS = 80
 A100_BF16_PEAK_FLOPS_PER_S = 312e12
 H100_BF16_PEAK_FLOPS_PER_S = 989e12
 V100_FP16_PEAK_FLOPS_PER_S = 125e12
@@ -207,16 +213,103 @@ def datacenter_llama3() -> Scenario:
     )
 
 
+def with_calibrated_setbacks(scenario: Scenario, calibration_name: str = CPU_TINY) -> Scenario:
+    """`scenario` with its convergence setbacks from a built-in calibration (mode "setbacks").
+
+    The setbacks are carried over in optimizer steps unchanged (calibration/apply.py states the
+    assumption). A missing, invalid or setback-less calibration leaves the defaults, and the
+    description says so; this never raises, so listing presets always works.
+    """
+    calibration, reason = load_builtin_calibration(calibration_name)
+    if calibration is not None:
+        try:
+            return apply_calibration(scenario, calibration, mode="setbacks")
+        except InputError as error:
+            reason = str(error)
+    note = f" Convergence setbacks: uncalibrated defaults ({reason})."
+    return scenario.model_copy(update={"description": scenario.description + note})
+
+
 def _paper(factory: Callable[[float], Scenario], rate: float) -> Callable[[], Scenario]:
-    return lambda: factory(rate)
+    return lambda: with_calibrated_setbacks(factory(rate))
+
+
+def _calibrated_tiers(calibration: Calibration | None) -> tuple[StorageTier, ...]:
+    """local_disk (dies with the node) and remote (survives): measured where the calibration has them.
+
+    A local calibration usually measures only `local_disk`; `remote` then takes its bandwidths (a
+    second directory on the same machine, as in the calibration's own runs).
+    """
+    measured = {tier.name: tier for tier in calibration.storage} if calibration is not None else {}
+    local = measured.get("local_disk")
+    remote = measured.get("remote", local)
+
+    def tier(name: str, source, survives: bool) -> StorageTier:
+        write, read = (source.write_bandwidth_bytes_per_s, source.read_bandwidth_bytes_per_s) if source else (200e6, 1e9)
+        return StorageTier(name=name, write_bandwidth_bytes_per_s=write, read_bandwidth_bytes_per_s=read, survives_node_loss=survives)
+
+    return (tier("local_disk", local, False), tier("remote", remote, True))
+
+
+def cpu_tiny(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+    """The tiny model in 4 stages on this kind of CPU machine, from the built-in calibration `cpu-tiny`.
+
+    Compute, links, storage, join time and the convergence model (baseline and setbacks) are the
+    calibration's (mode "full"); method parameters are those of the calibration suite (checkpoints
+    every 10 iterations). The target is the calibrated baseline's loss after
+    `CPU_TINY_TARGET_ITERATIONS`, inside the range the calibration runs measured. Without the file
+    the preset keeps uncalibrated placeholders and says so.
+    """
+    calibration, reason = load_builtin_calibration(CPU_TINY)
+    model = ModelSpec(
+        name="tiny", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, sequence_length=64,
+        weight_bytes_per_parameter=4.0, activation_bytes_per_element=4.0,
+    )
+    pipeline = PipelineSpec(num_stages=4, microbatch_size=8, num_microbatches=4)
+    # Placeholders of the order measured on a 2-core CPU (used only without the calibration file).
+    curve = PowerLawLossCurve(floor_loss=2.2, scale=3.3, exponent=0.5, offset_iterations=10.0)
+    if calibration is not None:
+        model = calibration.model.model_copy(update={"name": "tiny"})  # real run records leave the name unset
+        pipeline, curve = calibration.pipeline, calibration.convergence.baseline
+    percent = round(failure_probability_per_stage_hour * 100)
+    scenario = Scenario(
+        name=f"cpu-tiny-{percent}pct" if percent != 10 else "cpu-tiny",
+        description=(
+            f"the tiny byte-level model (4 layers, d 64) in 4 stages on local CPU processes, {percent} %/h failure "
+            "probability per stage; calibrated on this kind of machine by `churnsim calibrate --quick`"
+        ),
+        sources=("built-in calibration cpu-tiny (calibration/data/calibrations/cpu-tiny.json, provenance inside)",),
+        model=model,
+        pipeline=pipeline,
+        compute=ExplicitCompute(block_forward_s=0.003, block_backward_s=0.007, optimizer_step_s=0.045),
+        network=UniformNetwork(latency_s=1e-4, bandwidth_bytes_per_s=2.5e9),
+        storage=_calibrated_tiers(calibration),
+        churn=StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=failure_probability_per_stage_hour),
+        # Local processes: the replacement is the same process with fresh state (no rendezvous).
+        recovery=RecoverySpec(join_delay_s=0.001, restart_s=0.0),
+        methods=default_methods(
+            checkpoint={"interval_iterations": 10},
+            async_checkpoint={"interval_iterations": 10},
+            redundant={"fallback_interval_iterations": 50},
+            checkfree_plus={"replica_refresh_iterations": 20},
+        ),
+        convergence=ConvergenceSpec(baseline=curve),
+        target=TargetSpec(loss=math.ceil(curve.loss(CPU_TINY_TARGET_ITERATIONS) * 100) / 100),
+        seed=0,
+        replications=10,
+    )
+    if calibration is None:
+        return scenario.model_copy(update={"description": scenario.description + f". UNCALIBRATED placeholders: {reason}."})
+    return apply_calibration(scenario, calibration, mode="full")
 
 
 PRESETS: dict[str, Callable[[], Scenario]] = {
     **{f"checkfree-124m-geo-{round(r * 100)}pct": _paper(checkfree_124m_geo, r) for r in CHECKFREE_FAILURE_RATES},
     **{f"checkfree-500m-geo-{round(r * 100)}pct": _paper(checkfree_500m_geo, r) for r in CHECKFREE_FAILURE_RATES},
     **{f"checkfree-1.5b-geo-{round(r * 100)}pct": _paper(checkfree_1_5b_geo, r) for r in CHECKFREE_FAILURE_RATES},
-    "spot-p3-trace": spot_p3_trace,
-    "datacenter-llama3": datacenter_llama3,
+    "spot-p3-trace": lambda: with_calibrated_setbacks(spot_p3_trace()),
+    "datacenter-llama3": lambda: with_calibrated_setbacks(datacenter_llama3()),
+    CPU_TINY: cpu_tiny,
 }
 
 DEFAULT_PRESET = "checkfree-500m-geo-10pct"

@@ -21,7 +21,7 @@ from churnsim.calibration.errors import InputError
 
 def _register_commands() -> None:
     # Each module adds its commands to `app` / `real_app`; importing them here keeps this file thin.
-    from churnsim import commands_real, commands_sim  # noqa: F401
+    from churnsim import commands_calibrate, commands_real, commands_sim  # noqa: F401
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -37,9 +37,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except click_exceptions.UsageError as error:
         command = error.ctx.command_path if error.ctx else "churnsim"
         _fail(f"{error.format_message()} (see: {command} --help)")
-    except click_exceptions.Exit as exit_:
+    except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except click_exceptions.Abort:
+    except typer.Abort:
         _fail("aborted")
     except KeyboardInterrupt:
         _fail("interrupted")

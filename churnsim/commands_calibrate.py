@@ -1,0 +1,250 @@
+"""`churnsim calibrate` (real runs or existing run records → calibration file) and `churnsim validate`.
+
+These commands bridge both sides: they import real/ (torch) only when real runs or link
+measurements are needed, and sim/ for the iteration model and the replays.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from churnsim.app import app
+
+console = Console(stderr=True)
+
+LINK_PROFILE_FILE = "link_profile.csv"
+"""bytes, seconds: the ping-pong measurement, kept next to the run records it belongs to."""
+STORAGE_FILE = "storage.csv"
+"""name, num_bytes, write_s, read_s: one row per repeat of the storage measurement."""
+
+
+def _measure_link(device: str):
+    from churnsim.real.calibration_suite import measure_link_profile
+
+    console.print("measuring the point-to-point link (1 KiB … 16 MiB ping-pong) ...")
+    return measure_link_profile(device=device)
+
+
+def _measure_storage(tiers: dict[str, Path]):
+    import pandas as pd
+
+    from churnsim.real.calibration_suite import measure_storage_bandwidth
+
+    rows = []
+    for name, directory in tiers.items():
+        directory.mkdir(parents=True, exist_ok=True)
+        measurement = measure_storage_bandwidth(directory, name=name)
+        rows.extend(
+            dict(name=name, num_bytes=measurement.num_bytes, write_s=write_s, read_s=read_s)
+            for write_s, read_s in zip(measurement.write_seconds, measurement.read_seconds)
+        )
+    return pd.DataFrame(rows, columns=["name", "num_bytes", "write_s", "read_s"])
+
+
+def _find_measurement(directories: list[Path], file_name: str) -> Path | None:
+    for directory in directories:
+        for candidate in (directory / file_name, directory.parent / file_name):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _tier_bandwidths(storage):
+    from churnsim.calibration.fit_timing import fit_tier_bandwidth
+
+    return [
+        fit_tier_bandwidth(str(name), rows["num_bytes"].to_numpy(), rows["write_s"].to_numpy(), rows["read_s"].to_numpy())
+        for name, rows in storage.groupby("name", sort=False)
+    ]
+
+
+@app.command("calibrate")
+def calibrate_command(
+    out: Path = typer.Option(..., "--out", help="Calibration JSON file to write."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    quick: bool = typer.Option(False, "--quick", help="The short suite (at most 5 minutes on 2 CPU cores)."),
+    runs: Optional[list[Path]] = typer.Option(None, "--runs", help="Fit on existing run records (a record or a directory of records); repeatable."),
+    runs_out: Optional[Path] = typer.Option(None, "--runs-out", help="Where the suite writes its run records (default: <OUT stem>-runs next to OUT)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: OUT's file stem)."),
+    remote_dir: Optional[Path] = typer.Option(None, "--remote-dir", help="A directory on slower storage to measure as the 'remote' tier."),
+    methods: Optional[list[str]] = typer.Option(None, "--method", help="Methods of the suite's failure runs (default: every method real runs implement)."),
+) -> None:
+    """Short real runs on this machine (or existing run records) → a calibration file."""
+    import pandas as pd
+
+    from churnsim.calibration.calibration_file import save_calibration
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.fit import build_calibration
+    from churnsim.calibration.fit_timing import fit_link_profile
+    from churnsim.calibration.run_record import read_run_record
+    from churnsim.sim.calibrated import iteration_predictor
+    from churnsim.sim.validate import run_record_directories
+
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"--device {device!r}: use cpu or cuda")
+    started = time.perf_counter()
+    if runs:
+        if quick or runs_out is not None or methods:
+            raise InputError("--runs fits existing records: drop --quick, --runs-out and --method (they configure the suite)")
+        directories = run_record_directories(runs)
+        link_file = _find_measurement([Path(path) for path in runs], LINK_PROFILE_FILE)
+        link_points = pd.read_csv(link_file) if link_file is not None else _measure_link(device)
+        storage_file = _find_measurement([Path(path) for path in runs], STORAGE_FILE)
+        storage = pd.read_csv(storage_file) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
+    else:
+        from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan
+
+        runs_out = runs_out if runs_out is not None else out.parent / f"{out.stem}-runs"
+        runs_out.mkdir(parents=True, exist_ok=True)
+        link_points = _measure_link(device)
+        link_points.to_csv(runs_out / LINK_PROFILE_FILE, index=False)
+        tiers = {"local_disk": runs_out}
+        if remote_dir is not None:
+            tiers["remote"] = remote_dir
+        storage = _measure_storage(tiers)
+        storage.to_csv(runs_out / STORAGE_FILE, index=False)
+        plan = suite_plan(quick_settings() if quick else full_settings(), device=device, methods=methods)
+        console.print(f"running {len(plan)} short real runs into {runs_out} ...")
+
+        def done(run, seconds: float) -> None:
+            console.print(f"  {run.run_id}: {seconds:.1f} s")
+
+        directories = run_suite(plan, runs_out, on_run_done=done)
+    records = [read_run_record(directory) for directory in directories]
+    settings = records[0].manifest.real_settings
+    if settings is None:
+        raise InputError(f"{directories[0]}: manifest.json field 'real_settings' is missing; calibrate from real run records")
+    link = fit_link_profile(link_points)
+    calibration = build_calibration(
+        name or out.stem,
+        records,
+        link_points=link_points,
+        tier_bandwidths=_tier_bandwidths(storage),
+        device=device,  # type: ignore[arg-type]
+        command="churnsim " + " ".join(sys.argv[1:]) if sys.argv and "calibrate" in sys.argv else "churnsim calibrate",
+        predict_iteration_s=iteration_predictor(model=settings.model, pipeline=settings.pipeline, link=link),
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_calibration(calibration, out)  # atomic: temporary file + rename
+    print_calibration(calibration)
+    console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s (fitted on {len(records)} run records)")
+
+
+def _seconds(value: float) -> str:
+    if value == 0:
+        return "0"
+    if value < 1e-3:
+        return f"{value * 1e6:.0f} µs"
+    if value < 1:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value:.2f} s"
+
+
+def print_calibration(calibration) -> None:
+    """The short human-readable summary of a calibration file."""
+    out = Console()
+    timings = Table("stage", "forward/microbatch [IQR]", "backward/microbatch [IQR]", "samples", title=f"calibration {calibration.name!r}: stage timings")
+    for timing in calibration.stage_timings:
+        timings.add_row(
+            str(timing.stage),
+            f"{_seconds(timing.block_forward.median_s)} [{_seconds(timing.block_forward.interquartile_range_s)}]",
+            f"{_seconds(timing.block_backward.median_s)} [{_seconds(timing.block_backward.interquartile_range_s)}]",
+            str(timing.block_forward.num_samples),
+        )
+    out.print(timings)
+    link = calibration.link
+    evaluation = calibration.evaluation
+    lines = [
+        f"optimizer step {_seconds(calibration.optimizer_step.median_s)}, per-iteration overhead {_seconds(calibration.iteration_overhead_s)}, "
+        f"warm-up extra {_seconds(calibration.warmup_extra_s)}, evaluation {_seconds(evaluation.median_s) if evaluation else 'not measured'}, "
+        f"checkpoint write fixed cost {_seconds(calibration.checkpoint_write_latency_s)}",
+        "steady extra per iteration over plain methods: "
+        + (", ".join(f"{method} {_seconds(value) if value >= 0 else '−' + _seconds(-value)}" for method, value in sorted(calibration.method_iteration_extra_s.items())) or "none measured"),
+        f"link: latency {_seconds(link.latency_s)}, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (r² {link.r_squared:.3f}, {link.num_points} sizes)"
+        if link.r_squared is not None
+        else f"link: latency {_seconds(link.latency_s)}, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s",
+    ]
+    lines += [
+        f"tier {tier.name}: write {tier.write_bandwidth_bytes_per_s / 1e6:.0f} MB/s, read {tier.read_bandwidth_bytes_per_s / 1e6:.0f} MB/s"
+        for tier in calibration.storage
+    ]
+    for line in lines:
+        out.print(line)
+    recovery = Table("method", "join", "transfer", "load", "rebuild", "events", title="recovery component times (median)")
+    for method, times in sorted(calibration.recovery.items()):
+        recovery.add_row(method, _seconds(times.join_s), _seconds(times.transfer_s), _seconds(times.load_s), _seconds(times.rebuild_s), str(times.num_samples))
+    out.print(recovery)
+    convergence = calibration.convergence
+    curve = convergence.baseline
+    setbacks = Table("method", "position", "setback iterations [95 % CI]", "samples", title="convergence setbacks (measured where samples > 0)")
+    for method, spec in sorted(convergence.setbacks.items()):
+        for position in ("interior", "edge"):
+            value = spec.for_position(position)
+            interval = (
+                f" [{value.ci95_low_iterations:.1f}, {value.ci95_high_iterations:.1f}]"
+                if value.ci95_low_iterations is not None and value.ci95_high_iterations is not None
+                else ""
+            )
+            setbacks.add_row(method, position, f"{value.mean_iterations:.1f}{interval}", str(value.num_samples) if value.num_samples else "0 (default)")
+    out.print(setbacks)
+    r_squared = "n/a" if curve.r_squared is None else f"{curve.r_squared:.3f}"
+    out.print(
+        f"baseline loss = {curve.floor_loss:.3f} + {curve.scale:.3g}·(i + {curve.offset_iterations:.3g})^−{curve.exponent:.3f}, r² {r_squared}"
+    )
+    provenance = calibration.provenance
+    out.print(
+        f"provenance: created {provenance.created_utc}, git {provenance.git_revision}, "
+        f"hardware {', '.join(f'{key}={value}' for key, value in sorted(provenance.hardware.items()))}"
+    )
+    out.print(f"fitted on runs: {', '.join(provenance.fit_run_ids)}")
+
+
+@app.command("validate")
+def validate_command(
+    run_directories: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Held-out run records (or directories of them)."),
+    calibration_argument: str = typer.Option(..., "--calibration", help="Calibration file, or a built-in name such as cpu-tiny."),
+    out: Path = typer.Option(Path("churnsim-validation"), "--out", help="Directory for validation.csv and the figure."),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the validation figure."),
+) -> None:
+    """Replay held-out runs in the simulator; predicted against measured as a table and a figure."""
+    from churnsim.calibration.builtin import resolve_calibration
+    from churnsim.calibration.tables import write_table
+    from churnsim.sim.validate import validate_runs
+
+    calibration = resolve_calibration(calibration_argument)
+    report = validate_runs(run_directories, calibration)
+    write_table(report.table, out / "validation.csv")
+    print_validation(report)
+    if figures:
+        from churnsim.figures.make_all import make_all_figures
+
+        drawn = make_all_figures(out)
+        console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"wrote {out / 'validation.csv'}")
+
+
+def print_validation(report) -> None:
+    from churnsim.sim.validate import median_absolute_error
+
+    out = Console(width=max(Console().width, 120))
+    out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")
+    out.print(f"validated (held out): {', '.join(report.validated_run_ids)}")
+    table = Table("run", "method", "quantity", "measured", "predicted", "error", title="predicted against measured")
+    for row in report.table.itertuples(index=False):
+        error = "—" if not math.isfinite(row.relative_error) else f"{100 * row.relative_error:+.1f} %"
+        table.add_row(row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", error)
+    out.print(table)
+    summary = Table("method", "runs", "median |error| of total wall-clock", title="wall-clock error per method")
+    for row in median_absolute_error(report.table).itertuples(index=False):
+        summary.add_row(row.method, str(row.num_runs), f"{100 * row.median_absolute_relative_error:.1f} %")
+    out.print(summary)

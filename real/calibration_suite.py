@@ -1,0 +1,289 @@
+"""The measurements only real runs can give, for `churnsim calibrate` (simulators.md section 6).
+
+- `measure_link_profile`: ping-pong of tensors from 1 KiB to 16 MiB between two processes over the
+  run's backend (gloo on CPU); one-way time = round trip / 2, the median over repeats per size.
+- `measure_storage_bandwidth`: write + fsync, then read, of one file in a directory (a storage tier).
+- `suite_plan` / `run_suite`: short real runs of the tiny model in 4 stages (so CheckFree+ works):
+  one no-failure `none` run per seed (baseline loss curve and timings) and, for every method in the
+  real METHODS registry, one run with failures injected alternately at interior and edge stages,
+  spaced so that the setback windows of consecutive failures do not overlap.
+
+Every process runs torch with one thread (the suite's processes share a small machine).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.fit_convergence import DEFAULT_WINDOW_ITERATIONS
+from churnsim.calibration.methods import method_from_name
+
+from .distributed import Communicator
+from .launch import launch_local, run_distributed
+from .model import model_preset
+from .trainer import TrainingConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+KIB = 1024
+MIB = 1024 * KIB
+LINK_SIZES_BYTES: tuple[int, ...] = tuple(KIB * 4**power for power in range(8))
+"""1 KiB, 4 KiB, ..., 16 MiB."""
+_PING_TAG = 7_000
+_PONG_TAG = 7_001
+
+SUITE_NUM_STAGES = 4
+SETBACK_WINDOW_ITERATIONS = DEFAULT_WINDOW_ITERATIONS
+"""Window of iterations before and after a failure over which its setback is measured (fit_convergence)."""
+
+# Method parameters scaled to runs of a few hundred iterations: checkpoints and replica refreshes
+# must happen several times inside one run to be measured at all.
+SUITE_METHOD_PARAMETERS: dict[str, dict[str, object]] = {
+    "checkpoint": {"interval_iterations": 10},
+    "async_checkpoint": {"interval_iterations": 10},
+    "redundant": {"fallback_interval_iterations": 50},
+    "checkfree_plus": {"replica_refresh_iterations": 20},
+}
+
+# Interior and edge stages in turn, so each method gets setback samples at both positions.
+_FAILURE_STAGE_CYCLE = (1, SUITE_NUM_STAGES - 1, 2, 0)
+
+
+# -- link -------------------------------------------------------------------------------------
+
+
+def _ping_pong(communicator: Communicator, sizes_bytes: tuple[int, ...], num_repeats: int) -> list[tuple[int, float]]:
+    """Rank 0 sends each size to rank 1 and waits for it back; returns (bytes, one-way median s) on rank 0."""
+    import torch
+
+    torch.set_num_threads(1)
+    rows: list[tuple[int, float]] = []
+    for num_bytes in sizes_bytes:
+        buffer = torch.zeros(max(num_bytes // 4, 1), dtype=torch.float32, device=communicator.device)
+        one_way_s = []
+        for repeat in range(num_repeats + 2):  # the first two warm the connection and the allocator
+            if communicator.rank == 0:
+                started = time.perf_counter()
+                communicator.send(buffer, 1, _PING_TAG)
+                communicator.recv_into(buffer, 1, _PONG_TAG)
+                if repeat >= 2:
+                    one_way_s.append((time.perf_counter() - started) / 2.0)
+            else:
+                communicator.recv_into(buffer, 0, _PING_TAG)
+                communicator.send(buffer, 0, _PONG_TAG)
+        if communicator.rank == 0:
+            rows.append((buffer.numel() * 4, statistics.median(one_way_s)))
+    return rows
+
+
+def measure_link_profile(
+    *,
+    sizes_bytes: Sequence[int] = LINK_SIZES_BYTES,
+    num_repeats: int = 10,
+    device: str = "cpu",
+    timeout_s: float = 60.0,
+) -> pd.DataFrame:
+    """Point-to-point one-way time against bytes between two local processes: columns bytes, seconds."""
+    import pandas as pd
+
+    if num_repeats < 1 or not sizes_bytes or min(sizes_bytes) < 4:
+        raise InputError(f"link profile: num_repeats {num_repeats} must be >= 1 and sizes_bytes {list(sizes_bytes)} >= 4 bytes each")
+    results = run_distributed(_ping_pong, 2, tuple(int(size) for size in sizes_bytes), num_repeats, device=device, timeout_s=timeout_s)
+    return pd.DataFrame(results[0], columns=["bytes", "seconds"])
+
+
+# -- storage ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageMeasurement:
+    """Seconds to write (with fsync) and read back `num_bytes`, one value per repeat."""
+
+    name: str
+    num_bytes: int
+    write_seconds: tuple[float, ...]
+    read_seconds: tuple[float, ...]
+
+
+def _drop_page_cache(path: Path) -> None:
+    # Best effort: without it the read would come from memory. Linux honours it for a synced file.
+    if hasattr(os, "posix_fadvise"):
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
+def measure_storage_bandwidth(
+    directory: str | Path, *, name: str = "local_disk", num_bytes: int = 32 * MIB, num_repeats: int = 3, chunk_bytes: int = 4 * MIB
+) -> StorageMeasurement:
+    """Write `num_bytes` to a file in `directory` and fsync, then read it back (page cache dropped first)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(f"storage tier {name!r}: {directory} is not a directory; create it or pass another one")
+    if num_bytes < 1 or num_repeats < 1:
+        raise InputError(f"storage tier {name!r}: num_bytes {num_bytes} and num_repeats {num_repeats} must be >= 1")
+    chunk = os.urandom(min(chunk_bytes, num_bytes))
+    path = directory / f".churnsim-bandwidth-{os.getpid()}.bin"
+    write_seconds, read_seconds = [], []
+    try:
+        for _ in range(num_repeats):
+            started = time.perf_counter()
+            with open(path, "wb") as file:
+                remaining = num_bytes
+                while remaining > 0:
+                    remaining -= file.write(chunk[: min(len(chunk), remaining)])
+                file.flush()
+                os.fsync(file.fileno())
+            write_seconds.append(time.perf_counter() - started)
+            _drop_page_cache(path)
+            started = time.perf_counter()
+            with open(path, "rb", buffering=0) as file:
+                while file.read(chunk_bytes):
+                    pass
+            read_seconds.append(time.perf_counter() - started)
+    finally:
+        path.unlink(missing_ok=True)
+    return StorageMeasurement(name=name, num_bytes=num_bytes, write_seconds=tuple(write_seconds), read_seconds=tuple(read_seconds))
+
+
+# -- the suite of short runs ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteRun:
+    run_id: str
+    purpose: Literal["baseline", "failures", "held_out"]
+    config: TrainingConfig
+    failure_rate_per_stage_hour: float | None = None
+    """Recorded in the manifest when the failures were sampled from an hourly rate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteSettings:
+    """Sizes of the suite; `quick_settings()` fits in 5 minutes on 2 CPU cores."""
+
+    num_iterations: int
+    seeds: tuple[int, ...]
+    """One baseline run per seed; failure runs take the seeds in turn (paired with a same-seed baseline)."""
+    failure_spacing_iterations: int
+    num_microbatches: int = 4
+    microbatch_size: int = 8
+    eval_interval_iterations: int = 50
+    corpus_max_bytes: int = 2_000_000
+    learning_rate: float = 1e-3
+
+
+def quick_settings() -> SuiteSettings:
+    # Measured on 2 cores: ~0.14 s per iteration of 4 ranks, ~3 s start-up per run, 10 runs.
+    return SuiteSettings(num_iterations=100, seeds=(0, 1), failure_spacing_iterations=25)
+
+
+def full_settings() -> SuiteSettings:
+    return SuiteSettings(num_iterations=300, seeds=(0, 1, 2), failure_spacing_iterations=40)
+
+
+def failure_steps(num_iterations: int, spacing_iterations: int, *, window_iterations: int = SETBACK_WINDOW_ITERATIONS) -> tuple[tuple[int, int], ...]:
+    """(step, stage) failures every `spacing_iterations`, interior and edge stages in turn.
+
+    A failure is placed only where a whole setback window fits before the next one and the end of
+    the run, so every failure gives one setback sample.
+    """
+    if spacing_iterations < window_iterations:
+        raise InputError(
+            f"failure spacing {spacing_iterations} iterations is shorter than the setback window {window_iterations}; "
+            "space failures further apart"
+        )
+    steps = range(spacing_iterations, num_iterations - window_iterations + 1, spacing_iterations)
+    return tuple((step, _FAILURE_STAGE_CYCLE[index % len(_FAILURE_STAGE_CYCLE)]) for index, step in enumerate(steps))
+
+
+def suite_method_config(name: str):
+    return method_from_name(name, **SUITE_METHOD_PARAMETERS.get(name, {}))
+
+
+def training_config(
+    settings: SuiteSettings, *, method: str, seed: int, failures: tuple[tuple[int, int], ...] = (), device: str = "cpu"
+) -> TrainingConfig:
+    """The tiny model in 4 stages with the suite's sizes (also used for held-out validation runs)."""
+    return TrainingConfig(
+        model=model_preset("tiny"),
+        num_stages=SUITE_NUM_STAGES,
+        num_microbatches=settings.num_microbatches,
+        microbatch_size=settings.microbatch_size,
+        num_iterations=settings.num_iterations,
+        seed=seed,
+        method=suite_method_config(method),
+        failures=failures,
+        learning_rate=settings.learning_rate,
+        eval_interval_iterations=settings.eval_interval_iterations,
+        corpus_max_bytes=settings.corpus_max_bytes,
+        device=device,
+        num_threads=1,
+    )
+
+
+def registered_methods() -> tuple[str, ...]:
+    """The methods real runs implement now (the registry grows as methods are added)."""
+    from churnsim.calibration.methods import METHOD_NAMES
+
+    from .methods import METHODS
+
+    return tuple(name for name in METHOD_NAMES if name in METHODS)
+
+
+def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequence[str] | None = None, prefix: str = "fit") -> tuple[SuiteRun, ...]:
+    """Baseline runs (method none, no failures) per seed, then one failure run per method."""
+    chosen = tuple(methods) if methods is not None else registered_methods()
+    runs = [
+        SuiteRun(run_id=f"{prefix}-none-s{seed}", purpose="baseline", config=training_config(settings, method="none", seed=seed, device=device))
+        for seed in settings.seeds
+    ]
+    failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations)
+    for index, name in enumerate(method for method in chosen if method != "none"):
+        seed = settings.seeds[index % len(settings.seeds)]
+        runs.append(
+            SuiteRun(
+                run_id=f"{prefix}-{name}-s{seed}",
+                purpose="failures",
+                config=training_config(settings, method=name, seed=seed, failures=failures, device=device),
+            )
+        )
+    return tuple(runs)
+
+
+def run_suite(
+    plan: Sequence[SuiteRun], runs_out: str | Path, *, on_run_done: Callable[[SuiteRun, float], None] | None = None
+) -> list[Path]:
+    """Run every planned run locally; each writes its run record to `runs_out/<run_id>`."""
+    runs_out = Path(runs_out)
+    runs_out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for run in plan:
+        started = time.perf_counter()
+        directory = runs_out / run.run_id
+        launch_local(run.config, run_dir=directory, failure_rate_per_stage_hour=run.failure_rate_per_stage_hour)
+        set_run_id(directory, run.run_id)
+        written.append(directory)
+        if on_run_done is not None:
+            on_run_done(run, time.perf_counter() - started)
+    return written
+
+
+def set_run_id(directory: str | Path, run_id: str) -> None:
+    """Give a written run record a readable run id (the launcher draws a random one)."""
+    from churnsim.calibration.base import load_model, save_model
+    from churnsim.calibration.run_record import MANIFEST_FILE, RunManifest
+
+    path = Path(directory) / MANIFEST_FILE
+    manifest = load_model(RunManifest, path)
+    save_model(manifest.model_copy(update={"run_id": run_id}), path)

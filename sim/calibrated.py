@@ -1,0 +1,175 @@
+"""The bridge from measurements to the simulator: calibration fits need the simulator's iteration model.
+
+`calibration/fit.py` may not import sim/, so `build_calibration` takes the iteration model as a
+function; `iteration_predictor` is that function. It also builds the scenario and the failures a
+run record is replayed with (`replay_scenario`, `replay_failures`; the rules are in sim/validate.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from churnsim.calibration.apply import apply_calibration
+from churnsim.calibration.calibration_file import Calibration, LinkProfile, MeasuredDuration, StageTimings, TierBandwidth
+from churnsim.calibration.churn import NoChurn
+from churnsim.calibration.convergence import ConvergenceSpec, MethodSetbacks, PowerLawLossCurve, SetbackSpec
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.methods import NoneMethod
+from churnsim.calibration.run_record import RunRecord
+from churnsim.calibration.scenario import (
+    ExplicitCompute,
+    ModelSpec,
+    PipelineSpec,
+    RecoverySpec,
+    Scenario,
+    StorageTier,
+    TargetSpec,
+    UniformNetwork,
+)
+
+from .churn import FailureEvent
+from .iteration import simulate_iteration
+from .methods import build_policy
+from .pipeline_state import build_pipeline_state
+
+# Tiers that die with their node (DESIGN.md section 2); any other tier name is taken to survive.
+NODE_LOCAL_TIERS = frozenset({"host_memory", "local_disk"})
+_PLACEHOLDER_CURVE = PowerLawLossCurve(floor_loss=0.0, scale=1.0, exponent=0.5)
+_ZERO_SETBACKS = MethodSetbacks(interior=SetbackSpec(mean_iterations=0.0), edge=SetbackSpec(mean_iterations=0.0))
+
+
+def timing_scenario(
+    *, model: ModelSpec, pipeline: PipelineSpec, stage_timings: Sequence[StageTimings], optimizer_step_s: float, link: LinkProfile
+) -> Scenario:
+    """A scenario that holds only the timing half of a calibration (no churn, one `none` method)."""
+    timings = sorted(stage_timings, key=lambda timing: timing.stage)
+    return Scenario(
+        name="calibration-timing",
+        model=model,
+        pipeline=pipeline,
+        compute=ExplicitCompute(
+            block_forward_s=tuple(t.block_forward.median_s for t in timings),
+            block_backward_s=tuple(t.block_backward.median_s for t in timings),
+            optimizer_step_s=optimizer_step_s,
+        ),
+        network=UniformNetwork(latency_s=link.latency_s, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s),
+        churn=NoChurn(kind="none"),
+        methods=(NoneMethod(),),
+        convergence=ConvergenceSpec(baseline=_PLACEHOLDER_CURVE),
+        target=TargetSpec(iterations=1),
+    )
+
+
+def iteration_predictor(
+    *, model: ModelSpec, pipeline: PipelineSpec, link: LinkProfile
+) -> Callable[[tuple[StageTimings, ...], MeasuredDuration], float]:
+    """`predict(stage_timings, optimizer_step)`: the healthy in-order iteration time the simulator computes."""
+
+    def predict(stage_timings: tuple[StageTimings, ...], optimizer_step: MeasuredDuration) -> float:
+        scenario = timing_scenario(
+            model=model, pipeline=pipeline, stage_timings=stage_timings, optimizer_step_s=optimizer_step.median_s, link=link
+        )
+        return simulate_iteration(build_pipeline_state(scenario)).time_s
+
+    return predict
+
+
+def replay_storage(measured: Sequence[TierBandwidth], needed: Sequence[str]) -> tuple[StorageTier, ...]:
+    """Storage tiers for replaying a local real run: every measured tier, plus every tier a method names.
+
+    A named tier that was not measured takes the bandwidth of `local_disk` (or of the first measured
+    tier): in a local run every "tier" is a directory on this machine's disks (approximation).
+    Survival follows the name (`NODE_LOCAL_TIERS` die with the node).
+    """
+    by_name = {tier.name: tier for tier in measured}
+    fallback = by_name.get("local_disk") or (measured[0] if measured else None)
+    tiers = []
+    for name in [*by_name, *(name for name in needed if name not in by_name)]:
+        source = by_name.get(name) or fallback
+        if source is None:
+            write_bandwidth = read_bandwidth = 1e9  # nothing measured: an assumption, only used if a method writes
+        else:
+            write_bandwidth, read_bandwidth = source.write_bandwidth_bytes_per_s, source.read_bandwidth_bytes_per_s
+        tiers.append(
+            StorageTier(
+                name=name,
+                write_bandwidth_bytes_per_s=write_bandwidth,
+                read_bandwidth_bytes_per_s=read_bandwidth,
+                survives_node_loss=name not in NODE_LOCAL_TIERS,
+            )
+        )
+    return tuple(tiers)
+
+
+# -- replaying a run record (sim/validate.py) ---------------------------------------------------
+
+
+def _tiers_named_by(method) -> list[str]:
+    names = [getattr(method, field) for field in ("tier", "fallback_tier") if getattr(method, field, None)]
+    return names + list(getattr(method, "levels", ()))
+
+
+def replay_scenario(record: RunRecord, calibration: Calibration | None) -> Scenario:
+    """The scenario a record is replayed in, under the record's stopping rule (module docstring)."""
+    manifest = record.manifest
+    if manifest.real_settings is None:
+        assert manifest.scenario is not None
+        scenario = manifest.scenario
+        if calibration is not None:
+            scenario = apply_calibration(scenario, calibration, mode="full")
+        return scenario.model_copy(update={"churn": NoChurn(kind="none"), "replications": 1})
+    if calibration is None:
+        raise InputError(f"run record {manifest.run_id!r} is a real run: replaying it needs a calibration (--calibration FILE)")
+    settings = manifest.real_settings
+    base = Scenario(
+        name=f"replay-{manifest.run_id}",
+        description=f"replay of real run {manifest.run_id!r}",
+        model=settings.model,
+        pipeline=settings.pipeline,
+        # Placeholders: the calibration replaces compute and network.
+        compute=ExplicitCompute(block_forward_s=0.0, block_backward_s=0.0),
+        network=UniformNetwork(latency_s=0.0, bandwidth_bytes_per_s=1.0),
+        storage=replay_storage(calibration.storage, _tiers_named_by(settings.method)),
+        churn=NoChurn(kind="none"),
+        recovery=RecoverySpec(join_delay_s=0.0, restart_s=0.0),
+        methods=(settings.method,),
+        convergence=calibration.convergence,
+        target=TargetSpec(iterations=settings.num_iterations),
+        seed=manifest.seed,
+    )
+    return with_method_iteration_extra(apply_calibration(base, calibration, mode="full"), calibration)
+
+
+def with_method_iteration_extra(scenario: Scenario, calibration: Calibration) -> Scenario:
+    """Make the method's healthy iteration last as long as measured, for methods whose steady cost
+    the calibration measured directly (`method_iteration_extra_s`: redundant forwards, CheckFree+
+    swaps, lazy snapshot copies). The iteration model predicts that cost from compute alone (a
+    redundant forward in pipeline bubbles is free), which processes sharing few cores do not see;
+    the difference is charged once per iteration, where the optimizer step sits."""
+    method = scenario.methods[0]
+    extra_s = calibration.method_iteration_extra_s.get(method.name)
+    compute = scenario.compute
+    if extra_s is None or not isinstance(compute, ExplicitCompute):
+        return scenario
+    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
+    method_s = simulate_iteration(build_policy(method, scenario).healthy_state()).time_s
+    optimizer_step_s = max(0.0, compute.optimizer_step_s + plain_s + extra_s - method_s)
+    return scenario.model_copy(update={"compute": compute.model_copy(update={"optimizer_step_s": optimizer_step_s})})
+
+
+def without_setbacks(scenario: Scenario) -> Scenario:
+    setbacks = {method: _ZERO_SETBACKS for method in scenario.convergence.setbacks}
+    return scenario.model_copy(update={"convergence": scenario.convergence.model_copy(update={"setbacks": setbacks})})
+
+
+def replay_failures(record: RunRecord) -> tuple[FailureEvent, ...]:
+    """The record's failures as simulator events at their measured times (module docstring)."""
+    metrics = record.metrics.sort_values("step")
+    events = []
+    for failure in record.failures.failures:
+        time_s = failure.time_s
+        if time_s is None:
+            before = metrics.loc[metrics["step"] < int(failure.iteration or 0), "wall_time_s"]  # type: ignore[arg-type]
+            time_s = float(before.iloc[-1]) if not before.empty else 0.0
+        events.append(FailureEvent(time_s=float(time_s), stage=failure.stage, kind=failure.kind))  # type: ignore[arg-type]
+    return tuple(sorted(events))

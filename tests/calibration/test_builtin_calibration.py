@@ -1,0 +1,64 @@
+"""The built-in calibration cpu-tiny: shipped with provenance, used by the presets, never fatal when missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from churnsim.calibration import builtin
+from churnsim.calibration.builtin import load_builtin_calibration, resolve_calibration
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.presets import PRESETS, checkfree_124m_geo, preset
+
+
+@pytest.fixture
+def no_builtin_calibrations(tmp_path, monkeypatch):
+    monkeypatch.setattr(builtin, "CALIBRATION_DIRECTORY", tmp_path)
+    load_builtin_calibration.cache_clear()
+    yield tmp_path
+    load_builtin_calibration.cache_clear()
+
+
+def test_cpu_tiny_is_shipped_with_provenance():
+    calibration, reason = load_builtin_calibration("cpu-tiny")
+    assert calibration is not None, reason
+    provenance = calibration.provenance
+    assert provenance.fit_run_ids and provenance.created_utc and provenance.hardware and provenance.package_versions
+    assert provenance.command.startswith("churnsim calibrate")
+    assert calibration.pipeline.num_stages == 4 and calibration.model.num_layers == 4
+    assert calibration.convergence.calibrated
+
+
+def test_cpu_tiny_preset_runs_the_calibrated_model_in_full_mode():
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    scenario = preset("cpu-tiny")
+    assert scenario.model.model_dump(exclude={"name"}) == calibration.model.model_dump(exclude={"name"})
+    assert scenario.compute.block_forward_s == tuple(t.block_forward.median_s for t in calibration.stage_timings)
+    assert scenario.convergence == calibration.convergence
+    assert scenario.target.loss > calibration.convergence.baseline.floor_loss
+
+
+def test_paper_presets_take_only_the_measured_setbacks():
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    uncalibrated = checkfree_124m_geo(0.10)
+    scenario = preset("checkfree-124m-geo-10pct")
+    assert scenario.convergence.calibrated
+    assert scenario.convergence.baseline == uncalibrated.convergence.baseline
+    assert scenario.compute == uncalibrated.compute
+    measured = calibration.convergence.setbacks["checkfree"].interior
+    assert measured.num_samples > 0
+    assert scenario.convergence.setbacks["checkfree"].interior == measured
+
+
+def test_presets_fall_back_to_defaults_and_say_so_without_the_file(no_builtin_calibrations):
+    for name, factory in PRESETS.items():
+        scenario = factory()
+        assert "uncalibrated" in scenario.description.lower() or "UNCALIBRATED" in scenario.description, name
+        assert not scenario.convergence.calibrated, name
+
+
+def test_presets_fall_back_when_the_file_is_invalid(no_builtin_calibrations):
+    (no_builtin_calibrations / "cpu-tiny.json").write_text('{"name": "cpu-tiny"}')
+    scenario = preset("checkfree-500m-geo-10pct")
+    assert "invalid" in scenario.description and not scenario.convergence.calibrated
+    with pytest.raises(InputError, match="invalid"):
+        resolve_calibration("cpu-tiny")

@@ -1,0 +1,167 @@
+"""The validator: a simulated record replayed with the calibration it implies is predicted exactly;
+bad records and fitted runs are refused with one clear message."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from churnsim.calibration.calibration_file import (
+    Calibration,
+    LinkProfile,
+    MeasuredDuration,
+    Provenance,
+    StageTimings,
+    TierBandwidth,
+)
+from churnsim.calibration.churn import StageHourlyChurn
+from churnsim.calibration.convergence import ConvergenceSpec, PowerLawLossCurve
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.scenario import (
+    ExplicitCompute,
+    ModelSpec,
+    PipelineSpec,
+    RecoverySpec,
+    Scenario,
+    StorageTier,
+    TargetSpec,
+    UniformNetwork,
+)
+from churnsim.calibration.tables import VALIDATION_COLUMNS
+from churnsim.sim.outputs import write_simulated_run_records
+from churnsim.sim.churn import FailureEvent
+from churnsim.sim.run import simulate_run
+from churnsim.sim.validate import QUANTITIES, validate_runs
+
+FORWARD_S = (0.010, 0.012, 0.011, 0.014)
+BACKWARD_S = (0.020, 0.024, 0.022, 0.028)
+OPTIMIZER_S = 0.003
+
+
+def _scenario() -> Scenario:
+    return Scenario(
+        name="validate-me",
+        model=ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, sequence_length=64),
+        pipeline=PipelineSpec(num_stages=4, microbatch_size=8, num_microbatches=4),
+        compute=ExplicitCompute(block_forward_s=FORWARD_S, block_backward_s=BACKWARD_S, optimizer_step_s=OPTIMIZER_S),
+        network=UniformNetwork(latency_s=1e-4, bandwidth_bytes_per_s=1e9),
+        storage=(
+            StorageTier(name="local_disk", write_bandwidth_bytes_per_s=2e8, read_bandwidth_bytes_per_s=1e9, survives_node_loss=False),
+            StorageTier(name="remote", write_bandwidth_bytes_per_s=5e7, read_bandwidth_bytes_per_s=1e8, survives_node_loss=True),
+        ),
+        churn=StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=0.1),
+        recovery=RecoverySpec(join_delay_s=0.5, restart_s=0.2),
+        methods=(method_from_name("checkfree"), method_from_name("checkpoint", interval_iterations=20), method_from_name("none")),
+        convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=2.0, scale=10.0, exponent=0.5, offset_iterations=10.0)),
+        target=TargetSpec(loss=2.8),
+        seed=3,
+    )
+
+
+def calibration_implied_by(scenario: Scenario, *, fit_run_ids: tuple[str, ...] = ()) -> Calibration:
+    """The calibration whose measurements are exactly the scenario's assumptions."""
+    compute, network = scenario.compute, scenario.network
+    assert isinstance(compute, ExplicitCompute) and isinstance(network, UniformNetwork)
+
+    def duration(value: float) -> MeasuredDuration:
+        return MeasuredDuration(median_s=value, num_samples=1)
+
+    return Calibration(
+        name="implied",
+        provenance=Provenance(hardware={}, package_versions={}, created_utc="2026-01-01T00:00:00+00:00", fit_run_ids=fit_run_ids),
+        model=scenario.model,
+        pipeline=scenario.pipeline,
+        stage_timings=tuple(
+            StageTimings(stage=stage, block_forward=duration(forward), block_backward=duration(backward))
+            for stage, (forward, backward) in enumerate(zip(compute.block_forward_s, compute.block_backward_s))  # type: ignore[arg-type]
+        ),
+        optimizer_step=duration(compute.optimizer_step_s),
+        activation_bytes=scenario.activation_bytes,
+        link=LinkProfile(latency_s=network.latency_s, bandwidth_bytes_per_s=network.bandwidth_bytes_per_s),
+        storage=tuple(
+            TierBandwidth(name=tier.name, write_bandwidth_bytes_per_s=tier.write_bandwidth_bytes_per_s, read_bandwidth_bytes_per_s=tier.read_bandwidth_bytes_per_s)
+            for tier in scenario.storage
+        ),
+        convergence=scenario.convergence,
+    )
+
+
+@pytest.fixture(scope="module")
+def simulated_records(tmp_path_factory):
+    scenario = _scenario()
+    # Interior, edge, a failure of a stage that is still down, and one during a recovery.
+    failures = (
+        FailureEvent(time_s=5.0, stage=1, kind="stage_hourly"),
+        FailureEvent(time_s=12.0, stage=0, kind="stage_hourly"),
+        FailureEvent(time_s=12.1, stage=0, kind="stage_hourly"),
+        FailureEvent(time_s=12.3, stage=2, kind="stage_hourly"),
+        FailureEvent(time_s=20.0, stage=3, kind="stage_hourly"),
+    )
+    results = [simulate_run(scenario, method, failures, seed=scenario.seed) for method in scenario.methods]
+    assert all(len(result.failures) >= 3 for result in results)  # the replay has failures to replay
+    directory = tmp_path_factory.mktemp("records")
+    return scenario, write_simulated_run_records(directory, scenario, results, {})
+
+
+def test_simulated_record_replayed_with_its_own_calibration_has_zero_error(simulated_records):
+    scenario, paths = simulated_records
+    report = validate_runs(paths, calibration_implied_by(scenario))
+    table = report.table
+    assert list(table.columns) == list(VALIDATION_COLUMNS)
+    assert len(table) == len(paths) * len(QUANTITIES)
+    assert set(table["quantity"]) == set(QUANTITIES)
+    assert (table["measured"].to_numpy() == table["predicted"].to_numpy()).all()
+    assert (table["relative_error"] == 0.0).all()
+    checkpoint = table[(table["method"] == "checkpoint") & (table["quantity"] == "checkpoint_stall_s")]
+    assert checkpoint["measured"].iloc[0] > 0  # a non-trivial quantity was compared, not only zeros
+
+
+def test_simulated_record_validates_without_a_calibration(simulated_records):
+    _, paths = simulated_records
+    table = validate_runs(paths[:1], None).table
+    assert (table["relative_error"] == 0.0).all()
+
+
+def test_validating_a_run_the_calibration_was_fitted_on_is_refused(simulated_records):
+    scenario, paths = simulated_records
+    fitted = json.loads((paths[0] / "manifest.json").read_text())["run_id"]
+    with pytest.raises(InputError, match="was used to fit calibration 'implied'.*held-out"):
+        validate_runs(paths, calibration_implied_by(scenario, fit_run_ids=(fitted,)))
+
+
+def test_malformed_manifest_error_names_the_file_and_the_field(simulated_records, tmp_path):
+    _, paths = simulated_records
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("metrics.csv", "spans.csv", "failures.csv"):
+        (broken / name).write_bytes((paths[0] / name).read_bytes())
+    manifest = json.loads((paths[0] / "manifest.json").read_text())
+    manifest["seed"] = "not-a-seed"
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError) as error:
+        validate_runs([broken], None)
+    message = str(error.value)
+    assert "manifest.json" in message and "'seed'" in message
+
+
+def test_malformed_metrics_error_names_the_file_and_the_column(simulated_records, tmp_path):
+    _, paths = simulated_records
+    broken = tmp_path / "broken-metrics"
+    broken.mkdir()
+    for name in ("manifest.json", "spans.csv", "failures.csv"):
+        (broken / name).write_bytes((paths[0] / name).read_bytes())
+    metrics = pd.read_csv(paths[0] / "metrics.csv").astype({"wall_time_s": object})
+    metrics.loc[2, "wall_time_s"] = "soon"
+    metrics.to_csv(broken / "metrics.csv", index=False)
+    with pytest.raises(InputError) as error:
+        validate_runs([broken], None)
+    message = str(error.value)
+    assert "metrics.csv" in message and "'wall_time_s'" in message and "row 2" in message
+
+
+def test_a_directory_without_records_is_refused(tmp_path):
+    with pytest.raises(InputError, match="neither a run record"):
+        validate_runs([tmp_path], None)
