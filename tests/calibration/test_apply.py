@@ -154,7 +154,7 @@ def test_setbacks_mode_takes_only_measured_setbacks_unscaled():
 
 
 def test_setbacks_mode_without_measured_setbacks_raises():
-    with pytest.raises(InputError, match="measured no setbacks"):
+    with pytest.raises(InputError, match="measured no setback from at least"):
         apply_calibration(preset("checkfree-500m-geo-10pct"), _calibration(measured=False), mode="setbacks")
 
 
