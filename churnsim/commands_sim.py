@@ -81,13 +81,16 @@ def print_summary(summary, title: str) -> None:
     """One row per method: time to target with its 95 % CI and paired speed-ups."""
     import math
 
+    largest_s = summary["time_to_target_ci95_high_s"].max()
+    unit, unit_s = ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
+
     def hours(value: float) -> str:
-        return "—" if math.isnan(value) else f"{value / 3600:.2f}"
+        return "—" if math.isnan(value) else f"{value / unit_s:.2f}"
 
     def ratio(mean: float, low: float, high: float) -> str:
         return "—" if math.isnan(mean) else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
 
-    table = Table("method", "reached", "time to target h [95 % CI]", "× vs checkpoint [CI]", "× vs redundant [CI]", title=title)
+    table = Table("method", "reached", f"time to target {unit} [95 % CI]", "× vs checkpoint [CI]", "× vs redundant [CI]", title=title)
     for row in summary.itertuples(index=False):
         table.add_row(
             row.method,
