@@ -27,7 +27,7 @@ from .results import BADPUT_CATEGORIES, RunResult
 
 UNCALIBRATED_NOTE = (
     "convergence setbacks are the uncalibrated defaults of calibration/convergence.py, not measurements; "
-    "run `churnsim calibrate` and pass --calibration for measured setbacks"
+    "`churnsim calibrate` measures them, and a scenario file can carry measured setbacks (README, Calibration)"
 )
 
 
