@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, stats
+from scipy import optimize
 
 from .convergence import DEFAULT_SETBACKS, MethodSetbacks, PowerLawLossCurve, SetbackSpec, StagePosition, stage_position
 from .errors import InputError
 from .failures import FailureSchedule
 from .run_record import RunRecord
+from .statistics import mean_with_ci95
 
 SETBACK_METHODS: tuple[str, ...] = ("checkfree", "checkfree_plus", "copy", "uniform", "random")
 DEFAULT_WINDOW_ITERATIONS = 20
@@ -259,17 +260,10 @@ def estimate_setbacks(
 
 def setback_spec(values: Sequence[float]) -> SetbackSpec:
     """Mean and Student-t 95 % interval (clipped at 0) of measured setbacks; no interval from one sample."""
-    array = np.asarray(values, dtype=float)
-    mean = float(array.mean())
-    if array.size < 2:
-        return SetbackSpec(mean_iterations=mean, num_samples=int(array.size))
-    half_width = float(stats.t.ppf(0.975, array.size - 1) * array.std(ddof=1) / math.sqrt(array.size))
-    return SetbackSpec(
-        mean_iterations=mean,
-        ci95_low_iterations=max(0.0, mean - half_width),
-        ci95_high_iterations=mean + half_width,
-        num_samples=int(array.size),
-    )
+    mean, low, high = mean_with_ci95(values)
+    if len(values) < 2:
+        return SetbackSpec(mean_iterations=mean, num_samples=len(values))
+    return SetbackSpec(mean_iterations=mean, ci95_low_iterations=max(0.0, low), ci95_high_iterations=high, num_samples=len(values))
 
 
 def summarize_setbacks(samples: Sequence[SetbackSample]) -> dict[str, MethodSetbacks]:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from churnsim.calibration.errors import InputError
+from churnsim.calibration.statistics import mean_with_ci95  # noqa: F401  (re-exported)
 
 RATE_COLUMN = "failure_probability_per_stage_hour"
 SECONDS_PER_HOUR = 3600.0
@@ -77,31 +78,3 @@ def rate_title_suffix(probability: float) -> str:
     return "" if not math.isfinite(probability) else f" at {100.0 * probability:.3g} %/h per stage"
 
 
-# Student-t 0.975 quantiles for 1..30 degrees of freedom (standard tables); past 30 the normal
-# quantile with a first-order correction, z + (z³ + z)/(4·df), is within 0.1 % of the exact value.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t_quantile_975(degrees_of_freedom: int) -> float:
-    assert degrees_of_freedom >= 1
-    if degrees_of_freedom <= len(_T975):
-        return _T975[degrees_of_freedom - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4.0 * degrees_of_freedom)
-
-
-def mean_with_ci95(values) -> tuple[float, float, float]:
-    """Mean and Student-t 95 % interval of the finite values; collapses to the mean for one value, NaN for none."""
-    data = np.asarray(values, dtype=float)
-    data = data[np.isfinite(data)]
-    if data.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(data.mean())
-    if data.size == 1:
-        return mean, mean, mean
-    half_width = t_quantile_975(data.size - 1) * float(data.std(ddof=1)) / math.sqrt(data.size)
-    return mean, mean - half_width, mean + half_width

@@ -47,6 +47,16 @@ class _Group:
         self.first = first
 
 
+def _check_link_parameters(name: str, bandwidth_bytes_per_s: float, latency_s: float) -> None:
+    if not bandwidth_bytes_per_s > 0:  # also rejects NaN
+        raise InputError(
+            f"link {name!r}: bandwidth_bytes_per_s = {bandwidth_bytes_per_s} must be > 0; "
+            "use math.inf for a link that costs only latency"
+        )
+    if not (latency_s >= 0 and math.isfinite(latency_s)):
+        raise InputError(f"link {name!r}: latency_s = {latency_s} must be finite and >= 0")
+
+
 class _Flow:
     __slots__ = ("num_bytes", "remaining_bytes", "done", "group", "tolerance_bytes")
 
@@ -116,13 +126,7 @@ class ProcessorSharingLink:
         latency_s: float = 0.0,
         name: str = "",
     ) -> None:
-        if not bandwidth_bytes_per_s > 0:  # also rejects NaN
-            raise InputError(
-                f"link {name!r}: bandwidth_bytes_per_s = {bandwidth_bytes_per_s} must be > 0; "
-                "use math.inf for a link that costs only latency"
-            )
-        if not (latency_s >= 0 and math.isfinite(latency_s)):
-            raise InputError(f"link {name!r}: latency_s = {latency_s} must be finite and >= 0")
+        _check_link_parameters(name, bandwidth_bytes_per_s, latency_s)
         self.env = env
         self.name = name
         self.bandwidth_bytes_per_s = float(bandwidth_bytes_per_s)
@@ -266,10 +270,7 @@ class FifoMessageLink:
     """
 
     def __init__(self, env: simpy.Environment, *, bandwidth_bytes_per_s: float, latency_s: float = 0.0, name: str = "") -> None:
-        if not bandwidth_bytes_per_s > 0:
-            raise InputError(f"link {name!r}: bandwidth_bytes_per_s = {bandwidth_bytes_per_s} must be > 0")
-        if not (latency_s >= 0 and math.isfinite(latency_s)):
-            raise InputError(f"link {name!r}: latency_s = {latency_s} must be finite and >= 0")
+        _check_link_parameters(name, bandwidth_bytes_per_s, latency_s)
         self.env = env
         self.name = name
         self.bandwidth_bytes_per_s = float(bandwidth_bytes_per_s)

@@ -15,12 +15,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TRAJECTORY_COLUMNS
 
 from .iteration import IterationModel
@@ -96,18 +96,6 @@ def runs_table(scenario: Scenario, results: Iterable[RunResult]) -> pd.DataFrame
         row.update({category: result.badput[category] for category in BADPUT_CATEGORIES})
         rows.append(row)
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
-
-
-def mean_with_ci95(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and Student-t 95 % interval; the interval collapses to the mean for one value, NaN for none."""
-    data = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    if data.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(data.mean())
-    if data.size == 1:
-        return mean, mean, mean
-    half_width = float(stats.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
-    return mean, mean - half_width, mean + half_width
 
 
 def _paired_speedups(runs: pd.DataFrame, method: str, baseline: str) -> list[float]:

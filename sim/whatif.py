@@ -27,7 +27,9 @@ from .analytic import daly_interval_s, young_interval_s
 from .iteration import simulate_iteration
 from .outputs import iteration_spans_table, scenario_notes
 from .pipeline_state import build_pipeline_state
-from .replicate import mean_with_ci95, replication_tasks, summary_table
+from churnsim.calibration.statistics import mean_with_ci95
+
+from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)

@@ -1,0 +1,22 @@
+"""The one Student-t 95 % interval every table, figure and fit reports."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+from scipy import stats
+
+
+def mean_with_ci95(values: Iterable[float]) -> tuple[float, float, float]:
+    """Mean and Student-t 95 % interval of the finite values; collapses to the mean for one value, NaN for none."""
+    data = np.asarray(list(values), dtype=float)
+    data = data[np.isfinite(data)]
+    if data.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(data.mean())
+    if data.size == 1:
+        return mean, mean, mean
+    half_width = float(stats.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
+    return mean, mean - half_width, mean + half_width
