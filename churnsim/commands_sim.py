@@ -25,16 +25,21 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[], None]]:
 
 
 @app.command("presets")
-def presets_command() -> None:
-    """List the built-in scenarios."""
-    from churnsim.calibration.presets import PRESETS
+def presets_command(
+    show: Optional[str] = typer.Option(None, "--show", help="Print one preset as a scenario JSON file (edit it, then `churnsim simulate FILE`)."),
+) -> None:
+    """List the built-in scenarios, or print one as JSON."""
+    from churnsim.calibration.presets import PRESETS, preset
 
+    if show is not None:
+        typer.echo(preset(show).model_dump_json(indent=2))
+        return
     table = Table("preset", "model", "stages", "churn", "target", title="built-in scenarios")
     for name in sorted(PRESETS):
         scenario = PRESETS[name]()
         target = f"loss {scenario.target.loss}" if scenario.target.loss is not None else f"{scenario.target.iterations} iterations"
         table.add_row(name, scenario.model.name, str(scenario.pipeline.num_stages), scenario.churn.kind, target)
-    Console().print(table)
+    Console(width=max(Console().width, 100)).print(table)
 
 
 def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str]):

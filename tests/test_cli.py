@@ -101,3 +101,12 @@ def test_unreachable_dask_scheduler_is_one_clear_line(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert_one_line_error(result, "cannot reach a Dask scheduler")
+
+
+def test_a_shown_preset_is_a_scenario_file_simulate_accepts(tmp_path):
+    shown = subprocess.run([sys.executable, "-m", "churnsim", "presets", "--show", "checkfree-124m-geo-16pct"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0
+    (tmp_path / "scenario.json").write_text(shown.stdout)
+    main(["simulate", str(tmp_path / "scenario.json"), "--method", "checkfree", "--replications", "1", "--out", str(tmp_path / "out")])
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert list(runs["method"]) == ["checkfree"] and runs["scenario"].iloc[0] == "checkfree-124m-geo-16pct"
