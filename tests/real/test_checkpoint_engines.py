@@ -343,3 +343,36 @@ def test_metadata_manifest_and_latest_are_plain_json(tmp_path):
     assert manifest["data_file_nbytes"] == info.data_path.stat().st_size
     header, _ = read_header(info.data_path)
     assert header["tensors"]["layer.bias_bf16"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 4096, 1 << 20])
+def test_chunk_plan_covers_every_payload_byte_exactly_once(chunk_bytes):
+    from churnsim.real.checkpoint.format import plan_layout
+    from churnsim.real.checkpoint.snapshot import plan_chunks
+
+    tensors = {"a": torch.zeros(5, dtype=torch.float32), "b": torch.zeros(0), "c": torch.zeros(3, 7, dtype=torch.float64), "d": torch.zeros(1, dtype=torch.int8)}
+    layout = plan_layout(12, tensors, metadata_nbytes=10)
+    covered = {}  # file offset → what lands there
+    for chunk in plan_chunks(layout, chunk_bytes):
+        assert 0 < chunk.nbytes <= chunk_bytes
+        for key, tensor_offset, chunk_start, nbytes in chunk.pieces:
+            for i in range(nbytes):
+                position = chunk.file_offset + chunk_start + i
+                assert position not in covered
+                covered[position] = (key, tensor_offset + i)
+        for start, end in chunk.gaps:
+            for position in range(chunk.file_offset + start, chunk.file_offset + end):
+                assert position not in covered
+                covered[position] = ("padding", None)
+    for entry in layout.tensors:
+        for i in range(entry.nbytes):
+            assert covered[entry.offset + i] == (entry.key, i)
+
+
+def test_cached_layout_equals_a_fresh_plan_across_digit_boundaries():
+    from churnsim.real.checkpoint.format import _plan_layout_uncached, plan_layout
+
+    tensors = {"w": torch.zeros(4, 4), "step": torch.zeros(())}
+    signature = tuple((key, t.dtype, tuple(t.shape)) for key, t in tensors.items())
+    for iteration in (9, 10, 99, 100, 12345, 12346):
+        assert plan_layout(iteration, tensors, 33) == _plan_layout_uncached(iteration, signature, 33)
