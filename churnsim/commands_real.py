@@ -107,6 +107,9 @@ def real_run_command(
     lr: float = typer.Option(1e-3, "--lr", help="Learning rate (the default matches the built-in cpu-tiny calibration)."),
     checkpoint_interval: Optional[int] = typer.Option(None, "--checkpoint-interval", help="K for checkpoint/async_checkpoint; fallback interval for redundant."),
     rollback: Optional[str] = typer.Option(None, "--rollback", help="checkpoint/async_checkpoint: all or stage."),
+    write_config: Optional[Path] = typer.Option(
+        None, "--write-config", help="Write the run's config as JSON for torchrun on several machines, and print the command, instead of running."
+    ),
 ) -> None:
     """A real pipeline run on this machine with injected failures → a run record."""
     from rich.console import Console
@@ -127,11 +130,6 @@ def real_run_command(
     from churnsim.real.model import model_preset
     from churnsim.real.trainer import TrainingConfig
 
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
     model_config = model_preset(model, **({"num_layers": layers} if layers is not None else {}))
     failures = real_failures(
         failures_path=failures_path,
@@ -156,6 +154,24 @@ def real_run_command(
         corpus=str(corpus) if corpus is not None else None,
         device=device,
     )
+    if write_config is not None:
+        import json
+
+        from churnsim.calibration.base import atomic_write_text
+
+        atomic_write_text(write_config, json.dumps(config.to_dict(), indent=2) + "\n")
+        Console().print(
+            f"wrote {write_config}; on every machine, with nodes × processes = {stages} ranks in all, run:\n"
+            f"  torchrun --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT -m churnsim.real.launch "
+            f"--config {write_config} --run-dir {out}",
+            soft_wrap=True,
+        )
+        return
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
     console = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from churnsim.calibration.churn import stage_hourly_to_per_iteration_probability
@@ -90,3 +94,17 @@ def test_sampled_failures_match_the_per_iteration_probability_and_the_seed():
     assert failures != sample_failures(0.2, nominal_iteration_s=600.0, num_stages=num_stages, num_iterations=num_iterations, seed=2)
     assert all(0 <= step < num_iterations and 0 <= stage < num_stages for step, stage in failures)
     assert sample_failures(0.0, num_stages=num_stages, num_iterations=100, seed=0) == ()
+
+
+def test_write_config_gives_a_training_config_for_torchrun(tmp_path):
+    from churnsim.real.trainer import TrainingConfig
+
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "real", "run", "--method", "checkfree", "--stages", "4", "--iterations", "7",
+         "--failure-rate", "0", "--out", str(tmp_path / "run"), "--write-config", str(tmp_path / "config.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    config = TrainingConfig.from_dict(json.loads((tmp_path / "config.json").read_text()))
+    assert (config.num_stages, config.num_iterations, config.method.name) == (4, 7, "checkfree")
+    assert "torchrun" in result.stdout and not (tmp_path / "run").exists()
