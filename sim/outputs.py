@@ -23,7 +23,7 @@ from churnsim.calibration.run_record import (
 from churnsim.calibration.scenario import Scenario
 
 from .iteration import IterationResult
-from .results import BADPUT_CATEGORIES, RunResult
+from .results import RunResult
 
 UNCALIBRATED_NOTE = (
     "convergence setbacks are the uncalibrated defaults of calibration/convergence.py, not measurements; "
@@ -88,21 +88,6 @@ def iteration_spans_table(iteration: IterationResult, *, iteration_index: int = 
     )
 
 
-def run_summary(result: RunResult) -> dict[str, float | int | str | bool | None]:
-    summary: dict[str, float | int | str | bool | None] = {
-        "reached_target": result.reached_target,
-        "wall_clock_s": result.wall_clock_s,
-        "target_iterations": result.target_iterations,
-        "progress_iterations": result.progress_iterations,
-        "iterations_executed": result.iterations_executed,
-        "healthy_iteration_time_s": result.healthy_iteration_time_s,
-        "num_failures": len(result.failures),
-        "goodput_s": result.goodput_s,
-    }
-    summary.update({category: result.badput[category] for category in BADPUT_CATEGORIES})
-    return summary
-
-
 def simulated_run_record_rows(scenario: Scenario, result: RunResult) -> tuple[list[dict], list[ScheduledFailure]]:
     """Metrics rows (one per trajectory point; progress is linear between them) and failures."""
     curve = scenario.convergence.baseline
@@ -141,7 +126,8 @@ def write_simulated_run_records(
             hardware=hardware,
             created_utc=created,
             notes=scenario_notes(scenario) + tuple(result.notes),
-            summary=run_summary(result),
+            # JSON has no NaN: a target never reached leaves time_to_target_s out.
+            summary={key: value for key, value in result.summary().items() if not (isinstance(value, float) and math.isnan(value))},
         )
         iteration = iterations.get(result.method)
         spans = iteration_spans_table(iteration) if iteration is not None else []

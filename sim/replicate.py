@@ -24,7 +24,7 @@ from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TRAJECTORY_COLUMNS
 
 from .iteration import IterationModel
-from .results import BADPUT_CATEGORIES, RunResult
+from .results import RunResult
 from .run import failures_for_replication, simulate_run
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,18 +82,9 @@ def runs_table(scenario: Scenario, results: Iterable[RunResult]) -> pd.DataFrame
             "method": result.method,
             "replication": result.replication,
             "seed": result.seed,
-            "reached_target": result.reached_target,
-            "wall_clock_s": result.wall_clock_s,
-            "time_to_target_s": result.wall_clock_s if result.reached_target else math.nan,
-            "target_iterations": result.target_iterations,
-            "progress_iterations": result.progress_iterations,
-            "iterations_executed": result.iterations_executed,
-            "healthy_iteration_time_s": result.healthy_iteration_time_s,
-            "num_failures": len(result.failures),
-            "goodput_s": result.goodput_s,
             "setbacks_calibrated": scenario.convergence.calibrated,
+            **result.summary(),
         }
-        row.update({category: result.badput[category] for category in BADPUT_CATEGORIES})
         rows.append(row)
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from churnsim.calibration.tables import TIME_CATEGORIES
@@ -53,3 +55,19 @@ class RunResult:
     """(time_s, progress_iterations) points; progress is linear between consecutive points."""
     timeline: tuple[TimelineEvent, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> dict[str, float | int | str | bool | None]:
+        """The run's numbers as flat fields: a run record's manifest summary and a row of runs.csv."""
+        summary: dict[str, float | int | str | bool | None] = {
+            "reached_target": self.reached_target,
+            "wall_clock_s": self.wall_clock_s,
+            "time_to_target_s": self.wall_clock_s if self.reached_target else math.nan,
+            "target_iterations": self.target_iterations,
+            "progress_iterations": self.progress_iterations,
+            "iterations_executed": self.iterations_executed,
+            "healthy_iteration_time_s": self.healthy_iteration_time_s,
+            "num_failures": len(self.failures),
+            "goodput_s": self.goodput_s,
+        }
+        summary.update({category: self.badput[category] for category in BADPUT_CATEGORIES})
+        return summary

@@ -55,7 +55,7 @@ from churnsim.calibration.scenario import Scenario, TargetSpec
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
 from .calibrated import replay_failures, replay_scenario, without_setbacks
-from .outputs import run_summary, simulated_run_record_rows
+from .outputs import simulated_run_record_rows
 from .replicate import failure_probability_of
 from .results import RunResult
 from .run import simulate_run
@@ -299,7 +299,7 @@ def _validate_real(record: RunRecord, calibration: Calibration) -> tuple[Observe
     progress = curve_metrics["iteration"].to_numpy(dtype=float)
     predicted = _observed_from_simulation(
         scenario,
-        run_summary(wall_run),
+        wall_run.summary(),
         curve_metrics,
         time_to_target_s=time_to_target_s,
         # Evaluations already done never come undone, even when a setback lowers progress.
@@ -331,7 +331,7 @@ def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> t
     measured = _observed_from_simulation(
         scenario, summary, record.metrics, time_to_target_s=float(summary["wall_clock_s"]) if summary["reached_target"] else math.nan
     )
-    predicted_summary = run_summary(result)
+    predicted_summary = result.summary()
     predicted = _observed_from_simulation(
         scenario,
         predicted_summary,
