@@ -40,7 +40,7 @@ from .fit_timing import (
     fit_warmup_extra_s,
     measured_duration,
 )
-from .run_record import RealRunSettings, RunRecord, git_revision, hardware_description, package_versions, utc_now
+from .run_record import RealRunSettings, RunRecord, provenance_fields
 
 
 def _common_settings(records: Sequence[RunRecord]) -> RealRunSettings:
@@ -125,15 +125,14 @@ def build_calibration(
         disk.write_bandwidth_bytes_per_s if disk is not None else None,
     )
     activation_bytes = settings.pipeline.microbatch_size * model.sequence_length * model.hidden_size * model.activation_bytes_per_element
-    hardware = dict(fit_records[0].manifest.hardware) or hardware_description()
+    provenance = provenance_fields()
+    # The hardware the runs were measured on, when they say; otherwise this machine's.
+    provenance["hardware"] = dict(fit_records[0].manifest.hardware) or provenance["hardware"]
     return Calibration(
         name=name,
         device=device,
         provenance=Provenance(
-            hardware=hardware,
-            package_versions=package_versions(),
-            created_utc=utc_now(),
-            git_revision=git_revision(),
+            **provenance,
             command=command,
             fit_run_ids=tuple(record.manifest.run_id for record in fit_records),
         ),

@@ -191,6 +191,16 @@ def utc_now() -> str:
     return _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def provenance_fields() -> dict[str, object]:
+    """What every output records about where it was made (the field names of `RunManifest`)."""
+    return {
+        "git_revision": git_revision(),
+        "package_versions": package_versions(),
+        "hardware": hardware_description(),
+        "created_utc": utc_now(),
+    }
+
+
 __all__ = [
     "FAILURE_COLUMNS",
     "METRICS_COLUMNS",
@@ -203,6 +213,7 @@ __all__ = [
     "hardware_description",
     "make_run_record",
     "package_versions",
+    "provenance_fields",
     "read_run_record",
     "utc_now",
     "write_run_record",

@@ -91,11 +91,8 @@ def write_record(
         METRICS_COLUMNS,
         RealRunSettings,
         RunManifest,
-        git_revision,
-        hardware_description,
         make_run_record,
-        package_versions,
-        utc_now,
+        provenance_fields,
         write_run_record,
     )
     from churnsim.calibration.scenario import ModelSpec, PipelineSpec
@@ -135,10 +132,7 @@ def write_record(
         method=config.method.name,
         seed=config.seed,
         real_settings=settings,
-        git_revision=git_revision(),
-        package_versions=package_versions(),
-        hardware=hardware_description(),
-        created_utc=utc_now(),
+        **provenance_fields(),
         notes=tuple(
             f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
             + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")

@@ -11,15 +11,7 @@ import pandas as pd
 
 from churnsim.calibration.base import atomic_write_text
 from churnsim.calibration.failures import ScheduledFailure
-from churnsim.calibration.run_record import (
-    RunManifest,
-    git_revision,
-    hardware_description,
-    make_run_record,
-    package_versions,
-    utc_now,
-    write_run_record,
-)
+from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
 from churnsim.calibration.scenario import Scenario
 
 from .iteration import IterationResult
@@ -110,7 +102,7 @@ def write_simulated_run_records(
 ) -> list[Path]:
     """One run record per result under `directory/<method>-r<replication>`."""
     directory = Path(directory)
-    revision, versions, hardware, created = git_revision(), package_versions(), hardware_description(), utc_now()
+    provenance = provenance_fields()
     written = []
     for result in results:
         metrics, failures = simulated_run_record_rows(scenario, result)
@@ -121,10 +113,7 @@ def write_simulated_run_records(
             seed=result.seed,
             replication=result.replication,
             scenario=scenario,
-            git_revision=revision,
-            package_versions=versions,
-            hardware=hardware,
-            created_utc=created,
+            **provenance,
             notes=scenario_notes(scenario) + tuple(result.notes),
             # JSON has no NaN: a target never reached leaves time_to_target_s out.
             summary={key: value for key, value in result.summary().items() if not (isinstance(value, float) and math.isnan(value))},

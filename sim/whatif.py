@@ -19,7 +19,7 @@ import pandas as pd
 from churnsim.calibration.base import atomic_write_text
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.methods import MethodConfig, method_from_name
-from churnsim.calibration.run_record import git_revision, package_versions, utc_now
+from churnsim.calibration.run_record import provenance_fields
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
 
@@ -166,9 +166,7 @@ def run_whatif(
         "methods": [method.name for method in plan.chosen_methods()],
         "replications": plan.replications,
         "interval_study_rate": plan.interval_study_rate,
-        "git_revision": git_revision(),
-        "package_versions": package_versions(),
-        "created_utc": utc_now(),
+        **provenance_fields(),
         "notes": list(notes),
     }
     atomic_write_text(out_directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
