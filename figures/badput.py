@@ -9,11 +9,11 @@ import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 
-from churnsim.calibration.tables import RUN_COLUMNS
+from churnsim.calibration.statistics import mean_with_ci95
+from churnsim.calibration.tables import RUN_COLUMNS, TIME_CATEGORIES
 
 from .selection import (
     SECONDS_PER_HOUR,
-    mean_with_ci95,
     rate_title_suffix,
     require_columns,
     require_rows,
@@ -21,7 +21,7 @@ from .selection import (
     select_methods,
     select_scenario,
 )
-from .style import CATEGORY_COLORS, CATEGORY_DISPLAY_NAMES, TIME_CATEGORIES, method_label, ordered_methods, style_axes
+from .style import CATEGORY_COLORS, CATEGORY_DISPLAY_NAMES, method_label, ordered_methods, style_axes
 
 
 def plot_badput_breakdown(
@@ -43,7 +43,7 @@ def plot_badput_breakdown(
     Segments are means over replications of each run's share of its wall-clock (`as_fraction=True`,
     bars sum to 1) or of hours (`as_fraction=False`). Defaults: first scenario, highest failure rate.
 
-    Returns {"bars": one BarContainer per category in `style.TIME_CATEGORIES` order, each holding
+    Returns {"bars": one BarContainer per category in `calibration.tables.TIME_CATEGORIES` order, each holding
     one bar per method (so methods × categories bars), "errorbars": [the goodput ErrorbarContainer]}.
     """
     require_columns(runs, RUN_COLUMNS, "runs")

@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.statistics import mean_with_ci95  # noqa: F401  (re-exported)
 
 RATE_COLUMN = "failure_probability_per_stage_hour"
 SECONDS_PER_HOUR = 3600.0

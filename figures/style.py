@@ -10,7 +10,6 @@ from __future__ import annotations
 from matplotlib.axes import Axes
 
 from churnsim.calibration.methods import METHOD_NAMES
-from churnsim.calibration.tables import TIME_CATEGORIES  # noqa: F401  (stacking order, re-exported)
 
 FIGURE_DPI = 150
 

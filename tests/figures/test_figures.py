@@ -38,8 +38,9 @@ from churnsim.figures import (
     plot_time_to_target,
     plot_validation,
 )
-from churnsim.figures.selection import mean_with_ci95
-from churnsim.figures.style import METHOD_COLORS, METHOD_DISPLAY_NAMES, METHOD_MARKERS, TIME_CATEGORIES, method_color
+from churnsim.calibration.statistics import mean_with_ci95
+from churnsim.calibration.tables import TIME_CATEGORIES
+from churnsim.figures.style import METHOD_COLORS, METHOD_DISPLAY_NAMES, METHOD_MARKERS, method_color
 
 METHODS = ("checkpoint", "redundant", "checkfree")
 RATES = (0.05, 0.1, 0.2)
