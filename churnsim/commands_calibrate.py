@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from churnsim.app import app
+from churnsim.commands_sim import finish
 
 console = Console(stderr=True)
 
@@ -223,14 +224,7 @@ def validate_command(
     report = validate_runs(run_directories, calibration)
     write_table(report.table, out / "validation.csv")
     print_validation(report)
-    if figures:
-        from churnsim.figures.make_all import make_all_figures
-
-        drawn = make_all_figures(out)
-        console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
-    for note in report.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"wrote {out / 'validation.csv'}")
+    finish(out, report.notes, draw_figures=figures, wrote=out / "validation.csv")
 
 
 def print_validation(report) -> None:

@@ -24,6 +24,18 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[], None]]:
         yield lambda: progress.advance(task)
 
 
+def finish(out: Path, notes, *, draw_figures: bool, wrote: Path | None = None) -> None:
+    """The end of every command that writes results: figures, the caveats, where it all went."""
+    if draw_figures:
+        from churnsim.figures.make_all import make_all_figures
+
+        drawn = make_all_figures(out)
+        console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
+    for note in notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"wrote {wrote or out}")
+
+
 @app.command("presets")
 def presets_command(
     show: Optional[str] = typer.Option(None, "--show", help="Print one preset as a scenario JSON file (edit it, then `churnsim simulate FILE`)."),
@@ -124,9 +136,7 @@ def simulate_command(
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
     print_summary(output.summary, f"{scenario.name}: {scenario.replications} replication(s)")
-    for note in output.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"wrote {out}")
+    finish(out, output.notes, draw_figures=False)
 
 
 @app.command("whatif")
@@ -173,14 +183,7 @@ def whatif_command(
             client.close()
     for probability, rows in result.sweep.summary.groupby("failure_probability_per_stage_hour", sort=True):
         print_summary(rows, f"{rows['scenario'].iloc[0]} at {probability:.0%} failure probability per stage-hour")
-    if figures:
-        from churnsim.figures.make_all import make_all_figures
-
-        drawn = make_all_figures(out)
-        console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
-    for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"wrote {out}")
+    finish(out, result.notes, draw_figures=figures)
 
 
 def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
