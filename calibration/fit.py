@@ -124,7 +124,7 @@ def build_calibration(
         largest_stage_parameters * model.checkpoint_bytes_per_parameter,
         disk.write_bandwidth_bytes_per_s if disk is not None else None,
     )
-    activation_bytes = settings.pipeline.microbatch_size * model.sequence_length * model.hidden_size * model.activation_bytes_per_element
+    activation_bytes = model.boundary_activation_bytes(settings.pipeline.microbatch_size)
     provenance = provenance_fields()
     # The hardware the runs were measured on, when they say; otherwise this machine's.
     provenance["hardware"] = dict(fit_records[0].manifest.hardware) or provenance["hardware"]

@@ -61,6 +61,10 @@ class ModelSpec(StrictModel):
         # final RMSNorm + untied lm_head
         return self.hidden_size + self.vocab_size * self.hidden_size
 
+    def boundary_activation_bytes(self, microbatch_size: int) -> float:
+        """Bytes of one microbatch's hidden states crossing a stage boundary (gradients: the same)."""
+        return microbatch_size * self.sequence_length * self.hidden_size * self.activation_bytes_per_element
+
     @property
     def num_parameters(self) -> int:
         return self.num_layers * self.parameters_per_layer + self.embedding_parameters + self.head_parameters
@@ -235,8 +239,7 @@ class Scenario(StrictModel):
     @property
     def activation_bytes(self) -> float:
         """Bytes of one microbatch's hidden states crossing a stage boundary (gradients: the same)."""
-        model = self.model
-        return self.pipeline.microbatch_size * model.sequence_length * model.hidden_size * model.activation_bytes_per_element
+        return self.model.boundary_activation_bytes(self.pipeline.microbatch_size)
 
     @property
     def target_iterations(self) -> int:
