@@ -20,7 +20,8 @@ from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import TargetSpec
 from churnsim.sim.iteration import IterationModel
 from churnsim.sim.pipeline_state import build_pipeline_state
-from churnsim.sim.run import failures_for_replication, simulate_run
+from churnsim.calibration.failure_sampling import failures_for_replication
+from churnsim.sim.run import simulate_run
 
 
 def scenario_with_iterations(num_iterations: int):

@@ -9,7 +9,7 @@ A scenario's `churn` field is one of the models below, told apart by its `kind`:
 - `burst`: correlated bursts that take down several distinct stages at once.
 - `trace`: replay the add/remove events of a recorded spot-instance trace.
 
-`churnsim.sim.churn.sample_failures` turns a model into the failure sample path of one replication.
+`churnsim.calibration.failure_sampling.sample_failures` turns a model into the failure sample path of one replication.
 This module only describes and validates; it imports neither numpy nor the simulator.
 """
 
@@ -159,7 +159,7 @@ class TraceChurn(StrictModel):
     Trace times (in the trace's own seconds) inside [window_start_s, window_end_s) are shifted so
     the window starts at simulated time 0 and multiplied by `time_scale`. Every removal inside is a
     preemption the simulator sees; it hits a pipeline stage with the stage-hosting share of the
-    nodes alive (see `churnsim.sim.churn`).
+    nodes alive (see `churnsim.calibration.failure_sampling`).
     """
 
     kind: Literal["trace"]

@@ -27,7 +27,7 @@ from churnsim.calibration.scenario import (
     UniformNetwork,
 )
 
-from .churn import FailureEvent
+from churnsim.calibration.failure_sampling import FailureEvent
 from .iteration import simulate_iteration
 from .methods import build_policy
 from .pipeline_state import build_pipeline_state

@@ -1,7 +1,7 @@
 """Replications with common random numbers, and the statistics that compare methods.
 
 Replication r of a scenario draws its failure path from a stream seeded by (seed, r, churn) once
-(`run.failures_for_replication`),
+(`calibration.failure_sampling.failures_for_replication`),
 and hands the same path to every method (common random numbers), so that differences between
 methods are differences of the methods, not of luck. Speed-ups are paired: the ratio of two methods'
 times in the same replication, averaged over replications with a Student-t 95 % interval.
@@ -18,6 +18,7 @@ import pandas as pd
 
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.convergence import PowerLawLossCurve
+from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.statistics import mean_with_ci95
@@ -25,7 +26,7 @@ from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TRAJECTORY
 
 from .iteration import IterationModel
 from .results import RunResult
-from .run import failures_for_replication, simulate_run
+from .run import simulate_run
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicationTask:

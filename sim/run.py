@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from typing import Generator
 
-import numpy as np
 import simpy
 from simpy import Interrupt
 
@@ -36,7 +35,7 @@ from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
 from .accounting import Ledger, split_time
-from .churn import FailureEvent, sample_failures
+from churnsim.calibration.failure_sampling import FailureEvent
 from .iteration import IterationModel, simulate_iteration
 from .iteration_state import PipelineState
 from .links import ProcessorSharingLink, all_transfers_done
@@ -45,19 +44,7 @@ from .methods.base import RecoveryPolicy
 from .pipeline_state import build_pipeline_state, compute_only_state
 from .results import HandledFailure, RunResult, TimelineEvent
 
-CHURN_STREAM = 1
-"""Source index of the failure stream in `numpy.random.SeedSequence((seed, replication, source))`."""
-
 _CREDIT_TOLERANCE = 1e-9  # relative: an interrupt at the exact end of an iteration credits it
-
-
-def failures_for_replication(
-    scenario: Scenario, *, replication: int = 0, horizon_s: float | None = None
-) -> tuple[FailureEvent, ...]:
-    """The failure path of one replication (the same for every method: common random numbers)."""
-    rng = np.random.default_rng(np.random.SeedSequence((scenario.seed, replication, CHURN_STREAM)))
-    horizon = scenario.target.max_wall_clock_s if horizon_s is None else horizon_s
-    return sample_failures(scenario.churn, num_stages=scenario.pipeline.num_stages, horizon_s=horizon, rng=rng)
 
 
 def simulate_run(

@@ -28,7 +28,7 @@ from ..iteration_state import PipelineState
 from ..pipeline_state import build_pipeline_state
 
 if TYPE_CHECKING:
-    from ..churn import FailureEvent
+    from churnsim.calibration.failure_sampling import FailureEvent
     from ..run import Run
 
 

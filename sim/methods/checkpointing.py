@@ -25,7 +25,7 @@ from churnsim.calibration.scenario import Scenario
 from .base import RecoveryPolicy, stage_checkpoint_bytes
 
 if TYPE_CHECKING:
-    from ..churn import FailureEvent
+    from churnsim.calibration.failure_sampling import FailureEvent
     from ..run import Run
 
 

@@ -18,7 +18,7 @@ from churnsim.calibration.scenario import (
     TargetSpec,
     UniformNetwork,
 )
-from churnsim.sim.churn import FailureEvent
+from churnsim.calibration.failure_sampling import FailureEvent
 
 FORWARD_S = 1.0
 BACKWARD_S = 2.0

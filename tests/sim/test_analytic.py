@@ -34,7 +34,8 @@ from churnsim.calibration.scenario import (
     UniformNetwork,
 )
 from churnsim.sim.iteration import IterationModel
-from churnsim.sim.run import failures_for_replication, simulate_run
+from churnsim.calibration.failure_sampling import failures_for_replication
+from churnsim.sim.run import simulate_run
 
 CHECKPOINT_S = 10.0
 JOIN_S = 20.0

@@ -12,7 +12,7 @@ from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import preset
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.sim.replicate import ReplicationTask, run_replication, runs_table, summary_table
-from churnsim.sim.run import failures_for_replication
+from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.sim.sweep import apply_settings, build_tasks, grid_points, parse_grid_setting, run_sweep
 
 

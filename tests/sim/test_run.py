@@ -14,7 +14,8 @@ from churnsim.sim.iteration import IterationModel
 from churnsim.sim.methods import POLICIES
 from churnsim.sim.pipeline_state import build_pipeline_state
 from churnsim.sim.results import BADPUT_CATEGORIES
-from churnsim.sim.run import failures_for_replication, simulate_run
+from churnsim.calibration.failure_sampling import failures_for_replication
+from churnsim.sim.run import simulate_run
 
 from sim_run_scenarios import CLOSED_FORM_ITERATION_S, failure, method, small_scenario, tiers
 

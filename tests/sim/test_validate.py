@@ -32,7 +32,7 @@ from churnsim.calibration.scenario import (
 )
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 from churnsim.sim.outputs import write_simulated_run_records
-from churnsim.sim.churn import FailureEvent
+from churnsim.calibration.failure_sampling import FailureEvent
 from churnsim.sim.run import simulate_run
 from churnsim.sim.validate import QUANTITIES, validate_runs
 

@@ -32,8 +32,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Literal
 
-from churnsim.calibration.churn import TraceFormat, resolve_trace_path
-from churnsim.calibration.errors import InputError
+from .churn import TraceFormat, resolve_trace_path
+from .errors import InputError
 
 TraceEventKind = Literal["add", "remove"]
 

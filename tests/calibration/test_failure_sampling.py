@@ -18,13 +18,13 @@ from churnsim.calibration.churn import (
     WeibullChurn,
 )
 from churnsim.calibration.errors import InputError
-from churnsim.sim.churn import (
+from churnsim.calibration.failure_sampling import (
     FailureEvent,
     mean_stage_failure_rate_per_s,
     sample_failures,
     sample_failures_with_stats,
 )
-from churnsim.sim.traces import load_trace
+from churnsim.calibration.traces import load_trace
 
 HOUR_S = 3600.0
 NUM_REPLICATIONS = 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from churnsim.calibration.errors import InputError
-from churnsim.sim.traces import TraceEvent, load_trace, summarize_trace
+from churnsim.calibration.traces import TraceEvent, load_trace, summarize_trace
 
 P2_1E = "bamboo/aws-spot-instances-p2-xlarge-us-east-1e-2020-11-23-1700-to-2020-11-24-0700.csv"
 P2_HOURS = "bamboo/aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv"

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from churnsim.calibration.churn import (
+from .churn import (
     BurstChurn,
     ChurnConfig,
     NoChurn,
@@ -36,9 +36,12 @@ from churnsim.calibration.churn import (
     TraceChurn,
     WeibullChurn,
 )
-from churnsim.calibration.errors import InputError
+from .errors import InputError
 
 from .traces import Trace, TraceEvent, load_trace, summarize_trace
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 FailureKind = Literal["stage_hourly", "poisson", "weibull", "burst", "trace_removal"]
 
@@ -250,3 +253,17 @@ def _stages_hit(
 def _finish(events: list[FailureEvent]) -> FailureSample:
     ordered = tuple(sorted(events))
     return FailureSample(events=ordered, num_preemptions_seen=len(ordered))
+
+
+CHURN_STREAM = 1
+"""Source index of the failure stream in `numpy.random.SeedSequence((seed, replication, source))`."""
+
+
+def failures_for_replication(
+    scenario: "Scenario", *, replication: int = 0, horizon_s: float | None = None
+) -> tuple[FailureEvent, ...]:
+    """The failure path of one replication of `scenario`: the same for every method (common random
+    numbers) and for both wings, so a real run injects exactly what `simulate` samples."""
+    rng = np.random.default_rng(np.random.SeedSequence((scenario.seed, replication, CHURN_STREAM)))
+    horizon = scenario.target.max_wall_clock_s if horizon_s is None else horizon_s
+    return sample_failures(scenario.churn, num_stages=scenario.pipeline.num_stages, horizon_s=horizon, rng=rng)
