@@ -1,12 +1,12 @@
 """End to end on this machine: calibrate --quick, held-out real runs, validate; print the error table.
 
-    python benchmarks/calibrate_and_validate.py [--out DIR] [--rates 0.1,0.33] [--seeds 100,101]
+    python benchmarks/calibrate_and_validate.py [--out DIR] [--rates 120,360] [--seeds 100,101]
 
 1. `churnsim calibrate --quick` into OUT/cpu-tiny.json (fit runs in OUT/calibration-runs): the
    procedure that makes the built-in calibration cpu-tiny, so the table validates that file;
-2. held-out real runs of every method real runs implement, with seeds the calibration never saw,
-   at each failure rate: failures sampled by the real-run sampler (real/failure_sources.py: an
-   hourly per-stage probability scaled through a nominal 60 s iteration), into OUT/held-out;
+2. held-out real runs of every method of the `cpu-tiny` preset, with seeds the calibration never
+   saw, at each failure rate (failures per node-hour of the preset's Poisson churn): each run
+   injects the failure path `churnsim simulate` samples for the same scenario, into OUT/held-out;
 3. `churnsim validate` of the held-out runs into OUT/validation, then the median absolute relative
    error of predicted total wall-clock per method (target: <= 5 %).
 
@@ -27,33 +27,33 @@ def _churnsim(*arguments: str) -> None:
 
 
 def held_out_runs(out: Path, rates: tuple[float, ...], seeds: tuple[int, ...]) -> list[Path]:
-    from churnsim.real.calibration_suite import SuiteRun, quick_settings, registered_methods, run_suite, training_config
-    from churnsim.real.failure_sources import sample_failures
+    from churnsim.calibration.presets import preset
+    from churnsim.calibration.scenario_overrides import apply_settings
+    from churnsim.real.calibration_suite import SuiteRun, run_suite
+    from churnsim.real.scenario_run import training_config
 
-    settings = quick_settings()
+    base = preset("cpu-tiny")
     plan = []
     for rate in rates:
-        for index, method in enumerate(registered_methods()):
+        for index, method in enumerate(base.methods):
             seed = seeds[index % len(seeds)]
-            failures = sample_failures(
-                rate, num_stages=4, num_iterations=settings.num_iterations, seed=seed * 1000 + round(rate * 100)
-            )
+            scenario = apply_settings(base, {"churn.failures_per_node_hour": rate, "seed": seed}).only_method(method.name)
             plan.append(
                 SuiteRun(
-                    run_id=f"held-out-{method}-{round(rate * 100)}pct-s{seed}",
+                    run_id=f"held-out-{method.name}-{rate:g}-per-hour-s{seed}",
                     purpose="held_out",
-                    config=training_config(settings, method=method, seed=seed, failures=failures),
-                    failure_rate_per_stage_hour=rate,
+                    config=training_config(scenario, scenario.methods[0]),
+                    scenario=scenario,
                 )
             )
     print(f"{len(plan)} held-out runs ...", flush=True)
-    return run_suite(plan, out, on_run_done=lambda run, seconds: print(f"  {run.run_id}: {len(run.config.failures)} failures, {seconds:.1f} s", flush=True))
+    return run_suite(plan, out, on_run_done=lambda run, seconds: print(f"  {run.run_id}: {seconds:.1f} s", flush=True))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("churnsim-benchmark-calibration"))
-    parser.add_argument("--rates", default="0.1,0.33", help="failure probabilities per stage-hour")
+    parser.add_argument("--rates", default="120,360", help="failures per node-hour of the cpu-tiny preset's Poisson churn")
     parser.add_argument("--seeds", default="100,101", help="seeds of the held-out runs (never the calibration's)")
     parser.add_argument("--calibration", type=Path, default=None, help="reuse this calibration instead of running calibrate --quick")
     arguments = parser.parse_args()

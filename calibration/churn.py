@@ -8,6 +8,7 @@ A scenario's `churn` field is one of the models below, told apart by its `kind`:
 - `weibull`: each stage's node lives a Weibull lifetime, renewed on replacement.
 - `burst`: correlated bursts that take down several distinct stages at once.
 - `trace`: replay the add/remove events of a recorded spot-instance trace.
+- `schedule`: replay a churnsim failure schedule (e.g. the failures.csv of a real run) by time.
 
 `churnsim.calibration.failure_sampling.sample_failures` turns a model into the failure sample path of one replication.
 This module only describes and validates; it imports neither numpy nor the simulator.
@@ -191,6 +192,19 @@ class TraceChurn(StrictModel):
         return resolve_trace_path(self.path)
 
 
+class ScheduleChurn(StrictModel):
+    """Replay a failure schedule: the rows of a churnsim failure-schedule CSV, by their `time_s`.
+
+    Each row is one stage failure at that many seconds after the start of training, for the
+    simulator and for real runs alike (a real run injects it at its first iteration boundary at or
+    after that time). Every row needs a `time_s`: failure times are the one time base both share.
+    """
+
+    kind: Literal["schedule"]
+    path: str = Field(min_length=1)
+    """The failure-schedule CSV (`time_s,iteration,stage,kind`), relative to the current directory."""
+
+
 def resolve_trace_path(path: str | Path) -> Path:
     """Find a trace file: absolute as given; relative in the built-in directory, then the current one."""
     candidate = Path(path)
@@ -216,12 +230,12 @@ def builtin_trace_files() -> tuple[Path, ...]:
 
 
 ChurnConfig = Annotated[
-    Union[NoChurn, StageHourlyChurn, PoissonChurn, WeibullChurn, BurstChurn, TraceChurn],
+    Union[NoChurn, StageHourlyChurn, PoissonChurn, WeibullChurn, BurstChurn, TraceChurn, ScheduleChurn],
     Field(discriminator="kind"),
 ]
 """Any churn model; the `kind` field selects which."""
 
-CHURN_KINDS: tuple[str, ...] = ("none", "stage_hourly", "poisson", "weibull", "burst", "trace")
+CHURN_KINDS: tuple[str, ...] = ("none", "stage_hourly", "poisson", "weibull", "burst", "trace", "schedule")
 
 
 _CHURN_ADAPTER: TypeAdapter = TypeAdapter(ChurnConfig)

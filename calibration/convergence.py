@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from .base import StrictModel
 from .errors import InputError
+from .methods import METHOD_CONFIGS, METHOD_NAMES
 
 StagePosition = Literal["interior", "edge"]
 
@@ -69,34 +70,27 @@ def _setbacks(interior: float, edge: float) -> MethodSetbacks:
     return MethodSetbacks(interior=SetbackSpec(mean_iterations=interior), edge=SetbackSpec(mean_iterations=edge))
 
 
-# Uncalibrated defaults (iterations of baseline progress lost per rebuilt stage). They are NOT
-# measurements: they order the ablations the way the CheckFree paper reports perplexity after 10k
-# iterations at 500M, 16 %/h (weighted 22.60 < copy 29.24 < random 121.03, arXiv 2506.15461), and
-# they are small enough that CheckFree still converges at 16 %/h, as the paper reports (12 stages
-# failing at 16 %/h lose a stage about every 22 iterations of 80 s there). Every output built on
-# them says so; `churnsim calibrate` replaces them with setbacks measured on real runs.
-DEFAULT_SETBACKS: dict[str, MethodSetbacks] = {
-    "checkfree": _setbacks(interior=2.0, edge=6.0),
-    "checkfree_plus": _setbacks(interior=2.0, edge=4.0),
-    "uniform": _setbacks(interior=3.0, edge=6.0),
-    "copy": _setbacks(interior=6.0, edge=6.0),
-    "random": _setbacks(interior=40.0, edge=40.0),
-}
+def default_setbacks() -> dict[str, MethodSetbacks]:
+    """The documented, uncalibrated setbacks of every registered method that uses setbacks (its
+    `default_setback_iterations` trait; calibration/methods.py says where the numbers come from)."""
+    return {
+        name: _setbacks(*config_class.default_setback_iterations)
+        for name, config_class in METHOD_CONFIGS.items()
+        if config_class.default_setback_iterations is not None
+    }
 
 
 class ConvergenceSpec(StrictModel):
     baseline: PowerLawLossCurve
-    setbacks: dict[str, MethodSetbacks] = Field(default_factory=lambda: dict(DEFAULT_SETBACKS))
+    setbacks: dict[str, MethodSetbacks] = Field(default_factory=default_setbacks)
     setback_scale: float = Field(1.0, gt=0)
     """Multiplies every setback: how a calibration measured on one model is carried to another."""
     calibrated: bool = False
     """False while the setbacks are the documented defaults above; outputs flag it."""
-    source: str = "uncalibrated default setbacks (calibration/convergence.py)"
+    source: str = "uncalibrated default setbacks (calibration/methods.py)"
 
     @model_validator(mode="after")
     def _known_methods(self) -> "ConvergenceSpec":
-        from .methods import METHOD_NAMES
-
         unknown = sorted(set(self.setbacks) - set(METHOD_NAMES))
         if unknown:
             raise ValueError(f"setbacks name unknown methods {unknown}; use method names from {list(METHOD_NAMES)}")

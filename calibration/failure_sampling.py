@@ -32,18 +32,20 @@ from .churn import (
     ChurnConfig,
     NoChurn,
     PoissonChurn,
+    ScheduleChurn,
     StageHourlyChurn,
     TraceChurn,
     WeibullChurn,
 )
 from .errors import InputError
+from .failures import read_failure_schedule
 
 from .traces import Trace, TraceEvent, load_trace, summarize_trace
 
 if TYPE_CHECKING:
     from .scenario import Scenario
 
-FailureKind = Literal["stage_hourly", "poisson", "weibull", "burst", "trace_removal"]
+FailureKind = Literal["stage_hourly", "poisson", "weibull", "burst", "trace_removal", "scheduled"]
 
 # Draws per call when extending a per-stage stream; fixed so the values drawn never depend on the horizon.
 _CHUNK = 64
@@ -114,6 +116,8 @@ def sample_failures_with_stats(
         return _finish(_burst_events(config, num_stages, horizon_s, _spawn(rng, 1)[0]))
     if isinstance(config, TraceChurn):
         return _replay_trace(config, num_stages, horizon_s, _spawn(rng, 1)[0])
+    if isinstance(config, ScheduleChurn):
+        return _finish([event for event in scheduled_failures(config, num_stages) if event.time_s < horizon_s])
     raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
 
 
@@ -135,6 +139,10 @@ def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> fl
             min(size, num_stages) * p for size, p in enumerate(config.burst_size_probabilities, start=1)
         )
         return config.bursts_per_hour / 3600.0 * capped_mean / num_stages
+    if isinstance(config, ScheduleChurn):
+        events = scheduled_failures(config, num_stages)
+        span_s = events[-1].time_s if events else 0.0
+        return len(events) / span_s / num_stages if span_s > 0 else 0.0
     if isinstance(config, TraceChurn):
         summary = summarize_trace(load_trace(config.path, config.format))
         if summary.node_hours <= 0:
@@ -143,6 +151,21 @@ def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> fl
         share = min(1.0, num_stages / summary.mean_nodes_alive)
         return per_node_s * share * summary.mean_nodes_alive / num_stages / config.time_scale
     raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
+
+
+def scheduled_failures(config: ScheduleChurn, num_stages: int) -> tuple[FailureEvent, ...]:
+    """The rows of a `schedule` churn's file as failure events, sorted; checked against the pipeline."""
+    source = f"churn.path {config.path!r}"
+    schedule = read_failure_schedule(config.path).validate_for(num_stages, source=source)
+    events = []
+    for failure in schedule.failures:
+        if failure.time_s is None:
+            raise InputError(
+                f"{source}: the failure of stage {failure.stage} at iteration {failure.iteration} has no time_s; "
+                "a schedule churn replays failures by time: fill the time_s column"
+            )
+        events.append(FailureEvent(time_s=failure.time_s, stage=failure.stage, kind="scheduled"))
+    return tuple(sorted(events))
 
 
 def _spawn(rng: np.random.Generator, num_streams: int) -> list[np.random.Generator]:
@@ -259,11 +282,67 @@ CHURN_STREAM = 1
 """Source index of the failure stream in `numpy.random.SeedSequence((seed, replication, source))`."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class FailurePathSpec:
+    """What fixes one replication's failure path: the churn model, the pipeline size and the seeds.
+
+    Small and picklable, so a real run's ranks get it instead of a whole scenario.
+    """
+
+    churn: ChurnConfig
+    num_stages: int
+    seed: int
+    replication: int = 0
+    max_time_s: float
+    """Nothing is sampled beyond this time (the scenario's `target.max_wall_clock_s`)."""
+
+    @classmethod
+    def of(cls, scenario: "Scenario", *, replication: int = 0) -> "FailurePathSpec":
+        return cls(
+            churn=scenario.churn,
+            num_stages=scenario.pipeline.num_stages,
+            seed=scenario.seed,
+            replication=replication,
+            max_time_s=scenario.target.max_wall_clock_s,
+        )
+
+    def sample(self, horizon_s: float) -> tuple[FailureEvent, ...]:
+        """The path's events in [0, min(horizon_s, max_time_s))."""
+        rng = np.random.default_rng(np.random.SeedSequence((self.seed, self.replication, CHURN_STREAM)))
+        return sample_failures(self.churn, num_stages=self.num_stages, horizon_s=min(horizon_s, self.max_time_s), rng=rng)
+
+
 def failures_for_replication(
     scenario: "Scenario", *, replication: int = 0, horizon_s: float | None = None
 ) -> tuple[FailureEvent, ...]:
     """The failure path of one replication of `scenario`: the same for every method (common random
     numbers) and for both wings, so a real run injects exactly what `simulate` samples."""
-    rng = np.random.default_rng(np.random.SeedSequence((scenario.seed, replication, CHURN_STREAM)))
-    horizon = scenario.target.max_wall_clock_s if horizon_s is None else horizon_s
-    return sample_failures(scenario.churn, num_stages=scenario.pipeline.num_stages, horizon_s=horizon, rng=rng)
+    spec = FailurePathSpec.of(scenario, replication=replication)
+    return spec.sample(spec.max_time_s if horizon_s is None else horizon_s)
+
+
+class FailureCursor:
+    """Walks a failure path in time order for a run whose length is not known in advance (a real run).
+
+    The path is sampled up to a horizon that doubles whenever the run gets past it; by the prefix
+    property (module docstring) a longer horizon only appends events, so the events handed out are
+    exactly those `failures_for_replication` gives for any horizon beyond them.
+    """
+
+    _FIRST_HORIZON_S = 60.0
+
+    def __init__(self, spec: FailurePathSpec) -> None:
+        self.spec = spec
+        self._horizon_s = 0.0
+        self._events: tuple[FailureEvent, ...] = ()
+        self._next = 0
+
+    def take_due(self, now_s: float) -> tuple[FailureEvent, ...]:
+        """Events with time_s <= now_s not handed out before, in time order."""
+        while now_s >= self._horizon_s and self._horizon_s < self.spec.max_time_s:
+            self._horizon_s = max(self._FIRST_HORIZON_S, 2.0 * self._horizon_s, now_s * 1.5)
+            self._events = self.spec.sample(self._horizon_s)
+        start = self._next
+        while self._next < len(self._events) and self._events[self._next].time_s <= now_s:
+            self._next += 1
+        return self._events[start : self._next]

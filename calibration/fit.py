@@ -16,7 +16,6 @@ from .convergence import ConvergenceSpec
 from .errors import InputError
 from .fit_convergence import (
     DEFAULT_WINDOW_ITERATIONS,
-    SETBACK_METHODS,
     SetbackSample,
     equivalent_progress,
     estimate_setbacks,
@@ -159,7 +158,6 @@ def build_calibration(
 
 
 __all__ = [
-    "SETBACK_METHODS",
     "SetbackSample",
     "build_calibration",
     "equivalent_progress",

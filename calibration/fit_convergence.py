@@ -11,8 +11,8 @@ setback of a failure at iteration f is the deficit in [f + settle, f + settle + 
 in [f − W, f) (what earlier failures already cost), clipped at 0. Failures whose windows reach the
 next failure or the end of the run are skipped, and so are events that rebuild several stages at
 once (they are not a single-stage sample). Rollback methods are not setbacks (their `iteration`
-column rewinds and the simulator subtracts the lost iterations exactly), so only the neighbour-
-rebuild methods are estimated.
+column rewinds and the simulator subtracts the lost iterations exactly), so only the methods with
+the `uses_setbacks` trait (the neighbour-rebuild family) are estimated.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from .convergence import DEFAULT_SETBACKS, MethodSetbacks, PowerLawLossCurve, SetbackSpec, StagePosition, stage_position
+from .convergence import MethodSetbacks, PowerLawLossCurve, SetbackSpec, StagePosition, default_setbacks, stage_position
 from .errors import InputError
 from .failures import FailureSchedule
+from .methods import method_traits
 from .run_record import RunRecord
 from .statistics import mean_with_ci95
 
-SETBACK_METHODS: tuple[str, ...] = ("checkfree", "checkfree_plus", "copy", "uniform", "random")
 DEFAULT_WINDOW_ITERATIONS = 20
 MINIMUM_CURVE_POINTS = 10
 
@@ -220,7 +220,7 @@ def _num_stages(record: RunRecord) -> int:
 
 def is_no_failure_run(record: RunRecord) -> bool:
     """A run whose metrics follow the no-failure curve: no failures struck, or they were ignored."""
-    return record.manifest.method == "none" or not record.failures.failures
+    return method_traits(record.manifest.method).ignores_failures or not record.failures.failures
 
 
 def estimate_setbacks(
@@ -240,7 +240,7 @@ def estimate_setbacks(
     references = {record.manifest.seed: record.metrics for record in reference_records if is_no_failure_run(record)}
     samples: list[SetbackSample] = []
     for record in failure_records:
-        if record.manifest.method not in SETBACK_METHODS or not record.failures.failures:
+        if not method_traits(record.manifest.method).uses_setbacks or not record.failures.failures:
             continue
         samples.extend(
             setback_samples_of_run(
@@ -268,8 +268,7 @@ def setback_spec(values: Sequence[float]) -> SetbackSpec:
 
 def summarize_setbacks(samples: Sequence[SetbackSample]) -> dict[str, MethodSetbacks]:
     result = {}
-    for method in SETBACK_METHODS:
-        default = DEFAULT_SETBACKS[method]
+    for method, default in default_setbacks().items():
         specs = {}
         for position in ("interior", "edge"):
             values = [s.setback_iterations for s in samples if s.method == method and s.position == position]

@@ -20,6 +20,7 @@ import pandas as pd
 
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
 from .errors import InputError
+from .methods import method_names_where, method_traits
 from .run_record import RunRecord
 
 DEFAULT_WARMUP_ITERATIONS = 3
@@ -38,9 +39,13 @@ UNSTEADY_SPAN_KINDS: frozenset[str] = frozenset(
     {"save", "load", "snapshot", "flush", "eval", *RECOVERY_SPAN_FIELDS}
 )
 
-# Methods whose healthy iteration runs the plain in-order route with no extra work, so an iteration
-# predictor that knows only stage timings and the optimizer step describes it.
-PLAIN_ITERATION_METHODS: frozenset[str] = frozenset({"none", "checkpoint", "checkfree", "copy", "uniform", "random"})
+
+def has_plain_iteration(record: RunRecord) -> bool:
+    """The run's method has the `plain_iteration` trait: its healthy iteration is the plain in-order
+    route with no extra work, so an iteration predictor that knows only stage timings and the
+    optimizer step describes it."""
+    return method_traits(record.manifest.method).plain_iteration
+
 
 Predictor = Callable[[tuple[StageTimings, ...], MeasuredDuration], float]
 
@@ -149,20 +154,20 @@ def fit_iteration_overhead_s(
 ) -> float:
     """Mean measured steady iteration time minus the predicted one, clipped at 0.
 
-    Only runs of methods in `PLAIN_ITERATION_METHODS` count (their healthy iteration is the plain
+    Only runs of methods with the `plain_iteration` trait count (their healthy iteration is the plain
     route), and only their steady steps (see `steady_iteration_times_s`). `predict_iteration_s` is
     the simulator's iteration model, passed in because calibration/ may not import sim/.
     """
     times = [
         steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
         for record in records
-        if record.manifest.method in PLAIN_ITERATION_METHODS
+        if has_plain_iteration(record)
     ]
     measured = pd.concat(times) if times else pd.Series(dtype=float)
     if measured.empty:
         raise InputError(
             "no steady iterations to measure the iteration overhead: give at least one run of a method in "
-            f"{sorted(PLAIN_ITERATION_METHODS)} longer than {num_warmup_iterations} warm-up iterations"
+            f"{sorted(method_names_where(plain_iteration=True))} longer than {num_warmup_iterations} warm-up iterations"
         )
     predicted = float(predict_iteration_s(stage_timings, optimizer_step))
     return max(0.0, float(measured.mean()) - predicted)
@@ -171,18 +176,18 @@ def fit_iteration_overhead_s(
 def fit_method_iteration_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, float]:
     """Mean steady step of each non-plain method minus that of all plain-method runs pooled.
 
-    Only methods outside `PLAIN_ITERATION_METHODS` get an entry: for plain methods the pooled
+    Only methods without the `plain_iteration` trait get an entry: for plain methods the pooled
     overhead (`fit_iteration_overhead_s`) is the better estimate. Signed: noise can make it negative.
     """
     def steady(chosen: Sequence[RunRecord]) -> pd.Series:
         times = [steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations) for record in chosen]
         return pd.concat(times) if times else pd.Series(dtype=float)
 
-    plain = steady([record for record in records if record.manifest.method in PLAIN_ITERATION_METHODS])
+    plain = steady([record for record in records if has_plain_iteration(record)])
     if plain.empty:
         return {}
     extras = {}
-    for method in sorted({record.manifest.method for record in records} - PLAIN_ITERATION_METHODS):
+    for method in sorted({record.manifest.method for record in records if not has_plain_iteration(record)}):
         own = steady([record for record in records if record.manifest.method == method])
         if not own.empty:
             extras[method] = float(own.mean() - plain.mean())
@@ -191,10 +196,11 @@ def fit_method_iteration_extra_s(records: Sequence[RunRecord], *, num_warmup_ite
 
 def fit_checkpoint_write_latency_s(records: Sequence[RunRecord], largest_stage_bytes: float, write_bandwidth_bytes_per_s: float | None) -> float:
     """Median blocking save of a synchronous checkpoint (per step, the slowest rank's summed "save"
-    spans) minus the largest stage's bytes / write bandwidth, clipped at 0; 0 without checkpoint runs."""
+    spans) minus the largest stage's bytes / write bandwidth, clipped at 0; 0 without runs of a
+    method with the `blocking_checkpoint` trait."""
     samples = []
     for record in records:
-        if record.manifest.method != "checkpoint":
+        if not method_traits(record.manifest.method).blocking_checkpoint:
             continue
         spans = record.spans
         saves = spans[spans["kind"] == "save"]
@@ -223,11 +229,11 @@ def fit_evaluation(records: Sequence[RunRecord]) -> MeasuredDuration | None:
 def fit_warmup_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> float:
     """Median over runs of the first warm-up steps' time minus as many steady steps, clipped at 0.
 
-    Only runs of `PLAIN_ITERATION_METHODS` count; step 0 lasts from the run's start (wall time 0).
+    Only runs of methods with the `plain_iteration` trait count; step 0 lasts from the run's start (wall time 0).
     """
     extras = []
     for record in records:
-        if record.manifest.method not in PLAIN_ITERATION_METHODS or num_warmup_iterations == 0:
+        if not has_plain_iteration(record) or num_warmup_iterations == 0:
             continue
         steady = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
         metrics = record.metrics.sort_values("step")

@@ -29,6 +29,7 @@ from .scenario import (
     SiteNetwork,
     StorageTier,
     TargetSpec,
+    TrainingSpec,
     UniformNetwork,
 )
 
@@ -41,6 +42,8 @@ LLAMA3 = "Llama 3 herd, arXiv 2407.21783: 419 unexpected interruptions in 54 day
 CHECKFREE_FAILURE_RATES = (0.05, 0.10, 0.16, 0.33)
 CPU_TINY = "cpu-tiny"
 CPU_TINY_TARGET_ITERATIONS = 80
+# One failure per stage every 15 s: a real run of the preset (~10 s, 4 stages) sees a few failures.
+CPU_TINY_FAILURES_PER_NODE_HOUR = 240.0
 A100_BF16_PEAK_FLOPS_PER_S = 312e12
 H100_BF16_PEAK_FLOPS_PER_S = 989e12
 V100_FP16_PEAK_FLOPS_PER_S = 125e12
@@ -251,7 +254,7 @@ def _calibrated_tiers(calibration: Calibration | None) -> tuple[StorageTier, ...
     return (tier("local_disk", local, False), tier("remote", remote, True))
 
 
-def cpu_tiny(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+def cpu_tiny(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) -> Scenario:
     """The tiny model in 4 stages on this kind of CPU machine, from the built-in calibration `cpu-tiny`.
 
     Compute, links, storage, join time and the convergence model (baseline and setbacks) are the
@@ -271,12 +274,12 @@ def cpu_tiny(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
     if calibration is not None:
         model = calibration.model.model_copy(update={"name": "tiny"})  # real run records leave the name unset
         pipeline, curve = calibration.pipeline, calibration.convergence.baseline
-    percent = round(failure_probability_per_stage_hour * 100)
     scenario = Scenario(
-        name=f"cpu-tiny-{percent}pct" if percent != 10 else "cpu-tiny",
+        name="cpu-tiny" if failures_per_node_hour == CPU_TINY_FAILURES_PER_NODE_HOUR else f"cpu-tiny-{failures_per_node_hour:g}-per-hour",
         description=(
-            f"the tiny byte-level model (4 layers, d 64) in 4 stages on local CPU processes, {percent} %/h failure "
-            "probability per stage; calibrated on this kind of machine by `churnsim calibrate --quick`"
+            f"the tiny byte-level model (4 layers, d 64) in 4 stages on local CPU processes, each stage's node failing "
+            f"{failures_per_node_hour:g} times per hour (a ~10 s run sees a few failures); calibrated on this kind of "
+            "machine by `churnsim calibrate --quick`; `churnsim real run --preset cpu-tiny` runs it for real"
         ),
         sources=("built-in calibration cpu-tiny (calibration/data/calibrations/cpu-tiny.json, provenance inside)",),
         model=model,
@@ -284,7 +287,7 @@ def cpu_tiny(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
         compute=ExplicitCompute(block_forward_s=0.003, block_backward_s=0.007, optimizer_step_s=0.045),
         network=UniformNetwork(latency_s=1e-4, bandwidth_bytes_per_s=2.5e9),
         storage=_calibrated_tiers(calibration),
-        churn=StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=failure_probability_per_stage_hour),
+        churn=PoissonChurn(kind="poisson", failures_per_node_hour=failures_per_node_hour),
         # Local processes: the replacement is the same process with fresh state (no rendezvous).
         recovery=RecoverySpec(join_delay_s=0.001, restart_s=0.0),
         methods=default_methods(
@@ -294,7 +297,9 @@ def cpu_tiny(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
             checkfree_plus={"replica_refresh_iterations": 20},
         ),
         convergence=ConvergenceSpec(baseline=curve),
-        target=TargetSpec(loss=math.ceil(curve.loss(CPU_TINY_TARGET_ITERATIONS) * 100) / 100),
+        # An hour is far beyond a ~10 s run, and keeps the sampled failure path short.
+        target=TargetSpec(loss=math.ceil(curve.loss(CPU_TINY_TARGET_ITERATIONS) * 100) / 100, max_wall_clock_s=3600.0),
+        training=TrainingSpec(learning_rate=1e-3, eval_every_iterations=10),
         seed=0,
         replications=10,
     )

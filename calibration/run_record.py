@@ -46,7 +46,7 @@ class RealRunSettings(StrictModel):
 
     model: ModelSpec
     pipeline: PipelineSpec
-    method: MethodConfig = Field(discriminator="name")
+    method: MethodConfig
     num_iterations: int = Field(ge=1)
     learning_rate: float = Field(gt=0)
     eval_every_iterations: int = Field(ge=1)

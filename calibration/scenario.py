@@ -15,7 +15,6 @@ from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
 from .churn import ChurnConfig
 from .convergence import ConvergenceSpec, iterations_for_target
 from .methods import MethodConfig
-from .pipeline_schedule import MINIMUM_STAGES_FOR_SWAP
 
 GIB = 2**30
 
@@ -166,6 +165,26 @@ class TargetSpec(StrictModel):
         return self
 
 
+class TrainingSpec(StrictModel):
+    """How a real run trains this scenario (`churnsim real run`). The simulator reads none of it: its
+    convergence model stands for the loss these settings produce."""
+
+    learning_rate: float = Field(1e-3, gt=0)
+    """AdamW learning rate (1e-3: the built-in cpu-tiny calibration's runs)."""
+    eval_every_iterations: int = Field(10, ge=1)
+    """Held-out loss after every this many iterations, and after the last."""
+    num_eval_batches: int = Field(2, ge=1)
+    """Held-out batches of `pipeline.microbatch_size` sequences per evaluation."""
+    corpus: str | None = None
+    """Text file or directory of the training text; None = the Python standard library's sources."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """cpu: gloo; cuda: NCCL, one GPU per stage process."""
+    deterministic: bool = True
+    """torch deterministic algorithms, one thread per stage: a rollback replays bit for bit."""
+    peer_timeout_s: float = Field(120.0, gt=0)
+    """Longest wait for a peer stage; a lost peer ends the run with an error."""
+
+
 class Scenario(StrictModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(min_length=1)
@@ -184,6 +203,8 @@ class Scenario(StrictModel):
     target: TargetSpec
     seed: int = Field(0, ge=0)
     replications: int = Field(1, ge=1)
+    training: TrainingSpec = TrainingSpec()
+    """Real runs only: learning rate, evaluation, corpus, device."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
@@ -199,7 +220,10 @@ class Scenario(StrictModel):
             for field in ("block_forward_s", "block_backward_s"):
                 value = getattr(self.compute, field)
                 if isinstance(value, tuple) and len(value) != stages:
-                    raise ValueError(f"compute.{field} lists {len(value)} stages but pipeline.num_stages is {stages}")
+                    raise ValueError(
+                        f"compute.{field} lists {len(value)} stages but pipeline.num_stages is {stages}; "
+                        "give one time per stage, or one number for every stage"
+                    )
         tier_names = [tier.name for tier in self.storage]
         if len(set(tier_names)) != len(tier_names):
             raise ValueError(f"storage tier names repeat: {tier_names}")
@@ -208,14 +232,34 @@ class Scenario(StrictModel):
             if method.name in seen:
                 raise ValueError(f"method {method.name!r} is listed twice in methods")
             seen.add(method.name)
-            for tier in _tiers_used(method):
+            for tier in method.tiers_used:
                 if tier not in tier_names:
                     raise ValueError(f"method {method.name!r} uses storage tier {tier!r}, which is not in storage {tier_names}; add it")
-            if method.name == "checkfree_plus" and stages < MINIMUM_STAGES_FOR_SWAP:
-                raise ValueError(f"checkfree_plus needs at least {MINIMUM_STAGES_FOR_SWAP} stages, got {stages}")
+            if stages < method.minimum_stages:
+                raise ValueError(
+                    f"method {method.name!r} needs at least {method.minimum_stages} pipeline stages, got {stages}; "
+                    "add stages or drop the method"
+                )
         if self.target.loss is not None:
             iterations_for_target(self.convergence.baseline, self.target.loss)
         return self
+
+    def only_method(self, name: str | None) -> "Scenario":
+        """This scenario with one method: `name`, or its only method (a real run performs one)."""
+        from .errors import InputError
+
+        by_name = {method.name: method for method in self.methods}
+        if name is None and len(by_name) > 1:
+            raise InputError(
+                f"scenario {self.name!r} lists {len(by_name)} methods; a real run performs one: give --method, one of {', '.join(by_name)}"
+            )
+        chosen = name or self.methods[0].name
+        if chosen not in by_name:
+            raise InputError(
+                f"--method {chosen!r} is not among scenario {self.name!r}'s methods ({', '.join(by_name)}); "
+                "add it to the scenario's methods or pick one of those"
+            )
+        return self.model_copy(update={"methods": (by_name[chosen],)})
 
     def tier(self, name: str) -> StorageTier:
         for tier in self.storage:
@@ -248,15 +292,6 @@ class Scenario(StrictModel):
         assert self.target.loss is not None
         return iterations_for_target(self.convergence.baseline, self.target.loss)
 
-
-def _tiers_used(method: MethodConfig) -> tuple[str, ...]:
-    tiers: list[str] = []
-    for field in ("tier", "fallback_tier"):
-        value = getattr(method, field, None)
-        if value is not None:
-            tiers.append(value)
-    tiers.extend(getattr(method, "levels", ()))
-    return tuple(tiers)
 
 
 def load_scenario(path: str) -> Scenario:

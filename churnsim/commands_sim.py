@@ -126,13 +126,16 @@ def simulate_command(
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to simulate; repeat for several (default: the scenario's)."),
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications (common random numbers across methods)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Base seed of the failure paths."),
+    settings: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of a scenario field (dotted path, as in `sweep`); repeatable."),
     out: Path = typer.Option(..., "--out", help="Directory for run records, tables and timelines."),
     parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
 ) -> None:
     """Simulate one scenario: a summary table with one row per method, run records, a timeline."""
+    from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
     from churnsim.sim.simulate import simulate_scenario
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
+    scenario = apply_settings(scenario, parse_settings(settings))
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
     print_summary(output.summary, f"{scenario.name}: {scenario.replications} replication(s)")
@@ -215,7 +218,8 @@ def sweep_command(
 ) -> None:
     """A grid over scenario fields, in local processes or on a Dask cluster."""
     from churnsim.calibration.tables import write_table
-    from churnsim.sim.sweep import build_tasks, connect_scheduler, parse_grid_setting, run_sweep
+    from churnsim.calibration.scenario_overrides import parse_grid_setting
+    from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     grid = [parse_grid_setting(text) for text in settings]

@@ -19,7 +19,7 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
-from churnsim.calibration.methods import HEADLINE_METHODS
+from churnsim.calibration.methods import speedup_baselines
 from churnsim.calibration.tables import (
     GANTT_COLUMNS,
     INTERVAL_COLUMNS,
@@ -35,8 +35,8 @@ from .checkpoint_interval import plot_checkpoint_interval, plot_optimal_interval
 from .gantt import gantt_methods, plot_pipeline_gantt
 from .loss import plot_loss_vs_wallclock
 from .selection import NothingToPlot
-from .style import FIGURE_DPI, FIGURE_RC
-from .time_to_target import BASELINES, plot_speedup, plot_time_to_target
+from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods
+from .time_to_target import plot_speedup, plot_time_to_target
 from .validation import plot_validation
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,7 @@ def _single(width: float = 6.4, height: float = 4.2) -> tuple[Figure, object]:
 def _loss(trajectories: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
     # Ablations crowd this figure (a random re-init saw-tooths across it); they stay in the others.
-    present = set(trajectories["method"].astype(str))
-    headline = [method for method in ("none", *HEADLINE_METHODS) if method in present]
+    headline = [method for method in ordered_methods(trajectories["method"].astype(str)) if not is_ablation(method)]
     plot_loss_vs_wallclock(ax, trajectories, target_loss=context.target_loss, methods=headline or None)
     return figure
 
@@ -86,16 +85,17 @@ def _time_to_target(summary: pd.DataFrame, context: _Context) -> Figure:
 
 def _speedup(summary: pd.DataFrame, context: _Context) -> Figure:
     figure = Figure(figsize=(11.0, 4.2), layout="constrained")
-    axes = figure.subplots(1, len(BASELINES))
+    baselines = speedup_baselines()
+    axes = figure.subplots(1, len(baselines), squeeze=False)[0]
     reasons = []
-    for ax, baseline in zip(axes, BASELINES):
+    for ax, baseline in zip(axes, baselines):
         try:
             plot_speedup(ax, summary, baseline=baseline)
         except NothingToPlot as reason:
             reasons.append(str(reason))
             ax.set_axis_off()
             ax.text(0.5, 0.5, f"no speed-up over {baseline}:\nno run of it reached the target", ha="center", va="center", transform=ax.transAxes)
-    if len(reasons) == len(BASELINES):
+    if len(reasons) == len(baselines):
         raise NothingToPlot("; ".join(reasons))
     return figure
 

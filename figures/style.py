@@ -2,14 +2,15 @@
 
 Colours are the Okabe–Ito palette (distinguishable with the common colour-vision deficiencies); the
 markers differ too, so a figure still reads in grayscale. A method keeps its colour and marker in
-every figure, whichever subset of methods a table holds.
+every figure, whichever subset of methods a table holds. Display names and line styles come from
+the methods' traits (calibration/methods.py); a method without a palette entry gets a spare look.
 """
 
 from __future__ import annotations
 
 from matplotlib.axes import Axes
 
-from churnsim.calibration.methods import METHOD_NAMES
+from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, MethodConfigBase
 
 FIGURE_DPI = 150
 
@@ -35,21 +36,6 @@ METHOD_MARKERS: dict[str, str] = {
     "copy": "v",
     "uniform": "<",
     "random": "X",
-}
-
-# The no-failure reference is dotted so that it reads as a bound, not a competitor.
-METHOD_LINESTYLES: dict[str, str] = {"none": ":"}
-
-METHOD_DISPLAY_NAMES: dict[str, str] = {
-    "none": "no failures",
-    "checkpoint": "checkpoint (sync)",
-    "async_checkpoint": "lazy async checkpoint",
-    "redundant": "redundant (Bamboo)",
-    "checkfree": "CheckFree",
-    "checkfree_plus": "CheckFree+",
-    "copy": "copy (ablation)",
-    "uniform": "uniform average (ablation)",
-    "random": "random init (ablation)",
 }
 
 UNKNOWN_COLOR = "#BBBBBB"
@@ -117,12 +103,25 @@ def method_marker(method: str) -> str:
     return METHOD_MARKERS.get(method, UNKNOWN_MARKER)
 
 
+def _traits(method: str) -> type[MethodConfigBase] | None:
+    # Saved results may name a method this installation does not register: it is drawn, not refused.
+    return METHOD_CONFIGS.get(method)
+
+
 def method_linestyle(method: str) -> str:
-    return METHOD_LINESTYLES.get(method, "-")
+    # The no-failure reference is dotted so that it reads as a bound, not a competitor.
+    traits = _traits(method)
+    return ":" if traits is not None and traits.family == "reference" else "-"
 
 
 def method_label(method: str) -> str:
-    return METHOD_DISPLAY_NAMES.get(method, method)
+    traits = _traits(method)
+    return traits.label if traits is not None else method
+
+
+def is_ablation(method: str) -> bool:
+    traits = _traits(method)
+    return traits is not None and traits.ablation
 
 
 def method_style(method: str) -> dict[str, object]:

@@ -11,7 +11,8 @@ from matplotlib.axes import Axes
 from matplotlib.container import Container
 
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.tables import SUMMARY_COLUMNS
+from churnsim.calibration.methods import speedup_baselines
+from churnsim.calibration.tables import SUMMARY_COLUMNS, speedup_columns
 
 from .selection import (
     RATE_COLUMN,
@@ -25,7 +26,6 @@ from .selection import (
 from .style import method_color, method_label, method_style, ordered_methods, style_axes
 
 RATE_LABEL = "failure probability per stage (%/h)"
-BASELINES = ("checkpoint", "redundant")
 
 
 def plot_time_to_target(
@@ -64,11 +64,12 @@ def plot_speedup(
     ax: Axes,
     summary: pd.DataFrame,
     *,
-    baseline: str = "checkpoint",
+    baseline: str | None = None,
     scenario: str | None = None,
     methods: Sequence[str] | None = None,
 ) -> dict[str, list[Artist]]:
-    """Draw each method's speed-up over `baseline` ("checkpoint" or "redundant") against the failure rate.
+    """Draw each method's speed-up over `baseline` (a method with the `speedup_baseline` trait, by
+    default the first: checkpoint) against the failure rate.
 
     How to read it: the speed-up is T_baseline / T_method paired by replication (same failures), so
     above the line at 1 the method reaches the target sooner than the baseline; bands are 95 %
@@ -77,20 +78,22 @@ def plot_speedup(
     Returns {"lines": one Line2D per method other than the baseline, "bands": one 95 % band per
     such method, "reference": [the Line2D at speed-up 1]}.
     """
-    if baseline not in BASELINES:
-        raise InputError(f"baseline = {baseline!r}: use one of {', '.join(BASELINES)}")
-    require_columns(summary, SUMMARY_COLUMNS, "summary")
+    baselines = speedup_baselines()
+    baseline = baselines[0] if baseline is None else baseline
+    if baseline not in baselines:
+        raise InputError(f"baseline = {baseline!r}: use one of {', '.join(baselines)}")
+    require_columns(summary, (*SUMMARY_COLUMNS, *speedup_columns(baseline)), "summary")
     rows, _ = select_scenario(summary, scenario)
     rows = select_methods(rows, methods)
-    mean_column = f"speedup_vs_{baseline}_mean"
+    mean_column, low_column, high_column = speedup_columns(baseline)
     finite = rows[np.isfinite(rows[mean_column].astype(float))]
     methods = [method for method in ordered_methods(finite["method"]) if method != baseline]
     drawn = _lines_against_rate(
         ax,
         finite,
         mean_column=mean_column,
-        low_column=f"speedup_vs_{baseline}_ci95_low",
-        high_column=f"speedup_vs_{baseline}_ci95_high",
+        low_column=low_column,
+        high_column=high_column,
         scale=1.0,
         methods=methods,
         what=f"the speed-up figure over {baseline} (no run of {baseline} reached the target?)",

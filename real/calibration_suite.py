@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any, TYPE_CHECKING, Literal
 
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_convergence import DEFAULT_WINDOW_ITERATIONS
-from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.methods import method_from_name, method_traits, reference_method
 
 from .distributed import Communicator
 from .launch import launch_local, run_distributed
@@ -51,6 +51,9 @@ SUITE_METHOD_PARAMETERS: dict[str, dict[str, object]] = {
     "async_checkpoint": {"interval_iterations": 10},
     "redundant": {"fallback_interval_iterations": 50},
     "checkfree_plus": {"replica_refresh_iterations": 20},
+    # The simulator charges checkfree's edge setback only to an edge rebuilt by `copy` (an edge
+    # reloaded from its edge checkpoint costs staleness instead), so that is what is measured here.
+    "checkfree": {"edge_fallback": "copy"},
 }
 
 # Interior and edge stages in turn, so each method gets setback samples at both positions.
@@ -166,6 +169,8 @@ class SuiteRun:
     config: TrainingConfig
     failure_rate_per_stage_hour: float | None = None
     """Recorded in the manifest when the failures were sampled from an hourly rate."""
+    scenario: Any = None
+    """The contract Scenario the run was made from, when it was (kept in the manifest)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,14 +247,19 @@ def registered_methods() -> tuple[str, ...]:
 
 
 def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequence[str] | None = None, prefix: str = "fit") -> tuple[SuiteRun, ...]:
-    """Baseline runs (method none, no failures) per seed, then one failure run per method."""
+    """Baseline runs (the reference method `none`, no failures) per seed, then one failure run per method."""
     chosen = tuple(methods) if methods is not None else registered_methods()
+    reference = reference_method()
     runs = [
-        SuiteRun(run_id=f"{prefix}-none-s{seed}", purpose="baseline", config=training_config(settings, method="none", seed=seed, device=device))
+        SuiteRun(
+            run_id=f"{prefix}-{reference}-s{seed}",
+            purpose="baseline",
+            config=training_config(settings, method=reference, seed=seed, device=device),
+        )
         for seed in settings.seeds
     ]
     failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations)
-    for index, name in enumerate(method for method in chosen if method != "none"):
+    for index, name in enumerate(method for method in chosen if not method_traits(method).ignores_failures):
         seed = settings.seeds[index % len(settings.seeds)]
         runs.append(
             SuiteRun(
@@ -271,7 +281,7 @@ def run_suite(
     for run in plan:
         started = time.perf_counter()
         directory = runs_out / run.run_id
-        launch_local(run.config, run_dir=directory, failure_rate_per_stage_hour=run.failure_rate_per_stage_hour)
+        launch_local(run.config, run_dir=directory, failure_rate_per_stage_hour=run.failure_rate_per_stage_hour, scenario=run.scenario)
         set_run_id(directory, run.run_id)
         written.append(directory)
         if on_run_done is not None:

@@ -4,7 +4,7 @@ Each rank runs `trainer.train_stage`; the per-rank results (iteration rows, span
 recovery outcomes) are gathered to rank 0 over the process group, merged, and written as a run
 record (calibration/run_record.py) when a run directory is given.
 
-    torchrun --nproc-per-node 4 -m churnsim.real.launch --config run.json --run-dir runs/a
+    torchrun --nproc-per-node 4 -m churnsim.real.launch --scenario scenario.json --method checkfree --run-dir runs/a
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -72,7 +73,8 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
     spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS))
     spans = spans.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
     failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(FAILURE_TABLE_COLUMNS))
-    failures = failures.sort_values(["iteration", "stage"], kind="stable").reset_index(drop=True)
+    # Stage 0 records every failure in the order it handed them out (the failure path's order).
+    failures = failures.sort_values(["iteration"], kind="stable").reset_index(drop=True)
     recoveries = [row for r in results for row in r.recoveries]
     return RunResult(config=config, metrics=metrics, spans=spans, failures=failures, recoveries=recoveries)
 
@@ -84,8 +86,14 @@ def write_record(
     run_id: str | None = None,
     checkpoint_directory: str | None = None,
     failure_rate_per_stage_hour: float | None = None,
+    scenario: Any = None,
+    replication: int = 0,
 ) -> Path:
-    """Write `result` as a run record directory (manifest, metrics, spans, failures)."""
+    """Write `result` as a run record directory (manifest, metrics, spans, failures).
+
+    `scenario` (a contract Scenario) is the scenario the run was made from, kept in the manifest so
+    that the simulator can replay the run from the same file.
+    """
     from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
     from churnsim.calibration.run_record import (
         METRICS_COLUMNS,
@@ -131,6 +139,8 @@ def write_record(
         source="real",
         method=config.method.name,
         seed=config.seed,
+        replication=replication,
+        scenario=scenario,
         real_settings=settings,
         **provenance_fields(),
         notes=tuple(
@@ -245,6 +255,8 @@ def launch_local(
     run_dir: str | Path | None = None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     failure_rate_per_stage_hour: float | None = None,
+    scenario: Any = None,
+    replication: int = 0,
 ) -> RunResult:
     """Run `config` with one local process per stage; writes a run record when `run_dir` is given.
 
@@ -296,6 +308,8 @@ def launch_local(
                     directory,
                     checkpoint_directory=str(kept.resolve()) if kept is not None else None,
                     failure_rate_per_stage_hour=failure_rate_per_stage_hour,
+                    scenario=scenario,
+                    replication=replication,
                 )
                 if kept is not None:
                     os.replace(checkpoints, kept)
@@ -307,14 +321,22 @@ def launch_local(
 
 def main(argv: list[str] | None = None) -> int:
     """One rank of a run under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by torchrun)."""
+    from churnsim.calibration.scenario import load_scenario
+
+    from .scenario_run import training_config
+
     parser = argparse.ArgumentParser(description="One rank of a churnsim real pipeline run (use with torchrun).")
-    parser.add_argument("--config", required=True, help="JSON file with a TrainingConfig (TrainingConfig.to_dict())")
+    parser.add_argument("--scenario", required=True, help="scenario JSON file (`churnsim real run ... --write-config FILE` writes one)")
+    parser.add_argument("--method", default=None, help="the method to run, if the scenario lists several")
+    parser.add_argument("--replication", type=int, default=0, help="which replication's failure path to inject")
     parser.add_argument("--run-dir", default=None, help="where rank 0 writes the run record")
     arguments = parser.parse_args(argv)
     try:
-        config = TrainingConfig.from_dict(json.loads(Path(arguments.config).read_text()))
-    except (OSError, json.JSONDecodeError) as error:
-        raise InputError(f"--config {arguments.config}: cannot read a JSON training config ({error})") from None
+        scenario = load_scenario(arguments.scenario).only_method(arguments.method)
+        config = training_config(scenario, scenario.methods[0], replication=arguments.replication)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     communicator = init_process_group(device=config.device, timeout_s=config.timeout_s)
     run_dir = Path(arguments.run_dir) if arguments.run_dir else None
     try:
@@ -323,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         destroy_process_group()
     if gathered is not None and run_dir is not None:
-        write_record(merge_rank_results(config, gathered), run_dir)
+        write_record(merge_rank_results(config, gathered), run_dir, scenario=scenario, replication=arguments.replication)
     return 0
 
 

@@ -5,9 +5,16 @@ stages' state, then the method's collective `recover`), run the pipeline's forwa
 microbatches, then `before_optimizer_step`, gradient clipping, AdamW, `after_optimizer_step`, and
 every `eval_interval_iterations` a held-out loss.
 
-Failures are (step, stage) pairs known to every rank. A step counts executed iterations, so after
-a rollback (a method's `resume_iteration`) replayed iterations do not fail again; without rollbacks
-step == iteration.
+Failures come from two sources, both decided the same way on every rank:
+- `failure_path`: the scenario's churn model, sampled by the contract's sampler (the path
+  `churnsim simulate` samples for the same seed and replication). Stage 0 walks it by its clock
+  (seconds since the start-of-run barrier) and, before every step, tells all ranks which stages'
+  failures came due (one all-reduce of S integers): a failure at time t strikes at the first
+  iteration boundary at or after t. Approximation: the iteration in flight at t completes; the
+  failure table records the injection time, which is what the validator replays.
+- `failures`: (step, stage) pairs, for tests and calibration runs that place failures exactly.
+A step counts executed iterations, so after a rollback (a method's `resume_iteration`) replayed
+iterations do not fail again; without rollbacks step == iteration.
 
 Gradient clipping: `per_stage` (default) clips each stage's gradient norm on its own, as the
 CheckFree reference code does; `global` clips by the norm of the whole model's gradient, which costs
@@ -31,7 +38,8 @@ from typing import Any, Literal
 import torch
 
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.methods import MethodConfig, NoneMethod, method_from_name
+from churnsim.calibration.failure_sampling import FailureCursor, FailurePathSpec
+from churnsim.calibration.methods import MethodConfig, NoneConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import SCHEDULES
 
 from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
@@ -59,9 +67,11 @@ class TrainingConfig:
     """Training iterations to complete (rolled-back iterations are done again)."""
     seed: int
     schedule: str = "1f1b"
-    method: MethodConfig = dataclasses.field(default_factory=NoneMethod)
+    method: MethodConfig = dataclasses.field(default_factory=NoneConfig)
     failures: tuple[tuple[int, int], ...] = ()
     """(step, stage) pairs: stage fails before the first microbatch of that step."""
+    failure_path: FailurePathSpec | None = None
+    """Failures by time from a churn model (module docstring); None: only `failures`."""
     learning_rate: float = 3e-4
     adam_betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
@@ -110,6 +120,8 @@ class TrainingConfig:
         data["model"] = dataclasses.asdict(self.model)
         data["method"] = self.method.model_dump()
         data["failures"] = [list(pair) for pair in self.failures]
+        if self.failure_path is not None:
+            data["failure_path"] = dataclasses.asdict(self.failure_path) | {"churn": self.failure_path.churn.model_dump()}
         data["adam_betas"] = list(self.adam_betas)
         return data
 
@@ -117,9 +129,15 @@ class TrainingConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
         data = dict(data)
         data["model"] = ModelConfig(**data["model"])
-        method = dict(data.get("method", {"name": "none"}))
-        data["method"] = method_from_name(method.pop("name"), **method)
+        if "method" in data:
+            method = dict(data["method"])
+            data["method"] = method_from_name(method.pop("name"), **method)
         data["failures"] = tuple(tuple(pair) for pair in data.get("failures", ()))
+        if data.get("failure_path") is not None:
+            from churnsim.calibration.churn import parse_churn_config
+
+            path = dict(data["failure_path"])
+            data["failure_path"] = FailurePathSpec(**(path | {"churn": parse_churn_config(path["churn"], "failure_path.churn")}))
         if "adam_betas" in data:
             data["adam_betas"] = tuple(data["adam_betas"])
         known = {f.name for f in dataclasses.fields(cls)}
@@ -236,7 +254,7 @@ def train_stage(
         else None
     )
     result = RankResult(rank=communicator.rank, stage=stage)
-    failures_by_step = config.failures_by_step()
+    due_failures = _DueFailures(config, communicator, spans, result)
 
     communicator.barrier()
     spans.restart_clock()
@@ -244,7 +262,7 @@ def train_stage(
     try:
         while iteration < config.num_iterations:
             spans.step = step
-            failed = failures_by_step.get(step)
+            failed = due_failures.stages_failing_before(step)
             if failed:
                 iteration = _apply_failures(config, failed, step, iteration, method, runtime, make_optimizer, spans, result)
             inputs = targets = None
@@ -305,9 +323,13 @@ def _apply_failures(
     result: RankResult,
 ) -> int:
     """Destroy the failed stages' state, run the collective recovery; returns the iteration to run."""
+    # Stages the method declares reliable (CheckFree's `edge_stages_reliable`) stay in the failure
+    # table, as the simulator records them ("ignored"), but keep their state and need no recovery.
+    failed = failed - method.reliable_stages
+    if not failed:
+        return iteration
     stage = runtime.module.stage
     if stage in failed:
-        result.failures.append({"time_s": spans.now_s(), "iteration": step, "stage": stage, "kind": FAILURE_KIND})
         if method.destroys_state_on_failure:
             with spans.span("recovery.join", step):
                 # The node dies first (its background work stops reading the weights), then the
@@ -323,3 +345,32 @@ def _apply_failures(
         row["recovery_s"] = time.perf_counter() - started
         result.recoveries.append(row)
     return outcome.resume_iteration if outcome.resume_iteration is not None else iteration
+
+
+class _DueFailures:
+    """Which stages fail before a step, the same answer on every rank; stage 0 records the rows."""
+
+    def __init__(self, config: TrainingConfig, communicator: Communicator, spans: SpanRecorder, result: RankResult) -> None:
+        self.num_stages = config.num_stages
+        self.by_step = config.failures_by_step()
+        self.communicator = communicator
+        self.spans = spans
+        self.result = result
+        self.cursor = FailureCursor(config.failure_path) if config.failure_path is not None else None
+
+    def stages_failing_before(self, step: int) -> frozenset[int]:
+        scheduled = self.by_step.get(step, frozenset())
+        recorder = self.communicator.rank == 0
+        now_s = self.spans.now_s()
+        if recorder:
+            for stage in sorted(scheduled):
+                self.result.failures.append({"time_s": now_s, "iteration": step, "stage": stage, "kind": FAILURE_KIND})
+        if self.cursor is None:
+            return scheduled
+        due = torch.zeros(self.num_stages, dtype=torch.int64, device=self.communicator.device)
+        if recorder:
+            for event in self.cursor.take_due(now_s):
+                due[event.stage] = 1
+                self.result.failures.append({"time_s": now_s, "iteration": step, "stage": event.stage, "kind": event.kind})
+        due = self.communicator.all_reduce_sum(due)
+        return scheduled | frozenset(int(stage) for stage in torch.nonzero(due).flatten().tolist())

@@ -14,7 +14,7 @@ from churnsim.calibration.calibration_file import Calibration, LinkProfile, Meas
 from churnsim.calibration.churn import NoChurn
 from churnsim.calibration.convergence import ConvergenceSpec, MethodSetbacks, PowerLawLossCurve, SetbackSpec
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.methods import NoneMethod
+from churnsim.calibration.methods import NoneConfig
 from churnsim.calibration.run_record import RunRecord
 from churnsim.calibration.scenario import (
     ExplicitCompute,
@@ -54,7 +54,7 @@ def timing_scenario(
         ),
         network=UniformNetwork(latency_s=link.latency_s, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s),
         churn=NoChurn(kind="none"),
-        methods=(NoneMethod(),),
+        methods=(NoneConfig(),),
         convergence=ConvergenceSpec(baseline=_PLACEHOLDER_CURVE),
         target=TargetSpec(iterations=1),
     )
@@ -104,11 +104,6 @@ def replay_storage(measured: Sequence[TierBandwidth], needed: Sequence[str]) -> 
 # -- replaying a run record (sim/validate.py) ---------------------------------------------------
 
 
-def _tiers_named_by(method) -> list[str]:
-    names = [getattr(method, field) for field in ("tier", "fallback_tier") if getattr(method, field, None)]
-    return names + list(getattr(method, "levels", ()))
-
-
 def replay_scenario(record: RunRecord, calibration: Calibration | None) -> Scenario:
     """The scenario a record is replayed in, under the record's stopping rule (module docstring)."""
     manifest = record.manifest
@@ -129,7 +124,7 @@ def replay_scenario(record: RunRecord, calibration: Calibration | None) -> Scena
         # Placeholders: the calibration replaces compute and network.
         compute=ExplicitCompute(block_forward_s=0.0, block_backward_s=0.0),
         network=UniformNetwork(latency_s=0.0, bandwidth_bytes_per_s=1.0),
-        storage=replay_storage(calibration.storage, _tiers_named_by(settings.method)),
+        storage=replay_storage(calibration.storage, settings.method.tiers_used),
         churn=NoChurn(kind="none"),
         recovery=RecoverySpec(join_delay_s=0.0, restart_s=0.0),
         methods=(settings.method,),

@@ -18,7 +18,7 @@ from .iteration import IterationResult
 from .results import RunResult
 
 UNCALIBRATED_NOTE = (
-    "convergence setbacks are the uncalibrated defaults of calibration/convergence.py, not measurements; "
+    "convergence setbacks are the uncalibrated defaults of calibration/methods.py, not measurements; "
     "`churnsim calibrate` measures them, and a scenario file can carry measured setbacks (README, Calibration)"
 )
 

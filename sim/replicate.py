@@ -19,10 +19,10 @@ import pandas as pd
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.failure_sampling import failures_for_replication
-from churnsim.calibration.methods import MethodConfig
+from churnsim.calibration.methods import MethodConfig, speedup_baselines
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.statistics import mean_with_ci95
-from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TRAJECTORY_COLUMNS
+from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_columns, summary_columns
 
 from .iteration import IterationModel
 from .results import RunResult
@@ -116,13 +116,10 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "time_to_target_ci95_high_s": high,
                 "setbacks_calibrated": bool(method_runs["setbacks_calibrated"].all()),
             }
-            for baseline in ("checkpoint", "redundant"):
-                speed_mean, speed_low, speed_high = mean_with_ci95(_paired_speedups(group, method, baseline))
-                row[f"speedup_vs_{baseline}_mean"] = speed_mean
-                row[f"speedup_vs_{baseline}_ci95_low"] = speed_low
-                row[f"speedup_vs_{baseline}_ci95_high"] = speed_high
+            for baseline in speedup_baselines():
+                row.update(zip(speedup_columns(baseline), mean_with_ci95(_paired_speedups(group, method, baseline))))
             rows.append(row)
-    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+    return pd.DataFrame(rows, columns=list(summary_columns()))
 
 
 def trajectories_table(scenario: Scenario, results: Iterable[RunResult], *, max_replications: int = 1) -> pd.DataFrame:

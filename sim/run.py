@@ -146,8 +146,8 @@ class Run:
             compute_only_bubble_fraction=self.compute_only_bubble_fraction,
             wall_clock_s=wall_clock_s,
         )
-        if not self.scenario.convergence.calibrated and self.policy.uses_setbacks:
-            self.notes.append("convergence setbacks are uncalibrated defaults (calibration/convergence.py)")
+        if not self.scenario.convergence.calibrated and self.policy.config.uses_setbacks:
+            self.notes.append("convergence setbacks are uncalibrated defaults (default_setback_iterations in calibration/methods.py)")
         return RunResult(
             method=self.policy.name,
             replication=replication,
@@ -259,7 +259,7 @@ class Run:
     def _arrive(self, event: FailureEvent) -> None:
         now = self.env.now
         self.timeline.append(TimelineEvent(name=f"failure ({event.kind})", category="failure", stage=event.stage, start_s=now, end_s=now))
-        if not self.policy.interrupts_training:
+        if self.policy.config.ignores_failures or event.stage in self.policy.reliable_stages:
             self.record_failure(event, "ignored")
             return
         if now < self.down_until.get(event.stage, -math.inf):

@@ -9,7 +9,6 @@ returns exactly the numbers of the local pool for the same seeds.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -17,64 +16,12 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.base import validate_model
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.scenario_overrides import GridSetting, apply_settings
 
 from .replicate import ReplicationTask, replication_tasks, run_replication, runs_table, summary_table, trajectories_table
-
-GridSetting = tuple[str, tuple[Any, ...]]
-
-
-def parse_grid_setting(text: str) -> GridSetting:
-    """`churn.failure_probability_per_stage_hour=0.05,0.1` → (path, (0.05, 0.1)); values are JSON scalars or bare strings."""
-    if "=" not in text:
-        raise InputError(f"--set {text!r}: expected FIELD=VALUE[,VALUE...], e.g. pipeline.num_stages=4,8")
-    path, _, values_text = text.partition("=")
-    path = path.strip()
-    values = [value.strip() for value in values_text.split(",") if value.strip()]
-    if not path or not values:
-        raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
-    parsed = []
-    for value in values:
-        try:
-            parsed.append(json.loads(value))
-        except json.JSONDecodeError:
-            parsed.append(value)
-    return path, tuple(parsed)
-
-
-def _assign(data: Any, path: str, value: Any) -> None:
-    parts = path.split(".")
-    node = data
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise InputError(f"--set {path}: '{part}' is not an index of a list of {len(node)}; use 0..{len(node) - 1}")
-            key: Any = int(part)
-        elif isinstance(node, dict):
-            if part not in node:
-                raise InputError(f"--set {path}: the scenario has no field '{part}' there; fields: {', '.join(sorted(node))}")
-            key = part
-        else:
-            raise InputError(f"--set {path}: '{part}' goes below a plain value")
-        if last:
-            node[key] = value
-        else:
-            node = node[key]
-
-
-def apply_settings(scenario: Scenario, settings: dict[str, Any]) -> Scenario:
-    """A copy of `scenario` with dotted-path fields replaced, validated, named after the settings."""
-    data = scenario.model_dump(mode="json")
-    for path, value in settings.items():
-        _assign(data, path, value)
-    if settings:
-        data["name"] = f"{scenario.name}[" + ",".join(f"{path}={value}" for path, value in settings.items()) + "]"
-    return validate_model(Scenario, data, f"scenario {scenario.name} with {settings}")
-
 
 def grid_points(grid: Sequence[GridSetting]) -> list[dict[str, Any]]:
     if not grid:

@@ -348,7 +348,9 @@ def validate_record(record: RunRecord, calibration: Calibration | None) -> RunVa
         if calibration is None:
             raise InputError(f"run record {manifest.run_id!r} is a real run: replaying it needs a calibration (--calibration FILE)")
         measured, predicted, target_loss, notes = _validate_real(record, calibration)
-        probability = manifest.real_settings.failure_rate_per_stage_hour
+        probability = (
+            failure_probability_of(manifest.scenario) if manifest.scenario is not None else manifest.real_settings.failure_rate_per_stage_hour
+        )
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from churnsim.calibration.base import atomic_write_text
 from churnsim.calibration.churn import StageHourlyChurn
-from churnsim.calibration.methods import MethodConfig, method_from_name
+from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
 from churnsim.calibration.run_record import provenance_fields
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
@@ -73,13 +73,19 @@ def rate_tasks(plan: WhatIfPlan) -> list[SweepTask]:
     return tasks
 
 
+def interval_study_methods() -> tuple[str, ...]:
+    """The checkpoint-family methods with a checkpoint interval: the ones the interval study sweeps."""
+    return tuple(name for name in method_names_where(family="checkpoint") if method_traits(name).checkpoint_interval_field)
+
+
 def interval_tasks(plan: WhatIfPlan) -> list[SweepTask]:
     if plan.interval_study_rate is None:
         return []
     tasks = []
-    for name in ("checkpoint", "async_checkpoint"):
+    for name in interval_study_methods():
+        interval_field = method_traits(name).checkpoint_interval_field
         for interval in plan.intervals:
-            method = method_from_name(name, interval_iterations=interval)
+            method = method_from_name(name, **{interval_field: interval})
             scenario = at_rate(plan.scenario, plan.interval_study_rate, replications=plan.replications, methods=(method,))
             scenario = Scenario.model_validate(scenario.model_dump())
             for task in replication_tasks(scenario):
@@ -97,7 +103,7 @@ def interval_table(plan: WhatIfPlan, runs: pd.DataFrame) -> pd.DataFrame:
     pipeline_failure_rate_per_s = churn.rate_per_stage_s * num_stages
     rows = []
     young = daly = math.nan
-    sync = runs[runs["method"] == "checkpoint"]
+    sync = runs[runs["method"].isin(method_names_where(blocking_checkpoint=True))]
     if not sync.empty and pipeline_failure_rate_per_s > 0:
         # δ: blocked seconds per synchronous checkpoint, read off the runs (stall / checkpoints taken).
         per_checkpoint = sync["checkpoint_stall_s"] / (sync["iterations_executed"] / sync["interval_iterations"]).clip(lower=1)

@@ -23,7 +23,10 @@ METHODS: dict[str, type[RecoveryMethod]] = {}
 def register_method(method_class: type[RecoveryMethod]) -> type[RecoveryMethod]:
     """Add `method_class` under its `name` (usable as a class decorator)."""
     if method_class.name not in METHOD_NAMES:
-        raise ValueError(f"method name {method_class.name!r} is not in calibration.methods.METHOD_NAMES")
+        raise ValueError(
+            f"method name {method_class.name!r} is not a registered method config; "
+            "register its config first with calibration.methods.register_method_config"
+        )
     METHODS[method_class.name] = method_class
     return method_class
 

@@ -7,7 +7,8 @@ Life of a method object (one per rank, built by `build_method`):
   (returns the seconds training was blocked, e.g. waiting for a snapshot copy) once the gradients
   are complete and before clipping, `after_optimizer_step(i)` after the weights changed
   (checkpoint saves, replica refreshes).
-- At a failure of stages F (before the iteration's first microbatch): on each failed stage whose
+- At a failure of stages F (before the iteration's first microbatch; stages in `reliable_stages`
+  are recorded and otherwise left alone): on each failed stage whose
   state `destroys_state_on_failure` says is lost, the trainer calls `forget_node_state()` (the node
   died: background work stops), re-initialises the module in place and installs a fresh optimizer;
   then every rank calls `recover(F, i)` collectively, which moves real bytes over the process
@@ -30,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from churnsim.calibration.pipeline_schedule import Hop
+from churnsim.calibration.rebuild_plan import reliable_stages
 
 from ..distributed import Communicator
 from ..model import ModelConfig, StageModule
@@ -98,16 +100,24 @@ class RecoveryMethod(ABC):
     """One recovery method on one rank."""
 
     name: ClassVar[str]
-    destroys_state_on_failure: ClassVar[bool] = True
-    """False only for `none`, whose failures are ignored."""
 
     def __init__(self, config: Any, context: MethodContext) -> None:
         self.config = config
         self.context = context
 
     @property
+    def destroys_state_on_failure(self) -> bool:
+        """False for methods whose failures are ignored (the contract's `ignores_failures` trait: `none`)."""
+        return not self.config.ignores_failures
+
+    @property
     def swap_odd_microbatches(self) -> bool:
         return False
+
+    @property
+    def reliable_stages(self) -> frozenset[int]:
+        """Stages whose failures the trainer records but does not apply (CheckFree's `edge_stages_reliable`)."""
+        return reliable_stages(self.config, self.context.num_stages)
 
     def after_forward_hop(
         self,

@@ -201,12 +201,20 @@ class CheckpointKeeper:
             notes=tuple(notes),
         )
 
+    def restore_newest(self) -> int:
+        """Load this stage's newest checkpoint it can still read (tag 0: the initial weights); returns the tag.
+
+        Local to this rank: the stage-local rollback of `rollback = "stage"` and CheckFree's edge checkpoints."""
+        self.engine.wait_before_optimizer_step()  # no background copy may read what we overwrite
+        tag = max(self.available_tags())
+        self._restore(tag)
+        return tag
+
     def _rollback_stage(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         context = self.context
         tag = None
         if context.stage in failed_stages:
-            tag = max(self.available_tags())
-            self._restore(tag)
+            tag = self.restore_newest()
         tags = context.communicator.all_gather_objects(tag)
         rebuilt_from, notes = {}, []
         for stage in sorted(failed_stages):

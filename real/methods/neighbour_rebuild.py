@@ -1,58 +1,45 @@
-"""Methods that rebuild a lost stage from its surviving neighbours' blocks (DESIGN.md section 2).
+"""Methods that rebuild a lost stage from surviving stages' blocks (DESIGN.md section 2).
 
-CheckFree (Blagoev et al., "All is Not Lost", arXiv 2506.15461): a lost interior stage s becomes
-W_s = (ω_{s-1}·W_{s-1} + ω_{s+1}·W_{s+1}) / (ω_{s-1} + ω_{s+1}) over its block parameters, with ω
-the squared L2 norm of that neighbour's last gradient (options `l2`, `uniform`). The neighbours
-send their block weights and ω over the process group. The rebuilt stage gets a fresh optimizer at
-base LR × `lr_scale` (not compounding on a second failure).
+What each lost stage starts from is the contract's `calibration.rebuild_plan.plan_rebuild` (the
+simulator charges the same plan); this module carries it out on the process group. Every rank
+computes the same plans, then:
+
+- sources send their block weights and ω to each target (any surviving stage may be a source: the
+  blocks of every stage have the same shapes), and the target loads Σ ω_i W_i / Σ ω_i. CheckFree
+  (Blagoev et al., "All is Not Lost", arXiv 2506.15461): ω is the squared L2 norm of that source's
+  last block gradient (options `l2`, `uniform`); the ablations use ω = 1;
+- a rebuilt stage gets a fresh optimizer at base LR × `lr_scale` (not compounding on a second
+  failure);
+- CheckFree with `edge_fallback = "checkpoint"`: stages 0 and S-1 save their whole state (weights,
+  optimizer, RNG) every `edge_checkpoint_interval_iterations` through the synchronous engine of
+  `checkpoint` (`CheckpointKeeper`, real/methods/checkpointing.py); a lost edge reloads its newest
+  save that survived (the initial weights before the first), stale by the iterations since, while
+  the other stages keep going;
+- the embedding (stage 0) or final norm + lm_head (stage S-1) of a copied edge stays at its random
+  init (a note says so: the loss returns towards chance), except under CheckFree+, which restores
+  them from replicas held by stages 1 and S-2.
 
 Choices, where the reference code differs (reference sheet section 6):
 - ω is the norm of the block gradients *before* clipping (the reference uses the clipped norm + 1e-4,
   which is ≈ uniform once raw norms exceed the clip); a stage that has not stepped since it was
   (re)built reports ω = 1, as the reference initialises it.
-- A stage is only ever rebuilt from neighbours that survived this failure: two adjacent lost stages
-  each fall back to their other, surviving neighbour (copy) or to the fresh random init.
+- Only stages that survived this failure are sources (never a lost stage's pre-failure weights).
 - Stage indices come from S; the first and last stages can fail.
 - The ablations copy or average real weights (the reference's ablations zeroed them).
-- The embedding (stage 0) and head (stage S-1) of a rebuilt edge stage stay randomly initialised,
-  except under CheckFree+, which restores them from replicas held by stages 1 and S-2.
 """
 
 from __future__ import annotations
 
 import math
-from abc import abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from churnsim.calibration.pipeline_schedule import swapped_block_order
+from churnsim.calibration.rebuild_plan import RebuildPlan, edge_checkpoint_stages, plan_rebuild
 
 from .base import METHOD_TAG_BASE, MethodContext, RecoveryMethod, RecoveryOutcome
-
-
-@dataclass(frozen=True, kw_only=True)
-class RebuildPlan:
-    """Where one lost stage's blocks come from; computed identically on every rank."""
-
-    stage: int
-    sources: tuple[int, ...]
-    """Surviving stages whose blocks are combined (empty: keep the fresh random init)."""
-    weighting: str
-    """`gradient` (ω from the sources' gradient norms), `uniform` or `copy` (one source)."""
-
-    @property
-    def description(self) -> str:
-        if not self.sources:
-            return "random"
-        names = {"gradient": "weighted_average", "uniform": "uniform_average", "copy": "copy"}
-        return f"{names[self.weighting]}({','.join(map(str, self.sources))})"
-
-
-def surviving_neighbours(stage: int, num_stages: int, failed: frozenset[int]) -> tuple[int, ...]:
-    """The previous then the next stage, each only if it exists and did not just fail."""
-    return tuple(n for n in (stage - 1, stage + 1) if 0 <= n < num_stages and n not in failed)
+from .checkpointing import CheckpointDirectories, CheckpointKeeper, synchronous_engine
 
 
 def gradient_weight(gradient_norm: float, weighting: str) -> float:
@@ -78,55 +65,116 @@ def _load_flat(parameters: dict[str, torch.nn.Parameter], flat: torch.Tensor) ->
 
 
 class NeighbourRebuildMethod(RecoveryMethod):
-    """Shared machinery: gradient-norm bookkeeping, the block transfer and the weighted combination."""
+    """Shared machinery: gradient-norm bookkeeping, edge checkpoints, the block transfer and the combination."""
 
     weighting: str = "uniform"
 
     def __init__(self, config: Any, context: MethodContext) -> None:
         super().__init__(config, context)
         self.last_gradient_norm = 1.0
+        self.edge_keeper: CheckpointKeeper | None = None
+        """Saves and reloads this stage's state when it is an edge stage with edge checkpoints."""
+        if context.stage in edge_checkpoint_stages(config, context.num_stages):
+            directories = CheckpointDirectories(context)
+            self.edge_keeper = CheckpointKeeper(
+                context,
+                synchronous_engine(context, directories, config.edge_checkpoint_tier),
+                directories,
+                interval_iterations=config.edge_checkpoint_interval_iterations,
+                rollback="stage",
+            )
 
-    @abstractmethod
-    def plan_stage(self, stage: int, failed: frozenset[int]) -> RebuildPlan:
-        """Where lost stage `stage`'s blocks come from, given every stage lost in this failure."""
+    def plan(self, failed_stages: frozenset[int]) -> dict[int, RebuildPlan]:
+        """What each stage lost together starts from: the contract's rule, the same on every rank."""
+        return plan_rebuild(self.config, failed_stages, self.context.num_stages)
 
     def before_optimizer_step(self, iteration: int) -> float:
         gradients = [p.grad for p in self.context.runtime.module.part_parameters("blocks").values() if p.grad is not None]
         if gradients:
             self.last_gradient_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gradients])))
-        return 0.0
+        return self.edge_keeper.before_optimizer_step() if self.edge_keeper is not None else 0.0
+
+    def after_optimizer_step(self, iteration: int) -> None:
+        if self.edge_keeper is not None:
+            self.edge_keeper.after_optimizer_step(iteration)
 
     def forget_node_state(self) -> None:
         self.last_gradient_norm = 1.0
+        if self.edge_keeper is not None:
+            self.edge_keeper.forget_node_state()
+
+    def close(self) -> None:
+        if self.edge_keeper is not None:
+            self.edge_keeper.close()
 
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         context = self.context
-        plans = [self.plan_stage(stage, failed_stages) for stage in sorted(failed_stages)]
+        plans = self.plan(failed_stages)
+        own = plans.get(context.stage)
         notes: list[str] = []
         with context.spans.span("recovery.transfer"):
-            received = self._exchange_blocks(plans)
+            received = self._exchange_blocks(list(plans.values()))
         with context.spans.span("recovery.rebuild"):
-            for plan in plans:
-                if plan.stage == context.stage and plan.sources:
-                    note = self._combine(plan, received)
-                    if note:
-                        notes.append(note)
-            if context.stage in failed_stages:
+            if own is not None and own.blocks_from == "sources":
+                note = self._combine(own, received)
+                if note:
+                    notes.append(note)
+            if own is not None and own.fresh_optimizer:
                 context.runtime.optimizer = context.make_optimizer(self.config.lr_scale)
                 context.runtime.lr_scale = self.config.lr_scale
-        notes.extend(self._recover_other_parts(failed_stages, iteration))
+        rebuilt_from = {stage: plan.description for stage, plan in plans.items()}
+        restored_from, restore_notes = self._restore_edge_checkpoints(plans, iteration)
+        rebuilt_from.update(restored_from)
+        notes.extend(restore_notes)
+        notes.extend(self._recover_other_parts(plans, iteration))
+        rebuilt = any(plan.fresh_optimizer for plan in plans.values())
         return RecoveryOutcome(
             failed_stages=failed_stages,
-            lr_scale=self.config.lr_scale,
-            rebuilt_from={plan.stage: plan.description for plan in plans},
+            lr_scale=self.config.lr_scale if rebuilt else 1.0,
+            rebuilt_from=rebuilt_from,
             notes=tuple(notes),
         )
 
-    def _recover_other_parts(self, failed_stages: frozenset[int], iteration: int) -> list[str]:
-        """Embedding / head of lost edge stages: kept random here; CheckFree+ restores replicas."""
-        last = self.context.num_stages - 1
-        parts = {0: "embedding", last: "final norm and lm_head"}
-        return [f"stage {stage} {parts[stage]}: random init (no replica)" for stage in sorted(failed_stages & {0, last})]
+    def _restore_edge_checkpoints(self, plans: dict[int, RebuildPlan], iteration: int) -> tuple[dict[int, str], list[str]]:
+        """Lost edge stages reload their own newest save; the tags are shared so every rank reports the same."""
+        restored = sorted(stage for stage, plan in plans.items() if plan.blocks_from == "edge_checkpoint")
+        if not restored:
+            return {}, []
+        tag = None
+        if self.context.stage in restored:
+            assert self.edge_keeper is not None, "an edge stage with edge checkpoints holds a keeper"
+            tag = self.edge_keeper.restore_newest()
+        tags = self.context.communicator.all_gather_objects(tag)
+        rebuilt_from, notes = {}, []
+        for stage in restored:
+            stage_tag = tags[stage]
+            rebuilt_from[stage] = f"edge_checkpoint(iteration {stage_tag})" if stage_tag > 0 else "edge_checkpoint(initial weights)"
+            notes.append(
+                f"stage {stage}: reloaded its edge checkpoint of iteration {stage_tag}, "
+                f"{iteration - stage_tag} iteration(s) stale; the other stages kept theirs"
+            )
+        return rebuilt_from, notes
+
+    def _edge_part_name(self, stage: int) -> str:
+        parts = []
+        if stage == 0:
+            parts.append("embedding")
+        if stage == self.context.num_stages - 1:
+            parts.append("final norm and lm_head")
+        return " and ".join(parts)
+
+    def _recover_other_parts(self, plans: dict[int, RebuildPlan], iteration: int) -> list[str]:
+        """Embedding / head of lost edge stages the plan leaves at random init (CheckFree+ restores replicas)."""
+        notes = []
+        for stage, plan in sorted(plans.items()):
+            if plan.edge_part != "random_init":
+                continue
+            if plan.sources:
+                reason = f"only blocks were copied from stage {plan.sources[0]}; the loss returns towards chance until it retrains"
+            else:
+                reason = "no replica or checkpoint"
+            notes.append(f"stage {stage} {self._edge_part_name(stage)}: random init ({reason})")
+        return notes
 
     def _tag(self, target: int, source: int, kind: int) -> int:
         return METHOD_TAG_BASE + ((target * self.context.num_stages + source) * 4 + kind) * 2
@@ -180,45 +228,23 @@ class CheckFreeMethod(NeighbourRebuildMethod):
         super().__init__(config, context)
         self.weighting = config.weighting
 
-    def plan_stage(self, stage: int, failed: frozenset[int]) -> RebuildPlan:
-        num_stages = self.context.num_stages
-        neighbours = surviving_neighbours(stage, num_stages, failed)
-        if 0 < stage < num_stages - 1 and len(neighbours) == 2:
-            return RebuildPlan(stage=stage, sources=neighbours, weighting="gradient")
-        if self.config.edge_fallback == "copy" and neighbours:
-            return RebuildPlan(stage=stage, sources=neighbours[:1], weighting="copy")
-        return RebuildPlan(stage=stage, sources=(), weighting="copy")
-
 
 class CopyMethod(NeighbourRebuildMethod):
-    """Ablation: copy the previous stage (the next one for stage 0, or when the previous is lost too)."""
+    """Ablation: copy the nearest surviving stage (the previous one first)."""
 
     name: ClassVar[str] = "copy"
 
-    def plan_stage(self, stage: int, failed: frozenset[int]) -> RebuildPlan:
-        neighbours = surviving_neighbours(stage, self.context.num_stages, failed)
-        return RebuildPlan(stage=stage, sources=neighbours[:1], weighting="copy")
-
 
 class UniformMethod(NeighbourRebuildMethod):
-    """Ablation: 0.5/0.5 average of the two neighbours; edges and adjacent losses copy the survivor."""
+    """Ablation: 0.5/0.5 average of the two neighbours; edges and adjacent losses copy a survivor."""
 
     name: ClassVar[str] = "uniform"
-
-    def plan_stage(self, stage: int, failed: frozenset[int]) -> RebuildPlan:
-        neighbours = surviving_neighbours(stage, self.context.num_stages, failed)
-        if len(neighbours) == 2:
-            return RebuildPlan(stage=stage, sources=neighbours, weighting="uniform")
-        return RebuildPlan(stage=stage, sources=neighbours, weighting="copy")
 
 
 class RandomMethod(NeighbourRebuildMethod):
     """Ablation: the lost stage keeps the fresh random initialisation."""
 
     name: ClassVar[str] = "random"
-
-    def plan_stage(self, stage: int, failed: frozenset[int]) -> RebuildPlan:
-        return RebuildPlan(stage=stage, sources=(), weighting="copy")
 
 
 class CheckFreePlusMethod(NeighbourRebuildMethod):
@@ -243,22 +269,12 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
     def swap_odd_microbatches(self) -> bool:
         return True
 
-    def plan_stage(self, stage: int, failed: frozenset[int]) -> RebuildPlan:
-        last = self.context.num_stages - 1
-        partner = {0: 1, last: last - 1}.get(stage)
-        if partner is not None:
-            sources = (partner,) if partner not in failed else ()
-            return RebuildPlan(stage=stage, sources=sources, weighting="copy")
-        neighbours = surviving_neighbours(stage, self.context.num_stages, failed)
-        if len(neighbours) == 2:
-            return RebuildPlan(stage=stage, sources=neighbours, weighting="gradient")
-        return RebuildPlan(stage=stage, sources=neighbours[:1], weighting="copy")
-
     def forget_node_state(self) -> None:
         super().forget_node_state()
         self.replicas.clear()
 
     def after_optimizer_step(self, iteration: int) -> None:
+        super().after_optimizer_step(iteration)
         if iteration % self.config.replica_refresh_iterations == 0:
             with self.context.spans.span("replica_refresh"):
                 for part in self.replica_placement:
@@ -279,8 +295,11 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
             self.replicas[part] = context.communicator.recv((self._part_numel(part),), torch.float32, owner, tag)
         self.replica_valid[part] = True
 
-    def _recover_other_parts(self, failed_stages: frozenset[int], iteration: int) -> list[str]:
+    def _recover_other_parts(self, plans: dict[int, RebuildPlan], iteration: int) -> list[str]:
+        # The plan restores a replica exactly when its holder (the swap partner) survived; whether
+        # one was ever refreshed is only known here, at run time.
         context = self.context
+        failed_stages = frozenset(plans)
         notes: list[str] = []
         for part, (owner, holder) in self.replica_placement.items():
             if holder in failed_stages:

@@ -13,7 +13,6 @@ from .base import RecoveryMethod, RecoveryOutcome
 
 class NoneMethod(RecoveryMethod):
     name: ClassVar[str] = "none"
-    destroys_state_on_failure: ClassVar[bool] = False
 
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         return RecoveryOutcome(

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Generator
 
 from churnsim.calibration.methods import MethodConfig
+from churnsim.calibration.rebuild_plan import reliable_stages
 from churnsim.calibration.scenario import Scenario
 
 from ..iteration_state import PipelineState
@@ -36,10 +37,6 @@ class RecoveryPolicy(ABC):
     """One recovery method in the simulator; subclasses set `name` to a `METHOD_NAMES` entry."""
 
     name: ClassVar[str]
-    interrupts_training: ClassVar[bool] = True
-    """False only for `none`: failures are recorded and otherwise ignored."""
-    uses_setbacks: ClassVar[bool] = False
-    """True when the method's cost depends on the (possibly uncalibrated) convergence setbacks."""
     swap_odd_microbatches: ClassVar[bool] = False
     redundant_forward: ClassVar[bool] = False
 
@@ -47,6 +44,8 @@ class RecoveryPolicy(ABC):
         self.config = config
         self.scenario = scenario
         self.num_stages = scenario.pipeline.num_stages
+        self.reliable_stages = reliable_stages(config, self.num_stages)
+        """Stages whose failures are recorded as ignored (CheckFree's `edge_stages_reliable`)."""
         self._states: dict[tuple[int, ...] | None, PipelineState] = {}
 
     def healthy_state(self, node_of_stage: tuple[int, ...] | None = None) -> PipelineState:

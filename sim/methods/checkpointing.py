@@ -7,6 +7,9 @@ interrupted by a failure is not a checkpoint; a checkpoint on a tier that does n
 is gone after any failure (a part of it died with the node). Progress 0 is an implicit checkpoint (the seeded
 initialisation), so a failure before the first checkpoint needs no read.
 
+CheckFree's edge checkpoints reuse `SyncCheckpointer` with `stages=(0, S-1)` and charge a reload with
+`stale_stage_loss_iterations`, as `rollback = "stage"` does (sim/methods/rebuild.py).
+
 Restart recovery (`RestartRecovery`): wait until every lost stage's replacement has joined, then
 `recovery.restart_s` (rendezvous, process groups), then the checkpoint reads (all stages for
 `rollback = "all"`, only the lost stages for `"stage"`) concurrently over the tier's read links.
@@ -26,18 +29,28 @@ from .base import RecoveryPolicy, stage_checkpoint_bytes
 
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
+    from ..links import ProcessorSharingLink
     from ..run import Run
 
 
-class SyncCheckpointer:
-    """Blocking checkpoints to one storage tier every `interval_iterations` executed iterations."""
+def stale_stage_loss_iterations(stale_iterations: float, num_reloaded_stages: int, num_stages: int) -> float:
+    """Progress lost when stages reload state `stale_iterations` old while the others keep theirs
+    (`rollback = "stage"`, CheckFree's edge checkpoints): each holds 1/S of the model."""
+    return num_reloaded_stages * stale_iterations / num_stages
 
-    def __init__(self, scenario: Scenario, *, tier: str, interval_iterations: int) -> None:
+
+class SyncCheckpointer:
+    """Blocking checkpoints to one storage tier every `interval_iterations` executed iterations.
+
+    `stages` limits the writers (CheckFree's edge checkpoints: stages 0 and S-1); default all."""
+
+    def __init__(self, scenario: Scenario, *, tier: str, interval_iterations: int, stages: Iterable[int] | None = None) -> None:
         self.tier = tier
         self.survives_node_loss = scenario.tier(tier).survives_node_loss
         self.interval_iterations = interval_iterations
         self.num_stages = scenario.pipeline.num_stages
         self.stage_bytes = tuple(stage_checkpoint_bytes(scenario, stage) for stage in range(self.num_stages))
+        self.stages = tuple(range(self.num_stages)) if stages is None else tuple(stages)
         self.committed_progress = 0.0
         self.has_checkpoint = False
         self.num_written = 0
@@ -56,18 +69,25 @@ class SyncCheckpointer:
         self._origin = run.iterations_executed
 
     def write(self, run: "Run") -> Generator:
-        writes = run.all_transfers_done((run.tier_link(self.tier, "write", stage), size) for stage, size in enumerate(self.stage_bytes))
+        writes = run.all_transfers_done((run.tier_link(self.tier, "write", stage), self.stage_bytes[stage]) for stage in self.stages)
         yield from run.wait(writes, "checkpoint_stall_s", f"checkpoint write ({self.tier})")
         self.committed_progress = run.progress
         self.has_checkpoint = True
         self.num_written += 1
         self._origin = run.iterations_executed
 
-    def read(self, run: "Run", stages: Iterable[int]) -> Generator:
+    def read_requests(self, run: "Run", stages: Iterable[int]) -> list[tuple["ProcessorSharingLink", float]]:
+        """(link, bytes) of the reads restoring `stages`; none before the first checkpoint (the
+        initial weights are regenerated from the seed)."""
         if not self.has_checkpoint:
+            return []
+        return [(run.tier_link(self.tier, "read", stage), self.stage_bytes[stage]) for stage in stages]
+
+    def read(self, run: "Run", stages: Iterable[int]) -> Generator:
+        requests = self.read_requests(run, stages)
+        if not requests:
             return
-        reads = run.all_transfers_done((run.tier_link(self.tier, "read", stage), self.stage_bytes[stage]) for stage in stages)
-        yield from run.wait(reads, "recovery_downtime_s", f"checkpoint read ({self.tier})")
+        yield from run.wait(run.all_transfers_done(requests), "recovery_downtime_s", f"checkpoint read ({self.tier})")
 
 
 class RestartRecovery:
@@ -107,7 +127,7 @@ class RestartRecovery:
         readers = range(self.num_stages) if self.rollback == "all" else sorted(self.stages)
         yield from read(run, readers)
         if self.rollback == "stage":
-            run.lose_iterations(len(self.stages) * self._stale_iterations / self.num_stages)
+            run.lose_iterations(stale_stage_loss_iterations(self._stale_iterations, len(self.stages), self.num_stages))
         run.span(f"restart of stages {sorted(self.stages)}", "recovery", start_s)
         self.stages.clear()
 

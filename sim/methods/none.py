@@ -11,10 +11,9 @@ class NonePolicy(RecoveryPolicy):
     """Training never stops: the run model records each failure as `ignored` and does not interrupt."""
 
     name = "none"
-    interrupts_training = False
 
     def on_failures(self, run, failures) -> Generator:
-        for event in failures:  # not reached (interrupts_training is False); kept for completeness
+        for event in failures:  # not reached (the config's ignores_failures trait); kept for completeness
             run.record_failure(event, "ignored")
         return
         yield

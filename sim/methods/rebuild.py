@@ -1,127 +1,136 @@
 """Rebuild methods: `checkfree`, `checkfree_plus` and the ablations `copy`, `uniform`, `random`.
 
-Training stops while a lost stage is rebuilt: wait for the replacement to join, `recovery.restart_s`,
-then the transfers of the neighbours' weights into the new node, concurrently over the
-processor-sharing links (source node → new node). Nothing rolls back; each rebuilt stage costs the
-convergence setback `scenario.convergence.setback_iterations(method, position)`, applied when the
-rebuild completes. Only the neighbours' transformer blocks are sent (the optimizer starts fresh; the
-lost embedding or head is re-initialised, unless CheckFree+ restores it from its replica).
+What a lost stage starts from is decided by the contract, `calibration.rebuild_plan.plan_rebuild`
+(the same rule real runs carry out); this module only charges it. Training stops while lost stages
+are rebuilt: wait for the replacements to join, `recovery.restart_s`, then the transfers of the
+sources' transformer blocks into the new nodes, concurrently over the processor-sharing links
+(source node → new node), together with the reads of any edge checkpoint. Each rebuilt stage then
+costs the convergence setback `scenario.convergence.setback_iterations(plan.setback_method,
+plan.setback_position)`, applied when the rebuild completes; a stage reloaded from its edge
+checkpoint instead costs the stage-local rollback of `checkpoint` with `rollback = "stage"`
+(`stale_stage_loss_iterations`, booked as lost work). A failure during a rebuild joins the set of
+lost stages and the plan is made again for the whole set, so nothing is charged twice.
 
-Which rule applies to a lost stage s, given the set L of stages lost together (a failure during a
-rebuild joins L, and the plan is made again for the whole set):
-
-- `checkfree`: s interior with both neighbours alive ⇒ average of both (interior setback); otherwise
-  `edge_fallback`: `copy` from the nearest live stage (edge setback) or `random` (the `random`
-  method's setback, no transfer).
-- `checkfree_plus`: interior as `checkfree`; stage 0 (S − 1) copies its swap partner 1 (S − 2) and gets
-  the embedding (head) from the replica the partner holds (edge setback); partner lost too ⇒ random
-  init (the `random` setback); interior with a lost neighbour ⇒ copy the live neighbour (edge setback).
-  Every `replica_refresh_iterations` the embedding and head replicas are sent to stages 1 and S − 2 in
-  the background; a refresh still running at the next one blocks training (method overhead).
-- `copy`: copy the previous stage (the next one for stage 0; the nearest live one if lost).
-- `uniform`: 0.5/0.5 average of both neighbours when both are alive, otherwise copy one.
-- `random`: fresh initialisation, no transfer.
-With no live stage at all every rule falls back to random initialisation.
+Steady state: CheckFree with `edge_fallback = "checkpoint"` writes stages 0 and S-1 every
+`edge_checkpoint_interval_iterations` with the blocking `SyncCheckpointer` of `checkpoint`; CheckFree+
+sends the embedding and head replicas to stages 1 and S-2 every `replica_refresh_iterations` in the
+background (a refresh still running at the next one blocks training: method overhead).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Generator
 
-from churnsim.calibration.convergence import stage_position
+from churnsim.calibration.rebuild_plan import RebuildPlan, edge_checkpoint_stages, plan_rebuild
 
 from .base import RecoveryPolicy, block_weight_bytes, embedding_weight_bytes, head_weight_bytes
+from .checkpointing import SyncCheckpointer, stale_stage_loss_iterations
 
 if TYPE_CHECKING:
     from ..run import Run
 
 
-@dataclass(frozen=True, kw_only=True)
-class RebuildPlan:
-    handled_as: str
-    sources: tuple[tuple[int, float], ...]
-    """(source stage, bytes) sent to the new node."""
-    setback_iterations: float
-
-
 class RebuildPolicy(RecoveryPolicy):
-    """Shared recovery of the rebuild family; subclasses give `plan(stage, lost)`."""
-
-    uses_setbacks = True
+    """Shared recovery of the rebuild family: charges the contract's plan in bytes, seconds and setbacks."""
 
     def __init__(self, config, scenario) -> None:
         super().__init__(config, scenario)
         self.rebuilding: set[int] = set()
         self.blocks_bytes = block_weight_bytes(scenario)
         self.num_rebuilds = 0
-
-    # --- helpers for plans
-    def alive(self, stage: int, lost: set[int]) -> bool:
-        return 0 <= stage < self.num_stages and stage not in lost
-
-    def nearest_alive(self, stage: int, lost: set[int]) -> int | None:
-        for distance in range(1, self.num_stages):
-            for candidate in (stage - distance, stage + distance):
-                if self.alive(candidate, lost):
-                    return candidate
-        return None
-
-    def setback(self, method: str, stage: int, *, edge: bool | None = None) -> float:
-        position = stage_position(stage, self.num_stages) if edge is None else ("edge" if edge else "interior")
-        return self.scenario.convergence.setback_iterations(method, position)
-
-    def random_plan(self, stage: int) -> RebuildPlan:
-        return RebuildPlan(handled_as="rebuild_random", sources=(), setback_iterations=self.setback("random", stage))
-
-    def copy_plan(self, stage: int, source: int | None, method: str, handled_as: str) -> RebuildPlan:
-        if source is None:
-            return self.random_plan(stage)
-        return RebuildPlan(
-            handled_as=handled_as, sources=((source, self.blocks_bytes),), setback_iterations=self.setback(method, stage, edge=True)
+        self.num_edge_restores = 0
+        self._noted_random_edge_parts = False
+        edge_stages = edge_checkpoint_stages(config, self.num_stages)
+        self.edge_checkpointer = (
+            SyncCheckpointer(
+                scenario,
+                tier=config.edge_checkpoint_tier,
+                interval_iterations=config.edge_checkpoint_interval_iterations,
+                stages=edge_stages,
+            )
+            if edge_stages
+            else None
         )
 
-    def average_plan(self, stage: int, method: str) -> RebuildPlan:
-        return RebuildPlan(
-            handled_as="rebuild_interior",
-            sources=((stage - 1, self.blocks_bytes), (stage + 1, self.blocks_bytes)),
-            setback_iterations=self.setback(method, stage, edge=False),
-        )
+    def plan(self, lost: Iterable[int]) -> dict[int, RebuildPlan]:
+        """What each of the stages lost together starts from (the contract's rule, not a copy of it)."""
+        return plan_rebuild(self.config, lost, self.num_stages)
 
-    def interior_with_both_neighbours(self, stage: int, lost: set[int]) -> bool:
-        return 0 < stage < self.num_stages - 1 and self.alive(stage - 1, lost) and self.alive(stage + 1, lost)
+    def setback_iterations(self, plan: RebuildPlan) -> float:
+        if plan.setback_method is None:
+            return 0.0  # a stale reload, charged as lost work
+        return self.scenario.convergence.setback_iterations(plan.setback_method, plan.setback_position)
 
-    def plan(self, stage: int, lost: set[int]) -> RebuildPlan:
-        raise NotImplementedError
+    def source_bytes(self, plan: RebuildPlan, source_index: int) -> float:
+        """Bytes one source sends: its blocks, plus the CheckFree+ (de)embedding replica it holds."""
+        if plan.edge_part == "replica" and source_index == 0:
+            replica = embedding_weight_bytes(self.scenario) if plan.stage == 0 else head_weight_bytes(self.scenario)
+            return self.blocks_bytes + replica
+        return self.blocks_bytes
+
+    # --- steady state: the edge checkpoints (CheckFree+ overrides both with its replica refresh)
+    def iterations_until_boundary(self, run: "Run") -> int | None:
+        return None if self.edge_checkpointer is None else self.edge_checkpointer.iterations_until(run)
+
+    def at_boundary(self, run: "Run") -> Generator:
+        if self.edge_checkpointer is not None:
+            yield from self.edge_checkpointer.write(run)
 
     # --- the recovery
     def on_failures(self, run: "Run", failures) -> Generator:
         self.rebuilding.update(event.stage for event in failures)
         lost = set(self.rebuilding)
-        plans = {stage: self.plan(stage, lost) for stage in sorted(lost)}
+        plans = self.plan(lost)
         for event in failures:
             run.record_failure(event, plans[event.stage].handled_as)
+        self._note_random_edge_parts(run, plans)
+        restored = sorted(stage for stage, plan in plans.items() if plan.blocks_from == "edge_checkpoint")
+        if restored:
+            assert self.edge_checkpointer is not None
+            self.edge_checkpointer.node_lost()  # a save on a tier that dies with its node is gone
         start_s = run.now
         yield from run.wait_for_replacements(lost)
         yield from run.wait(self.scenario.recovery.restart_s, "recovery_downtime_s", "restart")
-        transfers = [(run.node_link(source, stage), num_bytes) for stage, plan in plans.items() for source, num_bytes in plan.sources]
+        transfers = [
+            (run.node_link(source, stage), self.source_bytes(plan, index))
+            for stage, plan in plans.items()
+            for index, source in enumerate(plan.sources)
+        ]
+        if restored:
+            assert self.edge_checkpointer is not None
+            transfers.extend(self.edge_checkpointer.read_requests(run, restored))
         if transfers:
-            yield from run.wait(run.all_transfers_done(transfers), "recovery_downtime_s", "weight transfer")
-        run.apply_setback(sum(plan.setback_iterations for plan in plans.values()))
+            name = "weight transfer and edge checkpoint read" if restored else "weight transfer"
+            yield from run.wait(run.all_transfers_done(transfers), "recovery_downtime_s", name)
+        # Staleness first: it is measured against the progress the reloaded stage had reached.
+        stale_iterations = 0.0
+        if restored:
+            assert self.edge_checkpointer is not None
+            stale_iterations = max(run.progress - self.edge_checkpointer.committed_progress, 0.0)
+        run.apply_setback(sum(self.setback_iterations(plan) for plan in plans.values()))
+        if restored:
+            run.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))
+            self.num_edge_restores += len(restored)
         run.span(f"rebuild of stages {sorted(lost)}", "recovery", start_s)
         self.num_rebuilds += len(lost)
         self.rebuilding.clear()
 
+    def _note_random_edge_parts(self, run: "Run", plans: dict[int, RebuildPlan]) -> None:
+        """A copied edge stage keeps a random embedding or head: say once that its setback may be small."""
+        copied = sorted(stage for stage, plan in plans.items() if plan.edge_part == "random_init" and plan.sources)
+        if copied and not self._noted_random_edge_parts:
+            self._noted_random_edge_parts = True
+            run.notes.append(
+                f"{self.name}: edge stage {copied[0]} was rebuilt by copying blocks; its embedding or final norm "
+                "and lm_head restart from random init, which sends a real run's loss back towards chance "
+                "(checkfree's edge_fallback='checkpoint' avoids it); the edge setback charged is only as "
+                "good as its calibration"
+            )
+
 
 class CheckFreePolicy(RebuildPolicy):
     name = "checkfree"
-
-    def plan(self, stage: int, lost: set[int]) -> RebuildPlan:
-        if self.interior_with_both_neighbours(stage, lost):
-            return self.average_plan(stage, "checkfree")
-        if self.config.edge_fallback == "random":
-            return self.random_plan(stage)
-        return self.copy_plan(stage, self.nearest_alive(stage, lost), "checkfree", "rebuild_edge_copy")
 
 
 class CheckFreePlusPolicy(RebuildPolicy):
@@ -133,22 +142,6 @@ class CheckFreePlusPolicy(RebuildPolicy):
         self._refresh_origin = 0
         self._refresh_done = None
         self.num_refreshes = 0
-
-    def plan(self, stage: int, lost: set[int]) -> RebuildPlan:
-        last = self.num_stages - 1
-        if self.interior_with_both_neighbours(stage, lost):
-            return self.average_plan(stage, "checkfree_plus")
-        if stage in (0, last):
-            partner = 1 if stage == 0 else last - 1
-            if not self.alive(partner, lost):
-                return self.random_plan(stage)
-            replica = embedding_weight_bytes(self.scenario) if stage == 0 else head_weight_bytes(self.scenario)
-            return RebuildPlan(
-                handled_as="rebuild_edge_swap",
-                sources=((partner, self.blocks_bytes + replica),),
-                setback_iterations=self.setback("checkfree_plus", stage, edge=True),
-            )
-        return self.copy_plan(stage, self.nearest_alive(stage, lost), "checkfree_plus", "rebuild_adjacent_copy")
 
     def iterations_until_boundary(self, run: "Run") -> int:
         return self.config.replica_refresh_iterations - (run.iterations_executed - self._refresh_origin)
@@ -173,24 +166,10 @@ class CheckFreePlusPolicy(RebuildPolicy):
 class CopyPolicy(RebuildPolicy):
     name = "copy"
 
-    def plan(self, stage: int, lost: set[int]) -> RebuildPlan:
-        source = stage - 1 if self.alive(stage - 1, lost) else stage + 1 if self.alive(stage + 1, lost) else self.nearest_alive(stage, lost)
-        if source is None:
-            return self.random_plan(stage)
-        return RebuildPlan(handled_as="rebuild_copy", sources=((source, self.blocks_bytes),), setback_iterations=self.setback("copy", stage))
-
 
 class UniformPolicy(RebuildPolicy):
     name = "uniform"
 
-    def plan(self, stage: int, lost: set[int]) -> RebuildPlan:
-        if self.interior_with_both_neighbours(stage, lost):
-            return self.average_plan(stage, "uniform")
-        return self.copy_plan(stage, self.nearest_alive(stage, lost), "uniform", "rebuild_edge_copy")
-
 
 class RandomPolicy(RebuildPolicy):
     name = "random"
-
-    def plan(self, stage: int, lost: set[int]) -> RebuildPlan:
-        return self.random_plan(stage)

@@ -17,7 +17,7 @@ from churnsim.calibration.calibration_file import (
     TierBandwidth,
 )
 from churnsim.calibration.churn import StageHourlyChurn
-from churnsim.calibration.convergence import DEFAULT_SETBACKS, ConvergenceSpec, MethodSetbacks, PowerLawLossCurve, SetbackSpec
+from churnsim.calibration.convergence import ConvergenceSpec, MethodSetbacks, PowerLawLossCurve, SetbackSpec, default_setbacks
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.presets import default_methods, preset
 from churnsim.calibration.scenario import (
@@ -44,9 +44,9 @@ def _duration(median_s: float) -> MeasuredDuration:
 
 
 def _calibration(*, measured: bool = True) -> Calibration:
-    setbacks = dict(DEFAULT_SETBACKS)
+    setbacks = default_setbacks()
     if measured:
-        setbacks["checkfree"] = MethodSetbacks(interior=MEASURED_INTERIOR, edge=DEFAULT_SETBACKS["checkfree"].edge)
+        setbacks["checkfree"] = MethodSetbacks(interior=MEASURED_INTERIOR, edge=default_setbacks()["checkfree"].edge)
     return Calibration(
         name="tiny-cpu",
         provenance=Provenance(hardware={"machine": "x"}, package_versions={"python": "3"}, created_utc="2026-01-01T00:00:00+00:00"),

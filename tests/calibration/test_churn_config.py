@@ -17,6 +17,7 @@ from churnsim.calibration.churn import (
     ChurnConfig,
     NoChurn,
     PoissonChurn,
+    ScheduleChurn,
     StageHourlyChurn,
     TraceChurn,
     WeibullChurn,
@@ -47,6 +48,7 @@ def test_each_kind_is_selected_by_its_kind_field():
         "weibull": ({"kind": "weibull", "shape": 0.7, "mean_lifetime_s": 3600.0}, WeibullChurn),
         "burst": ({"kind": "burst", "bursts_per_hour": 0.3}, BurstChurn),
         "trace": ({"kind": "trace", "path": "bamboo/p3-trace.csv", "format": "bamboo_csv"}, TraceChurn),
+        "schedule": ({"kind": "schedule", "path": "run/failures.csv"}, ScheduleChurn),
     }
     assert set(examples) == set(CHURN_KINDS)
     for data, model_type in examples.values():

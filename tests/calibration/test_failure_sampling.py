@@ -19,7 +19,10 @@ from churnsim.calibration.churn import (
 )
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import (
+    FailureCursor,
     FailureEvent,
+    FailurePathSpec,
+    failures_for_replication,
     mean_stage_failure_rate_per_s,
     sample_failures,
     sample_failures_with_stats,
@@ -286,3 +289,53 @@ def test_bad_pipeline_size_or_horizon_is_an_input_error(num_stages, horizon_s):
 def test_window_starting_after_the_trace_is_an_input_error():
     with pytest.raises(InputError, match="window_start_s = 50000.*earlier start"):
         sample_failures(TraceChurn(**P3, window_start_s=50000.0), num_stages=4, horizon_s=10.0, rng=np.random.default_rng(0))
+
+
+CURSOR_CHURNS = [
+    StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=0.9),
+    PoissonChurn(kind="poisson", failures_per_node_hour=30.0),
+    WeibullChurn(kind="weibull", shape=0.7, mean_lifetime_s=600.0),
+    BurstChurn(kind="burst", bursts_per_hour=20.0),
+    TraceChurn(kind="trace", path="bamboo/p3-trace.csv", format="bamboo_csv", time_scale=0.05, repeat=True),
+]
+
+
+@pytest.mark.parametrize("churn", CURSOR_CHURNS, ids=lambda churn: churn.kind)
+def test_a_cursor_walked_in_uneven_steps_hands_out_exactly_the_sampled_path(churn):
+    # What a real run injects (walking the path by its clock) equals what `simulate` samples.
+    spec = FailurePathSpec(churn=churn, num_stages=6, seed=5, replication=2, max_time_s=1e6)
+    cursor = FailureCursor(spec)
+    walked, now_s = [], 0.0
+    steps = np.random.default_rng(0).exponential(40.0, size=400)
+    for step_s in steps:
+        now_s += float(step_s)
+        walked.extend(cursor.take_due(now_s))
+    expected = [event for event in spec.sample(now_s + 1.0) if event.time_s <= now_s]
+    assert len(expected) > 10
+    assert walked == expected
+
+
+def test_the_scenario_path_and_the_spec_path_are_one_path():
+    from churnsim.calibration.presets import preset
+
+    scenario = preset("cpu-tiny")
+    spec = FailurePathSpec.of(scenario, replication=3)
+    assert failures_for_replication(scenario, replication=3, horizon_s=600.0) == spec.sample(600.0)
+    assert failures_for_replication(scenario, replication=3, horizon_s=600.0) != failures_for_replication(scenario, replication=4, horizon_s=600.0)
+
+
+def test_a_schedule_churn_replays_its_rows_by_time(tmp_path):
+    from churnsim.calibration.churn import ScheduleChurn
+    from churnsim.calibration.failures import FailureSchedule, ScheduledFailure, write_failure_schedule
+
+    path = tmp_path / "schedule.csv"
+    rows = (ScheduledFailure(time_s=5.0, stage=2), ScheduledFailure(time_s=1.5, iteration=3, stage=0))
+    write_failure_schedule(FailureSchedule(failures=rows), path)
+    churn = ScheduleChurn(kind="schedule", path=str(path))
+    events = sample_failures(churn, num_stages=4, horizon_s=4.0, rng=np.random.default_rng(0))
+    assert events == (FailureEvent(time_s=1.5, stage=0, kind="scheduled"),)
+    with pytest.raises(InputError, match="stage 2 does not exist"):
+        sample_failures(churn, num_stages=2, horizon_s=10.0, rng=np.random.default_rng(0))
+    write_failure_schedule(FailureSchedule(failures=(ScheduledFailure(iteration=3, stage=0),)), path)
+    with pytest.raises(InputError, match="fill the time_s column"):
+        sample_failures(churn, num_stages=4, horizon_s=10.0, rng=np.random.default_rng(0))

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from churnsim.calibration.calibration_file import Calibration, TierBandwidth
-from churnsim.calibration.convergence import DEFAULT_SETBACKS, PowerLawLossCurve
+from churnsim.calibration.convergence import PowerLawLossCurve, default_setbacks
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.fit import (
@@ -252,7 +252,7 @@ def test_injected_setbacks_are_recovered_within_ten_percent(references, checkfre
     assert (interior.num_samples, edge.num_samples) == (2 * len(checkfree_runs), len(checkfree_runs))
     assert interior.ci95_low_iterations <= interior.mean_iterations <= interior.ci95_high_iterations
     # Methods without failure runs keep the documented defaults, flagged by num_samples = 0.
-    assert setbacks["copy"] == DEFAULT_SETBACKS["copy"]
+    assert setbacks["copy"] == default_setbacks()["copy"]
     assert setbacks["copy"].interior.num_samples == 0
 
 

@@ -40,7 +40,7 @@ from churnsim.figures import (
 )
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import TIME_CATEGORIES
-from churnsim.figures.style import METHOD_COLORS, METHOD_DISPLAY_NAMES, METHOD_MARKERS, method_color
+from churnsim.figures.style import METHOD_COLORS, METHOD_MARKERS, is_ablation, method_color, method_label, method_linestyle
 
 METHODS = ("checkpoint", "redundant", "checkfree")
 RATES = (0.05, 0.1, 0.2)
@@ -157,9 +157,19 @@ def _colours_by_method(artists) -> dict[str, str]:
 
 
 def test_every_method_name_has_its_own_colour_marker_and_display_name():
-    assert set(METHOD_COLORS) == set(METHOD_NAMES) == set(METHOD_MARKERS) == set(METHOD_DISPLAY_NAMES)
+    assert set(METHOD_COLORS) == set(METHOD_NAMES) == set(METHOD_MARKERS)
     assert len(set(METHOD_COLORS.values())) == len(METHOD_NAMES)
     assert len(set(METHOD_MARKERS.values())) == len(METHOD_NAMES)
+    labels = [method_label(name) for name in METHOD_NAMES]
+    assert len(set(labels)) == len(labels) and all(label != name for label, name in zip(labels, METHOD_NAMES))
+
+
+def test_labels_line_styles_and_ablations_come_from_the_method_traits():
+    assert method_label("checkfree_plus") == "CheckFree+"
+    assert method_linestyle("none") == ":" and method_linestyle("checkpoint") == "-"
+    assert [name for name in METHOD_NAMES if is_ablation(name)] == ["copy", "uniform", "random"]
+    # A method this installation does not know (from saved results) is drawn under its own name.
+    assert (method_label("magic"), method_linestyle("magic"), is_ablation("magic")) == ("magic", "-", False)
 
 
 def test_loss_figure_draws_one_line_per_method_and_the_target(tables):

@@ -21,7 +21,8 @@ from churnsim.real.methods import (
     build_method,
     register_method,
 )
-from churnsim.real.methods.neighbour_rebuild import CheckFreeMethod, CheckFreePlusMethod, RebuildPlan, gradient_weight
+from churnsim.calibration.rebuild_plan import plan_rebuild
+from churnsim.real.methods.neighbour_rebuild import CheckFreeMethod, CheckFreePlusMethod, gradient_weight
 from churnsim.real.model import MODEL_PRESETS, StageModule
 from churnsim.real.pipeline import SpanRecorder
 from churnsim.real.trainer import TrainingConfig, train_stage
@@ -282,5 +283,8 @@ def test_gradient_weight_options(weighting, norm, expected):
 
 
 def test_rebuild_plan_descriptions_name_their_sources():
-    assert RebuildPlan(stage=2, sources=(1, 3), weighting="gradient").description == "weighted_average(1,3)"
-    assert RebuildPlan(stage=0, sources=(), weighting="copy").description == "random"
+    assert plan_rebuild(method_from_name("checkfree"), {2}, 4)[2].description == "weighted_average(1,3)"
+    assert plan_rebuild(method_from_name("uniform"), {2}, 4)[2].description == "uniform_average(1,3)"
+    assert plan_rebuild(method_from_name("copy"), {1, 2}, 4)[2].description == "copy(3)"
+    assert plan_rebuild(method_from_name("random"), {0}, 4)[0].description == "random"
+    assert plan_rebuild(method_from_name("checkfree"), {0}, 4)[0].description == "edge_checkpoint"

@@ -125,7 +125,8 @@ def test_checkfree_interior_rebuild_costs_join_restart_two_concurrent_transfers_
     scenario = small_scenario(target_iterations=100, link_bandwidth=LINK_BYTES_PER_S)
     T_iter = MODEL.iteration_time_s(build_pipeline_state(scenario))
     failure_s = 50 * T_iter + 0.5 * T_iter
-    result = run(scenario, "checkfree", [failure(failure_s, 2)])
+    # No edge checkpoints (tests/sim/test_edge_checkpoints.py covers them): only the rebuild costs time.
+    result = run(scenario, "checkfree", [failure(failure_s, 2)], edge_fallback="copy")
     assert [f.handled_as for f in result.failures] == ["rebuild_interior"]
     # The two neighbours send over different links, so they do not share bandwidth.
     downtime_s = 30.0 + 5.0 + block_weight_bytes(scenario) / LINK_BYTES_PER_S
@@ -151,7 +152,7 @@ def test_checkfree_edge_failure_uses_the_fallback_and_the_edge_setback():
 def test_checkfree_adjacent_failures_are_not_rebuilt_from_lost_neighbours():
     scenario = small_scenario(target_iterations=200, link_bandwidth=LINK_BYTES_PER_S)
     result = run(scenario, "checkfree", [failure(3000.0, 1), failure(3000.0, 2)])
-    assert [f.handled_as for f in result.failures] == ["rebuild_edge_copy", "rebuild_edge_copy"]
+    assert [f.handled_as for f in result.failures] == ["rebuild_adjacent_copy", "rebuild_adjacent_copy"]
 
 
 def test_checkfree_plus_edge_failure_copies_the_swap_partner_and_the_embedding_replica():

@@ -13,7 +13,8 @@ from churnsim.calibration.presets import preset
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.sim.replicate import ReplicationTask, run_replication, runs_table, summary_table
 from churnsim.calibration.failure_sampling import failures_for_replication
-from churnsim.sim.sweep import apply_settings, build_tasks, grid_points, parse_grid_setting, run_sweep
+from churnsim.calibration.scenario_overrides import apply_settings, parse_grid_setting
+from churnsim.sim.sweep import build_tasks, grid_points, run_sweep
 
 
 def small_scenario(replications: int = 2):

@@ -1,0 +1,86 @@
+"""Overrides of scenario fields by dotted path (`pipeline.num_stages=6`): one mechanism for every command.
+
+`churnsim sweep --set FIELD=V1,V2` makes a grid of them, `churnsim real run --set FIELD=V` changes one
+field of the scenario a real run takes; both go through `apply_settings`, which validates the result
+as a whole Scenario, so an override gets the same one-line errors as a scenario file.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .base import validate_model
+from .errors import InputError
+from .scenario import Scenario
+
+GridSetting = tuple[str, tuple[Any, ...]]
+
+
+def parse_grid_setting(text: str) -> GridSetting:
+    """`churn.failure_probability_per_stage_hour=0.05,0.1` → (path, (0.05, 0.1)); values are JSON scalars or bare strings."""
+    if "=" not in text:
+        raise InputError(f"--set {text!r}: expected FIELD=VALUE[,VALUE...], e.g. pipeline.num_stages=4,8")
+    path, _, values_text = text.partition("=")
+    path = path.strip()
+    values = [value.strip() for value in values_text.split(",") if value.strip()]
+    if not path or not values:
+        raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
+    parsed = []
+    for value in values:
+        try:
+            parsed.append(json.loads(value))
+        except json.JSONDecodeError:
+            parsed.append(value)
+    return path, tuple(parsed)
+
+
+def _assign(data: Any, path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            # A list of named entries (methods, storage tiers) is addressed by name as well as by index:
+            # `methods.checkpoint.interval_iterations=20`.
+            names = [entry.get("name") for entry in node if isinstance(entry, dict)]
+            if part in names:
+                key: Any = names.index(part)
+            elif part.isdigit() and int(part) < len(node):
+                key = int(part)
+            else:
+                choices = ", ".join(str(name) for name in names if name) or f"0..{len(node) - 1}"
+                raise InputError(f"--set {path}: '{part}' is not an entry of that list; use one of {choices}")
+        elif isinstance(node, dict):
+            if part not in node:
+                raise InputError(f"--set {path}: the scenario has no field '{part}' there; fields: {', '.join(sorted(node))}")
+            key = part
+        else:
+            raise InputError(f"--set {path}: '{part}' goes below a plain value")
+        if last:
+            node[key] = value
+        else:
+            node = node[key]
+
+
+def apply_settings(scenario: Scenario, settings: dict[str, Any]) -> Scenario:
+    """A copy of `scenario` with dotted-path fields replaced, validated, named after the settings."""
+    data = scenario.model_dump(mode="json")
+    for path, value in settings.items():
+        _assign(data, path, value)
+    if settings:
+        data["name"] = f"{scenario.name}[" + ",".join(f"{path}={value}" for path, value in settings.items()) + "]"
+    return validate_model(Scenario, data, f"scenario {scenario.name} with {settings}")
+
+
+def parse_settings(texts: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`--set FIELD=VALUE` flags (one value each) → {path: value}; a field named twice is an error."""
+    settings: dict[str, Any] = {}
+    for text in texts:
+        path, values = parse_grid_setting(text)
+        if len(values) != 1:
+            raise InputError(f"--set {text!r}: give one value (a list of values makes a grid: use `churnsim sweep`)")
+        if path in settings:
+            raise InputError(f"--set names {path} twice; give it once")
+        settings[path] = values[0]
+    return settings
