@@ -14,7 +14,7 @@ from typing import Callable
 from .apply import apply_calibration
 from .builtin import load_builtin_calibration
 from .calibration_file import Calibration
-from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
+from .churn import PoissonChurn, StageHourlyChurn, TraceChurn
 from .convergence import ConvergenceSpec, PowerLawLossCurve
 from .errors import InputError
 from .methods import METHOD_NAMES, MethodConfig, method_from_name

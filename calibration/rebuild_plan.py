@@ -3,7 +3,7 @@
 `plan_rebuild(method_config, lost_stages, num_stages)` returns, per lost stage, a `RebuildPlan`:
 pure data that the simulator turns into bytes, seconds and a setback (sim/methods/rebuild.py) and
 that real runs carry out with tensors over the process group or from files
-(real/methods/neighbour_rebuild.py). Every rank of a real run computes the same plan.
+(real/methods/rebuild.py). Every rank of a real run computes the same plan.
 
 The rule, for a set L of stages lost together (S stages; "surviving" = not in L; a failure during
 a recovery joins L and the plan is made again for the whole set):

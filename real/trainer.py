@@ -46,7 +46,8 @@ from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
 from .distributed import Communicator
 from .methods import MethodContext, StageRuntime, build_method
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
-from .pipeline import PipelineStage, SpanRecorder
+from .pipeline import PipelineStage
+from .spans import SpanRecorder
 
 _FAILURE_INIT_STREAM = 11
 _STAGE_TORCH_STREAM = 12

@@ -33,7 +33,7 @@ import simpy
 
 from churnsim.calibration.pipeline_schedule import microbatch_route, stage_operation_order
 
-from .iteration_state import PipelineState
+from .pipeline_state import PipelineState
 from .links import FifoMessageLink, ProcessorSharingLink
 
 __all__ = ["IterationModel", "IterationResult", "PipelineState", "Span", "simulate_iteration"]

@@ -1,6 +1,12 @@
-"""Build the iteration model's `PipelineState` from a scenario (compute, links, all-reduce).
+"""The pipeline state one iteration is simulated for, and how a scenario builds it.
 
-Compute per microbatch comes either from measured/assumed times (`ExplicitCompute`, a scalar applies
+`PipelineState` is everything that determines one iteration's timeline, frozen and hashable so that
+results can be cached. A degraded node that runs two stages is two stages mapped to one node in `node_of_stage`. Links are
+given per ordered node pair (full duplex): `link_latency_s[a][b]` and
+`link_bandwidth_bytes_per_s[a][b]` describe the direction a → b; the diagonal is unused because a
+transfer between stages on the same node is free.
+
+`build_pipeline_state` makes it from a scenario (compute, links, all-reduce). Compute per microbatch comes either from measured/assumed times (`ExplicitCompute`, a scalar applies
 to every stage) or from FLOPs (`FlopsCompute`): a stage's transformer blocks cost 2·N_blocks·tokens
 forward and 4·N_blocks·tokens backward (Kaplan et al., arXiv 2001.08361), tokens = microbatch size ×
 sequence length, at peak × utilisation. The embedding lookup is taken as free (a gather, no matmul);
@@ -13,11 +19,165 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from churnsim.calibration.errors import InputError
 from churnsim.calibration.network import link_matrices
+from churnsim.calibration.pipeline_schedule import SCHEDULES
 from churnsim.calibration.scenario import ExplicitCompute, FlopsCompute, Scenario
 
-from .iteration_state import PipelineState
+Matrix = tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineState:
+    """Everything that determines one iteration's timeline. Lists are stored as tuples."""
+
+    num_stages: int
+    num_microbatches: int
+    schedule: str
+    """"gpipe" or "1f1b"."""
+    block_forward_s: tuple[float, ...]
+    """Per stage: forward time of its transformer blocks for one microbatch."""
+    block_backward_s: tuple[float, ...]
+    embedding_forward_s: float = 0.0
+    """Runs on stage 0 (the hop that embeds)."""
+    embedding_backward_s: float = 0.0
+    head_forward_s: float = 0.0
+    """Final norm, lm_head and loss; runs on stage S − 1 (the hop that owns the head)."""
+    head_backward_s: float = 0.0
+    activation_bytes: float = 0.0
+    """Per microbatch per hop boundary; a gradient has the same size."""
+    node_of_stage: tuple[int, ...] | None = None
+    """Node each stage runs on; None means stage i on node i."""
+    link_latency_s: Matrix | None = None
+    """[a][b] for the direction a → b; None means zero everywhere."""
+    link_bandwidth_bytes_per_s: Matrix | None = None
+    """[a][b] for the direction a → b; None means infinite everywhere."""
+    swap_odd_microbatches: bool = False
+    """CheckFree+ routes (see calibration.pipeline_schedule)."""
+    redundant_forward: bool = False
+    """Bamboo: each stage also runs its successor's forward in idle time (see sim.iteration)."""
+    data_parallel_degree: int = 1
+    gradient_bytes_per_stage: tuple[float, ...] | None = None
+    """Bytes each stage all-reduces; None means zero."""
+    allreduce_bandwidth_bytes_per_s: float = math.inf
+    allreduce_latency_s: float = 0.0
+    optimizer_step_s: float = 0.0
+    _num_nodes: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        stages = self.num_stages
+        if not (isinstance(stages, int) and stages >= 1):
+            raise InputError(f"num_stages = {stages!r} must be an integer >= 1")
+        if not (isinstance(self.num_microbatches, int) and self.num_microbatches >= 1):
+            raise InputError(f"num_microbatches = {self.num_microbatches!r} must be an integer >= 1")
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"schedule = {self.schedule!r} is unknown: use one of {', '.join(SCHEDULES)}")
+        if not (isinstance(self.data_parallel_degree, int) and self.data_parallel_degree >= 1):
+            raise InputError(f"data_parallel_degree = {self.data_parallel_degree!r} must be an integer >= 1")
+        for name in ("block_forward_s", "block_backward_s"):
+            self._set(name, _seconds_vector(name, getattr(self, name), stages))
+        gradient = self.gradient_bytes_per_stage
+        self._set("gradient_bytes_per_stage", _seconds_vector(
+            "gradient_bytes_per_stage", (0.0,) * stages if gradient is None else gradient, stages))
+        for name in ("embedding_forward_s", "embedding_backward_s", "head_forward_s", "head_backward_s",
+                     "activation_bytes", "allreduce_latency_s", "optimizer_step_s"):
+            self._set(name, _non_negative(name, getattr(self, name)))
+        bandwidth = float(self.allreduce_bandwidth_bytes_per_s)
+        if not bandwidth > 0:
+            raise InputError(f"allreduce_bandwidth_bytes_per_s = {bandwidth} must be > 0 (math.inf allowed)")
+        self._set("allreduce_bandwidth_bytes_per_s", bandwidth)
+        nodes = tuple(range(stages)) if self.node_of_stage is None else tuple(self.node_of_stage)
+        if len(nodes) != stages or any(not isinstance(n, int) or n < 0 for n in nodes):
+            raise InputError(
+                f"node_of_stage = {nodes} must list one node index >= 0 per stage ({stages} stages)"
+            )
+        self._set("node_of_stage", nodes)
+        num_nodes = max(nodes) + 1
+        self._set("_num_nodes", num_nodes)
+        latency = self.link_latency_s
+        self._set("link_latency_s", _matrix(
+            "link_latency_s", ((0.0,) * num_nodes,) * num_nodes if latency is None else latency, num_nodes,
+            allow_zero=True))
+        bandwidth_matrix = self.link_bandwidth_bytes_per_s
+        self._set("link_bandwidth_bytes_per_s", _matrix(
+            "link_bandwidth_bytes_per_s",
+            ((math.inf,) * num_nodes,) * num_nodes if bandwidth_matrix is None else bandwidth_matrix,
+            num_nodes, allow_zero=False))
+        self._set("swap_odd_microbatches", bool(self.swap_odd_microbatches))
+        self._set("redundant_forward", bool(self.redundant_forward))
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @classmethod
+    def uniform(
+        cls,
+        *,
+        num_stages: int,
+        num_microbatches: int,
+        schedule: str,
+        forward_s: float,
+        backward_s: float,
+        link_latency_s: float = 0.0,
+        link_bandwidth_bytes_per_s: float = math.inf,
+        **other: Any,
+    ) -> PipelineState:
+        """Equal stages (block times `forward_s`, `backward_s`) and one latency/bandwidth per pair.
+
+        `other` takes any further field (activation_bytes, node_of_stage, data_parallel_degree, ...).
+        """
+        nodes = other.get("node_of_stage")
+        num_nodes = num_stages if nodes is None else max(nodes) + 1
+        return cls(
+            num_stages=num_stages,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+            block_forward_s=(forward_s,) * num_stages,
+            block_backward_s=(backward_s,) * num_stages,
+            link_latency_s=((link_latency_s,) * num_nodes,) * num_nodes,
+            link_bandwidth_bytes_per_s=((link_bandwidth_bytes_per_s,) * num_nodes,) * num_nodes,
+            **other,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Init fields only, e.g. for a manifest."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+
+def _non_negative(name: str, value: Any) -> float:
+    number = float(value)
+    if not (number >= 0 and math.isfinite(number)):
+        raise InputError(f"{name} = {value!r} must be finite and >= 0")
+    return number
+
+
+def _seconds_vector(name: str, values: Any, length: int) -> tuple[float, ...]:
+    vector = tuple(_non_negative(name, value) for value in values)
+    if len(vector) != length:
+        raise InputError(f"{name} has {len(vector)} entries; give one per stage ({length})")
+    return vector
+
+
+def _matrix(name: str, rows: Any, size: int, *, allow_zero: bool) -> Matrix:
+    matrix = tuple(tuple(float(value) for value in row) for row in rows)
+    if len(matrix) < size or any(len(row) != len(matrix) for row in matrix):
+        raise InputError(f"{name} must be a square matrix covering all {size} nodes; got {len(matrix)} rows")
+    for row_index, row in enumerate(matrix):
+        for column_index, value in enumerate(row):
+            if row_index == column_index:
+                continue  # same node: transfers are free, the diagonal is never read
+            bad = (value < 0 or math.isnan(value) or math.isinf(value)) if allow_zero else not value > 0
+            if bad:
+                rule = "finite and >= 0" if allow_zero else "> 0 (math.inf allowed)"
+                raise InputError(f"{name} contains {value}; every entry must be {rule}")
+    return matrix
 
 
 def _per_stage(value: float | tuple[float, ...], num_stages: int) -> tuple[float, ...]:

@@ -37,7 +37,7 @@ from churnsim.calibration.scenario import Scenario
 from .accounting import Ledger, split_time
 from churnsim.calibration.failure_sampling import FailureEvent
 from .iteration import IterationModel, simulate_iteration
-from .iteration_state import PipelineState
+from .pipeline_state import PipelineState
 from .links import ProcessorSharingLink, all_transfers_done
 from .methods import build_policy
 from .methods.base import RecoveryPolicy

@@ -8,7 +8,7 @@ from .engine import (
     CheckpointEngine,
     CheckpointEngineFailed,
     CheckpointStats,
-    SpanRecorder,
+    SpanCallback,
     SynchronousCheckpointEngine,
 )
 from .format import CheckpointCorruptError
@@ -26,6 +26,6 @@ __all__ = [
     "CheckpointStats",
     "HostPool",
     "LazyAsyncCheckpointEngine",
-    "SpanRecorder",
+    "SpanCallback",
     "SynchronousCheckpointEngine",
 ]

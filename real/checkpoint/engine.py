@@ -33,7 +33,8 @@ from churnsim.calibration.errors import InputError
 from .format import plan_layout, read_data_file, split_state, tensor_bytes_view
 from .levels import CheckpointInfo, DataFileWriter, LevelDirectory, verify_against_manifest
 
-SpanRecorder = Callable[[str, float, float], None]
+SpanCallback = Callable[[str, float, float], None]
+"""`record_span(kind, start_s, end_s)`: where an engine reports its timed work (e.g. a `SpanRecorder.add`)."""
 
 
 class CheckpointEngineFailed(RuntimeError):
@@ -113,7 +114,7 @@ class _Counters:
 class CheckpointEngine(abc.ABC):
     """Saves and restores one process's state; levels are ordered fastest first."""
 
-    def __init__(self, levels: list[LevelDirectory], record_span: SpanRecorder | None) -> None:
+    def __init__(self, levels: list[LevelDirectory], record_span: SpanCallback | None) -> None:
         names = [level.name for level in levels]
         assert len(set(names)) == len(names), "level names are unique"
         self._levels = levels
@@ -241,7 +242,7 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         level: str = "storage",
         survives_node_loss: bool = True,
         keep_last: int = 2,
-        record_span: SpanRecorder | None = None,
+        record_span: SpanCallback | None = None,
     ) -> None:
         if keep_last < 1:
             raise InputError(f"keep_last = {keep_last}; use 1 or more")

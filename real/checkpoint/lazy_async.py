@@ -37,7 +37,7 @@ import torch
 
 from churnsim.calibration.errors import InputError
 
-from .engine import CheckpointEngine, CheckpointEngineFailed, SpanRecorder, check_state
+from .engine import CheckpointEngine, CheckpointEngineFailed, SpanCallback, check_state
 from .format import plan_layout, split_state
 from .host_pool import ALIGNMENT_BYTES, HostPool, PoolStopped, Region
 from .levels import DataFileWriter, LevelDirectory, copy_data_file
@@ -84,7 +84,7 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         *,
         keep_last: int = 2,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        record_span: SpanRecorder | None = None,
+        record_span: SpanCallback | None = None,
         throttle_local_bytes_per_s: float | None = None,
         throttle_remote_bytes_per_s: float | None = None,
     ) -> None:

@@ -13,7 +13,7 @@ from churnsim.calibration.methods import METHOD_NAMES
 
 from .base import MethodContext, RecoveryMethod, RecoveryOutcome, StageRuntime
 from .checkpointing import AsyncCheckpointMethod, CheckpointMethod
-from .neighbour_rebuild import CheckFreeMethod, CheckFreePlusMethod, CopyMethod, RandomMethod, UniformMethod
+from .rebuild import CheckFreeMethod, CheckFreePlusMethod, CopyMethod, RandomMethod, UniformMethod
 from .none import NoneMethod
 from .redundant import RedundantMethod
 

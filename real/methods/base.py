@@ -35,7 +35,7 @@ from churnsim.calibration.rebuild_plan import reliable_stages
 
 from ..distributed import Communicator
 from ..model import ModelConfig, StageModule
-from ..pipeline import SpanRecorder
+from ..spans import SpanRecorder
 
 # Tags at and above this value are reserved for methods (pipeline tags stay far below).
 METHOD_TAG_BASE = 1 << 24

@@ -41,7 +41,7 @@ import torch
 from churnsim.calibration.errors import InputError
 
 from ..checkpoint import CheckpointEngine, CheckpointInfo, LazyAsyncCheckpointEngine, SynchronousCheckpointEngine
-from ..pipeline import SpanRecorder
+from ..spans import SpanRecorder
 from .base import MethodContext, RecoveryMethod, RecoveryOutcome
 from .stage_state import capture_stage_state, restore_stage_state, state_nbytes
 

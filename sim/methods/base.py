@@ -25,7 +25,7 @@ from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.rebuild_plan import reliable_stages
 from churnsim.calibration.scenario import Scenario
 
-from ..iteration_state import PipelineState
+from ..pipeline_state import PipelineState
 from ..pipeline_state import build_pipeline_state
 
 if TYPE_CHECKING:

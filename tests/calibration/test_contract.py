@@ -19,7 +19,7 @@ from churnsim.calibration.calibration_file import (
     StageTimings,
 )
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.failures import FailureSchedule, ScheduledFailure, read_failure_schedule, write_failure_schedule
+from churnsim.calibration.failures import FailureSchedule, ScheduledFailure, read_failure_schedule
 from churnsim.calibration.methods import METHOD_NAMES, method_from_name
 from churnsim.calibration.presets import PRESETS, preset
 from churnsim.calibration.run_record import (

@@ -14,7 +14,7 @@ from churnsim.real.launch import run_distributed
 from churnsim.real.methods import METHODS, MethodContext, StageRuntime, build_method
 from churnsim.real.methods.stage_state import capture_stage_state
 from churnsim.real.model import MODEL_PRESETS, StageModule
-from churnsim.real.pipeline import SpanRecorder
+from churnsim.real.spans import SpanRecorder
 from churnsim.real.trainer import TrainingConfig, train_stage
 
 CONFIG = MODEL_PRESETS["tiny"]

@@ -13,7 +13,8 @@ from churnsim.calibration.pipeline_schedule import swapped_block_order
 from churnsim.real.distributed import Communicator
 from churnsim.real.launch import launch_local, run_distributed
 from churnsim.real.model import MODEL_PRESETS, StageModule, Transformer, reference_parameter_name
-from churnsim.real.pipeline import PipelineStage, SpanRecorder, message_flow_completes, pair_orders_agree
+from churnsim.real.pipeline import PipelineStage, message_flow_completes, pair_orders_agree
+from churnsim.real.spans import SpanRecorder
 from churnsim.real.trainer import TrainingConfig
 
 CONFIG = MODEL_PRESETS["tiny"]

@@ -22,9 +22,9 @@ from churnsim.real.methods import (
     register_method,
 )
 from churnsim.calibration.rebuild_plan import plan_rebuild
-from churnsim.real.methods.neighbour_rebuild import CheckFreeMethod, CheckFreePlusMethod, gradient_weight
+from churnsim.real.methods.rebuild import CheckFreeMethod, CheckFreePlusMethod, gradient_weight
 from churnsim.real.model import MODEL_PRESETS, StageModule
-from churnsim.real.pipeline import SpanRecorder
+from churnsim.real.spans import SpanRecorder
 from churnsim.real.trainer import TrainingConfig, train_stage
 
 CONFIG = MODEL_PRESETS["tiny"]

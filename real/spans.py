@@ -1,0 +1,58 @@
+"""Timed spans of one rank (the run record's spans.csv): what ran when, relative to the run start."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+class SpanRecorder:
+    """Timed spans of one rank, relative to the run start (time.perf_counter).
+
+    The `iteration` column holds the trainer's step (executed iterations, monotonic; it equals the
+    training iteration unless a rollback replayed iterations). The trainer sets `step` before each
+    iteration; `span(kind)` without an explicit iteration stamps it, which is what methods should use.
+    On CUDA each span boundary synchronises the device so that spans time the work, not its launch.
+    """
+
+    def __init__(self, *, rank: int, stage: int, device: torch.device | None = None) -> None:
+        self.rank = rank
+        self.stage = stage
+        self.step = 0
+        self.origin_s = time.perf_counter()
+        self.rows: list[dict[str, Any]] = []
+        self._synchronize = device is not None and device.type == "cuda"
+
+    def restart_clock(self) -> None:
+        """Call right after the start-of-run barrier so that every rank shares the origin."""
+        self.origin_s = time.perf_counter()
+
+    def now_s(self) -> float:
+        if self._synchronize:
+            torch.cuda.synchronize()
+        return time.perf_counter() - self.origin_s
+
+    def add(self, kind: str, iteration: int | None, microbatch: int | None, start_s: float, end_s: float) -> None:
+        self.rows.append(
+            {
+                "rank": self.rank,
+                "stage": self.stage,
+                "iteration": self.step if iteration is None else iteration,
+                "kind": kind,
+                "microbatch": -1 if microbatch is None else microbatch,
+                "start_s": start_s,
+                "end_s": end_s,
+            }
+        )
+
+    @contextmanager
+    def span(self, kind: str, iteration: int | None = None, microbatch: int | None = None) -> Iterator[None]:
+        start_s = self.now_s()
+        try:
+            yield
+        finally:
+            self.add(kind, iteration, microbatch, start_s, self.now_s())
