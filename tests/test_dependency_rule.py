@@ -40,3 +40,15 @@ def test_cli_help_does_not_import_torch():
     code = "import sys; from churnsim import cli; print('torch' in sys.modules)"
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "False"
+
+
+def test_simulator_policies_never_import_the_trainer():
+    """Policies get a RunContext, not the run: sim/methods/ imports neither sim/run.py nor names `Run`."""
+    import pathlib
+    import re
+
+    methods = pathlib.Path(__file__).resolve().parents[1] / "sim" / "methods"
+    for path in sorted(methods.glob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"from \.\.run import|import churnsim\.sim\.run\b|from churnsim\.sim\.run import", text), path.name
+        assert not re.search(r'"Run"|\bRun\b(?!Context|Result)', text), path.name

@@ -33,7 +33,7 @@ from .base import RecoveryPolicy, stage_checkpoint_bytes
 from .checkpointing import RestartRecovery
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..run_context import RunContext
 
 HOST_MEMORY_TIER = "host_memory"
 
@@ -74,10 +74,10 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
         self._origin = 0
 
     # ------------------------------------------------------------ per-epoch pipeline of flushes
-    def on_start(self, run: "Run") -> None:
-        self._reset(run)
+    def on_start(self, context: "RunContext") -> None:
+        self._reset(context)
 
-    def _reset(self, run: "Run") -> None:
+    def _reset(self, context: "RunContext") -> None:
         """Forget every snapshot not yet durable at a surviving level and start fresh buffers and workers."""
         self._epoch += 1
         self._free_slots = list(self.slots_per_stage)
@@ -87,12 +87,12 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
         self._level_candidate: list[_Snapshot | None] = [None] * len(self.levels)
         self._level_wakeups: list = [None] * len(self.levels)
         for stage in range(self.num_stages):
-            run.env.process(self._first_level_flusher(run, stage, self._epoch))
+            context.env.process(self._first_level_flusher(context, stage, self._epoch))
         for level in range(1, len(self.levels)):
-            run.env.process(self._level_rounds(run, level, self._epoch))
+            context.env.process(self._level_rounds(context, level, self._epoch))
 
-    def _acquire_slot(self, run: "Run", stage: int):
-        event = run.env.event()
+    def _acquire_slot(self, context: "RunContext", stage: int):
+        event = context.env.event()
         if self._free_slots[stage] > 0:
             self._free_slots[stage] -= 1
             event.succeed()
@@ -107,8 +107,8 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
         else:
             self._free_slots[stage] += 1
 
-    def _first_level_flusher(self, run: "Run", stage: int, epoch: int) -> Generator:
-        env, queue = run.env, self._queues[stage]
+    def _first_level_flusher(self, context: "RunContext", stage: int, epoch: int) -> Generator:
+        env, queue = context.env, self._queues[stage]
         while True:
             while not queue:
                 wakeup = env.event()
@@ -121,16 +121,16 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
                 yield env.timeout(snapshot.ready_s - env.now)
             if epoch != self._epoch:
                 return
-            yield run.tier_link(self.levels[0], "write", stage, generation=epoch).transfer(self.stage_bytes[stage])
+            yield context.tier_link(self.levels[0], "write", stage, generation=epoch).transfer(self.stage_bytes[stage])
             if epoch != self._epoch:
                 return
             self._release_slot(stage)
             snapshot.parts_at_level[0] += 1
             if snapshot.parts_at_level[0] == self.num_stages:
-                self._durable(run, snapshot, 0)
+                self._durable(context, snapshot, 0)
 
-    def _level_rounds(self, run: "Run", level: int, epoch: int) -> Generator:
-        env, last_number = run.env, -1
+    def _level_rounds(self, context: "RunContext", level: int, epoch: int) -> Generator:
+        env, last_number = context.env, -1
         while True:
             candidate = self._level_candidate[level]
             if candidate is None or candidate.number <= last_number:
@@ -142,17 +142,17 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
                 continue
             last_number = candidate.number
             name = self.levels[level]
-            yield run.all_transfers_done(
-                (run.tier_link(name, "write", stage, generation=epoch), size) for stage, size in enumerate(self.stage_bytes)
+            yield context.all_transfers_done(
+                (context.tier_link(name, "write", stage, generation=epoch), size) for stage, size in enumerate(self.stage_bytes)
             )
             if epoch != self._epoch:
                 return
             candidate.parts_at_level[level] = self.num_stages
-            self._durable(run, candidate, level)
+            self._durable(context, candidate, level)
 
-    def _durable(self, run: "Run", snapshot: _Snapshot, level: int) -> None:
+    def _durable(self, context: "RunContext", snapshot: _Snapshot, level: int) -> None:
         self.num_durable[level] += 1
-        run.span(f"checkpoint {snapshot.number} durable at {self.levels[level]}", "flush", snapshot.created_s)
+        context.span(f"checkpoint {snapshot.number} durable at {self.levels[level]}", "flush", snapshot.created_s)
         if level in self.surviving_levels:
             if self.restore_point is None or snapshot.number > self.restore_point[0].number:
                 self.restore_point = (snapshot, level)
@@ -164,33 +164,33 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
                 wakeup.succeed()
 
     # ------------------------------------------------------------ hooks
-    def iterations_until_boundary(self, run: "Run") -> int:
-        return self.config.interval_iterations - (run.iterations_executed - self._origin)
+    def iterations_until_boundary(self, context: "RunContext") -> int:
+        return self.config.interval_iterations - (context.iterations_executed - self._origin)
 
     def copy_s(self, stage: int) -> float:
         if self.host_tier is None:
             return 0.0
         return self.host_tier.latency_s + self.stage_bytes[stage] / self.host_tier.write_bandwidth_bytes_per_s
 
-    def at_boundary(self, run: "Run") -> Generator:
+    def at_boundary(self, context: "RunContext") -> Generator:
         if all(free > 0 for free in self._free_slots):
             # Every slot is free: the slot events would all fire at once, one after another, so a
             # relayed pair stands in for them and their AllOf (same instant, same event order).
             for stage in range(self.num_stages):
                 self._free_slots[stage] -= 1
-            first, slots_ready = relayed_event(run.env)
+            first, slots_ready = relayed_event(context.env)
             first.succeed()
         else:
-            slots_ready = AllOf(run.env, [self._acquire_slot(run, stage) for stage in range(self.num_stages)])
-        yield from run.wait(slots_ready, "checkpoint_stall_s", "host buffer full")
+            slots_ready = AllOf(context.env, [self._acquire_slot(context, stage) for stage in range(self.num_stages)])
+        yield from context.wait(slots_ready, "checkpoint_stall_s", "host buffer full")
         copy_s = max(self.copy_s(stage) for stage in range(self.num_stages))
-        hidden_s = max(run.iteration_time_s - self.scenario.compute.optimizer_step_s, 0.0)
-        created_s = run.now
-        yield from run.wait(max(0.0, copy_s - hidden_s), "checkpoint_stall_s", "snapshot copy not hidden")
+        hidden_s = max(context.iteration_time_s - self.scenario.compute.optimizer_step_s, 0.0)
+        created_s = context.now
+        yield from context.wait(max(0.0, copy_s - hidden_s), "checkpoint_stall_s", "snapshot copy not hidden")
         self.num_snapshots += 1
         snapshot = _Snapshot(
             number=self.num_snapshots,
-            progress=run.progress,
+            progress=context.progress,
             epoch=self._epoch,
             created_s=created_s,
             ready_s=created_s + copy_s,
@@ -201,17 +201,17 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
             wakeup = self._queue_wakeups[stage]
             if wakeup is not None and not wakeup.triggered:
                 wakeup.succeed()
-        self._origin = run.iterations_executed
+        self._origin = context.iterations_executed
 
-    def _read(self, run: "Run", stages: Iterable[int]) -> Generator:
+    def _read(self, context: "RunContext", stages: Iterable[int]) -> Generator:
         if self.restore_point is None:
             return
         level_name = self.levels[self.restore_point[1]]
-        reads = run.all_transfers_done((run.tier_link(level_name, "read", stage), self.stage_bytes[stage]) for stage in stages)
-        yield from run.wait(reads, "recovery_downtime_s", f"checkpoint read ({level_name})")
+        reads = context.all_transfers_done((context.tier_link(level_name, "read", stage), self.stage_bytes[stage]) for stage in stages)
+        yield from context.wait(reads, "recovery_downtime_s", f"checkpoint read ({level_name})")
 
-    def on_failures(self, run: "Run", failures) -> Generator:
-        self._reset(run)
+    def on_failures(self, context: "RunContext", failures) -> Generator:
+        self._reset(context)
         restore_progress = 0.0 if self.restore_point is None else self.restore_point[0].progress
-        yield from self.recovery.recover(run, failures, restore_progress=restore_progress, read=self._read)
-        self._origin = run.iterations_executed
+        yield from self.recovery.recover(context, failures, restore_progress=restore_progress, read=self._read)
+        self._origin = context.iterations_executed

@@ -4,16 +4,18 @@ A policy never loops over time itself. The run model (`sim/run.py`) calls:
 
 - `healthy_state()`: the pipeline state of a failure-free iteration under this method (redundant
   forwards, CheckFree+ swapped routes);
-- `on_start(run)`: once, before training (start background workers);
-- `iterations_until_boundary(run)`: executed iterations until the method's next periodic work
+- `on_start(context)`: once, before training (start background workers);
+- `iterations_until_boundary(context)`: executed iterations until the method's next periodic work
   (a checkpoint, a replica refresh), or None; at 0 the run calls
-- `at_boundary(run)`: a generator doing that work (stalls through `run.wait`, background transfers);
-- `on_failures(run, failures)`: a generator that recovers from a batch of failures. It may be
+- `at_boundary(context)`: a generator doing that work (stalls through `context.wait`, background transfers);
+- `on_failures(context, failures)`: a generator that recovers from a batch of failures. It may be
   interrupted by further failures, in which case it is called again with the new ones: a policy
   keeps the recovery in progress in its own state and merges (it must leave that state consistent
   at every `yield`, and apply rollbacks and setbacks so that a repeated call does not count twice).
 
-Generators spend simulated time only through `run.wait(...)`, which books it to a badput category.
+`context` is the run's `RunContext` (sim/run_context.py): the state and services a policy may use,
+never the trainer itself. Generators spend simulated time only through `context.wait(...)`, which
+books it to a badput category.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..pipeline_state import build_pipeline_state
 
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
-    from ..run import Run
+    from ..run_context import RunContext
 
 
 class RecoveryPolicy(ABC):
@@ -62,18 +64,18 @@ class RecoveryPolicy(ABC):
             self._states[node_of_stage] = state
         return state
 
-    def on_start(self, run: "Run") -> None:
+    def on_start(self, context: "RunContext") -> None:
         """Called once before training starts."""
 
-    def iterations_until_boundary(self, run: "Run") -> int | None:
+    def iterations_until_boundary(self, context: "RunContext") -> int | None:
         return None
 
-    def at_boundary(self, run: "Run") -> Generator:
+    def at_boundary(self, context: "RunContext") -> Generator:
         return
         yield  # a generator that does nothing
 
     @abstractmethod
-    def on_failures(self, run: "Run", failures: tuple["FailureEvent", ...]) -> Generator:
+    def on_failures(self, context: "RunContext", failures: tuple["FailureEvent", ...]) -> Generator:
         """Recover from `failures` (stages whose nodes were just lost)."""
 
 

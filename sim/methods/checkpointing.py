@@ -30,7 +30,7 @@ from .base import RecoveryPolicy, stage_checkpoint_bytes
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
     from ..links import ProcessorSharingLink
-    from ..run import Run
+    from ..run_context import RunContext
 
 
 def stale_stage_loss_iterations(stale_iterations: float, num_reloaded_stages: int, num_stages: int) -> float:
@@ -56,8 +56,8 @@ class SyncCheckpointer:
         self.num_written = 0
         self._origin = 0
 
-    def iterations_until(self, run: "Run") -> int:
-        return self.interval_iterations - (run.iterations_executed - self._origin)
+    def iterations_until(self, context: "RunContext") -> int:
+        return self.interval_iterations - (context.iterations_executed - self._origin)
 
     def node_lost(self) -> None:
         """A node died: a checkpoint on a tier that dies with its node has lost a part."""
@@ -65,29 +65,29 @@ class SyncCheckpointer:
             self.committed_progress = 0.0
             self.has_checkpoint = False
 
-    def restart_origin(self, run: "Run") -> None:
-        self._origin = run.iterations_executed
+    def restart_origin(self, context: "RunContext") -> None:
+        self._origin = context.iterations_executed
 
-    def write(self, run: "Run") -> Generator:
-        writes = run.all_transfers_done((run.tier_link(self.tier, "write", stage), self.stage_bytes[stage]) for stage in self.stages)
-        yield from run.wait(writes, "checkpoint_stall_s", f"checkpoint write ({self.tier})")
-        self.committed_progress = run.progress
+    def write(self, context: "RunContext") -> Generator:
+        writes = context.all_transfers_done((context.tier_link(self.tier, "write", stage), self.stage_bytes[stage]) for stage in self.stages)
+        yield from context.wait(writes, "checkpoint_stall_s", f"checkpoint write ({self.tier})")
+        self.committed_progress = context.progress
         self.has_checkpoint = True
         self.num_written += 1
-        self._origin = run.iterations_executed
+        self._origin = context.iterations_executed
 
-    def read_requests(self, run: "Run", stages: Iterable[int]) -> list[tuple["ProcessorSharingLink", float]]:
+    def read_requests(self, context: "RunContext", stages: Iterable[int]) -> list[tuple["ProcessorSharingLink", float]]:
         """(link, bytes) of the reads restoring `stages`; none before the first checkpoint (the
         initial weights are regenerated from the seed)."""
         if not self.has_checkpoint:
             return []
-        return [(run.tier_link(self.tier, "read", stage), self.stage_bytes[stage]) for stage in stages]
+        return [(context.tier_link(self.tier, "read", stage), self.stage_bytes[stage]) for stage in stages]
 
-    def read(self, run: "Run", stages: Iterable[int]) -> Generator:
-        requests = self.read_requests(run, stages)
+    def read(self, context: "RunContext", stages: Iterable[int]) -> Generator:
+        requests = self.read_requests(context, stages)
         if not requests:
             return
-        yield from run.wait(run.all_transfers_done(requests), "recovery_downtime_s", f"checkpoint read ({self.tier})")
+        yield from context.wait(context.all_transfers_done(requests), "recovery_downtime_s", f"checkpoint read ({self.tier})")
 
 
 class RestartRecovery:
@@ -106,29 +106,29 @@ class RestartRecovery:
 
     def recover(
         self,
-        run: "Run",
+        context: "RunContext",
         failures: tuple["FailureEvent", ...],
         *,
         restore_progress: float,
-        read: Callable[["Run", Iterable[int]], Generator],
+        read: Callable[["RunContext", Iterable[int]], Generator],
         handled_as: str | None = None,
     ) -> Generator:
         label = handled_as or ("rollback" if self.rollback == "all" else "stage_reload")
         for event in failures:
-            run.record_failure(event, label)
+            context.record_failure(event, label)
         if not self.stages:
-            self._stale_iterations = max(run.progress - restore_progress, 0.0)
+            self._stale_iterations = max(context.progress - restore_progress, 0.0)
         self.stages.update(event.stage for event in failures)
         if self.rollback == "all":
-            run.rollback_to(restore_progress)
-        start_s = run.now
-        yield from run.wait_for_replacements(self.stages)
-        yield from run.wait(self.restart_s, "recovery_downtime_s", "restart")
+            context.rollback_to(restore_progress)
+        start_s = context.now
+        yield from context.wait_for_replacements(self.stages)
+        yield from context.wait(self.restart_s, "recovery_downtime_s", "restart")
         readers = range(self.num_stages) if self.rollback == "all" else sorted(self.stages)
-        yield from read(run, readers)
+        yield from read(context, readers)
         if self.rollback == "stage":
-            run.lose_iterations(stale_stage_loss_iterations(self._stale_iterations, len(self.stages), self.num_stages))
-        run.span(f"restart of stages {sorted(self.stages)}", "recovery", start_s)
+            context.lose_iterations(stale_stage_loss_iterations(self._stale_iterations, len(self.stages), self.num_stages))
+        context.span(f"restart of stages {sorted(self.stages)}", "recovery", start_s)
         self.stages.clear()
 
 
@@ -140,15 +140,15 @@ class CheckpointPolicy(RecoveryPolicy):
         self.checkpointer = SyncCheckpointer(scenario, tier=config.tier, interval_iterations=config.interval_iterations)
         self.recovery = RestartRecovery(scenario, rollback=config.rollback)
 
-    def iterations_until_boundary(self, run: "Run") -> int:
-        return self.checkpointer.iterations_until(run)
+    def iterations_until_boundary(self, context: "RunContext") -> int:
+        return self.checkpointer.iterations_until(context)
 
-    def at_boundary(self, run: "Run") -> Generator:
-        yield from self.checkpointer.write(run)
+    def at_boundary(self, context: "RunContext") -> Generator:
+        yield from self.checkpointer.write(context)
 
-    def on_failures(self, run: "Run", failures) -> Generator:
+    def on_failures(self, context: "RunContext", failures) -> Generator:
         self.checkpointer.node_lost()
         yield from self.recovery.recover(
-            run, failures, restore_progress=self.checkpointer.committed_progress, read=self.checkpointer.read
+            context, failures, restore_progress=self.checkpointer.committed_progress, read=self.checkpointer.read
         )
-        self.checkpointer.restart_origin(run)
+        self.checkpointer.restart_origin(context)

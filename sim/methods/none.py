@@ -12,8 +12,8 @@ class NonePolicy(RecoveryPolicy):
 
     name = "none"
 
-    def on_failures(self, run, failures) -> Generator:
+    def on_failures(self, context, failures) -> Generator:
         for event in failures:  # not reached (the config's ignores_failures trait); kept for completeness
-            run.record_failure(event, "ignored")
+            context.record_failure(event, "ignored")
         return
         yield

@@ -28,7 +28,7 @@ from .base import RecoveryPolicy, block_weight_bytes, embedding_weight_bytes, he
 from .checkpointing import SyncCheckpointer, stale_stage_loss_iterations
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..run_context import RunContext
 
 
 class RebuildPolicy(RecoveryPolicy):
@@ -70,58 +70,58 @@ class RebuildPolicy(RecoveryPolicy):
         return self.blocks_bytes
 
     # --- steady state: the edge checkpoints (CheckFree+ overrides both with its replica refresh)
-    def iterations_until_boundary(self, run: "Run") -> int | None:
-        return None if self.edge_checkpointer is None else self.edge_checkpointer.iterations_until(run)
+    def iterations_until_boundary(self, context: "RunContext") -> int | None:
+        return None if self.edge_checkpointer is None else self.edge_checkpointer.iterations_until(context)
 
-    def at_boundary(self, run: "Run") -> Generator:
+    def at_boundary(self, context: "RunContext") -> Generator:
         if self.edge_checkpointer is not None:
-            yield from self.edge_checkpointer.write(run)
+            yield from self.edge_checkpointer.write(context)
 
     # --- the recovery
-    def on_failures(self, run: "Run", failures) -> Generator:
+    def on_failures(self, context: "RunContext", failures) -> Generator:
         self.rebuilding.update(event.stage for event in failures)
         lost = set(self.rebuilding)
         plans = self.plan(lost)
         for event in failures:
-            run.record_failure(event, plans[event.stage].handled_as)
-        self._note_random_edge_parts(run, plans)
+            context.record_failure(event, plans[event.stage].handled_as)
+        self._note_random_edge_parts(context, plans)
         restored = sorted(stage for stage, plan in plans.items() if plan.blocks_from == "edge_checkpoint")
         if restored:
             assert self.edge_checkpointer is not None
             self.edge_checkpointer.node_lost()  # a save on a tier that dies with its node is gone
-        start_s = run.now
-        yield from run.wait_for_replacements(lost)
-        yield from run.wait(self.scenario.recovery.restart_s, "recovery_downtime_s", "restart")
+        start_s = context.now
+        yield from context.wait_for_replacements(lost)
+        yield from context.wait(self.scenario.recovery.restart_s, "recovery_downtime_s", "restart")
         transfers = [
-            (run.node_link(source, stage), self.source_bytes(plan, index))
+            (context.node_link(source, stage), self.source_bytes(plan, index))
             for stage, plan in plans.items()
             for index, source in enumerate(plan.sources)
         ]
         if restored:
             assert self.edge_checkpointer is not None
-            transfers.extend(self.edge_checkpointer.read_requests(run, restored))
+            transfers.extend(self.edge_checkpointer.read_requests(context, restored))
         if transfers:
             name = "weight transfer and edge checkpoint read" if restored else "weight transfer"
-            yield from run.wait(run.all_transfers_done(transfers), "recovery_downtime_s", name)
+            yield from context.wait(context.all_transfers_done(transfers), "recovery_downtime_s", name)
         # Staleness first: it is measured against the progress the reloaded stage had reached.
         stale_iterations = 0.0
         if restored:
             assert self.edge_checkpointer is not None
-            stale_iterations = max(run.progress - self.edge_checkpointer.committed_progress, 0.0)
-        run.apply_setback(sum(self.setback_iterations(plan) for plan in plans.values()))
+            stale_iterations = max(context.progress - self.edge_checkpointer.committed_progress, 0.0)
+        context.apply_setback(sum(self.setback_iterations(plan) for plan in plans.values()))
         if restored:
-            run.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))
+            context.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))
             self.num_edge_restores += len(restored)
-        run.span(f"rebuild of stages {sorted(lost)}", "recovery", start_s)
+        context.span(f"rebuild of stages {sorted(lost)}", "recovery", start_s)
         self.num_rebuilds += len(lost)
         self.rebuilding.clear()
 
-    def _note_random_edge_parts(self, run: "Run", plans: dict[int, RebuildPlan]) -> None:
+    def _note_random_edge_parts(self, context: "RunContext", plans: dict[int, RebuildPlan]) -> None:
         """A copied edge stage keeps a random embedding or head: say once that its setback may be small."""
         copied = sorted(stage for stage, plan in plans.items() if plan.edge_part == "random_init" and plan.sources)
         if copied and not self._noted_random_edge_parts:
             self._noted_random_edge_parts = True
-            run.notes.append(
+            context.notes.append(
                 f"{self.name}: edge stage {copied[0]} was rebuilt by copying blocks; its embedding or final norm "
                 "and lm_head restart from random init, which sends a real run's loss back towards chance "
                 "(checkfree's edge_fallback='checkpoint' avoids it); the edge setback charged is only as "
@@ -143,23 +143,23 @@ class CheckFreePlusPolicy(RebuildPolicy):
         self._refresh_done = None
         self.num_refreshes = 0
 
-    def iterations_until_boundary(self, run: "Run") -> int:
-        return self.config.replica_refresh_iterations - (run.iterations_executed - self._refresh_origin)
+    def iterations_until_boundary(self, context: "RunContext") -> int:
+        return self.config.replica_refresh_iterations - (context.iterations_executed - self._refresh_origin)
 
-    def at_boundary(self, run: "Run") -> Generator:
+    def at_boundary(self, context: "RunContext") -> Generator:
         if self._refresh_done is not None and not self._refresh_done.processed:
-            yield from run.wait(self._refresh_done, "method_overhead_s", "replica refresh backlog")
+            yield from context.wait(self._refresh_done, "method_overhead_s", "replica refresh backlog")
         last = self.num_stages - 1
-        start_s = run.now
-        done = run.all_transfers_done(
+        start_s = context.now
+        done = context.all_transfers_done(
             [
-                (run.node_link(0, 1), embedding_weight_bytes(self.scenario)),
-                (run.node_link(last, last - 1), head_weight_bytes(self.scenario)),
+                (context.node_link(0, 1), embedding_weight_bytes(self.scenario)),
+                (context.node_link(last, last - 1), head_weight_bytes(self.scenario)),
             ]
         )
-        done.callbacks.append(lambda _event: run.span("(de)embedding replica refresh", "flush", start_s))
+        done.callbacks.append(lambda _event: context.span("(de)embedding replica refresh", "flush", start_s))
         self._refresh_done = done
-        self._refresh_origin = run.iterations_executed
+        self._refresh_origin = context.iterations_executed
         self.num_refreshes += 1
 
 

@@ -25,7 +25,7 @@ from .base import RecoveryPolicy, stage_weight_bytes
 from .checkpointing import RestartRecovery, SyncCheckpointer
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..run_context import RunContext
 
 
 class RedundantPolicy(RecoveryPolicy):
@@ -46,11 +46,11 @@ class RedundantPolicy(RecoveryPolicy):
         self._replacement_token = [0] * self.num_stages
         self.num_fatal = 0
 
-    def iterations_until_boundary(self, run: "Run") -> int:
-        return self.checkpointer.iterations_until(run)
+    def iterations_until_boundary(self, context: "RunContext") -> int:
+        return self.checkpointer.iterations_until(context)
 
-    def at_boundary(self, run: "Run") -> Generator:
-        yield from self.checkpointer.write(run)
+    def at_boundary(self, context: "RunContext") -> Generator:
+        yield from self.checkpointer.write(context)
 
     def is_fatal(self, stage: int) -> bool:
         return (
@@ -65,36 +65,36 @@ class RedundantPolicy(RecoveryPolicy):
             return self.healthy_state()
         return self.healthy_state(tuple(self.hosted_by.get(stage, stage) for stage in range(self.num_stages)))
 
-    def on_failures(self, run: "Run", failures) -> Generator:
+    def on_failures(self, context: "RunContext", failures) -> Generator:
         if self.restart.in_progress:
-            yield from self._restart(run, failures)
+            yield from self._restart(context, failures)
             return
         fatal = []
         for event in sorted(failures, key=lambda event: event.stage):
             stage = event.stage
             if stage in self.hosted_by:
-                run.record_failure(event, "replacement_lost")
-                self._start_replacement(run, stage)
+                context.record_failure(event, "replacement_lost")
+                self._start_replacement(context, stage)
             elif self.is_fatal(stage):
                 fatal.append(event)
             else:
-                run.record_failure(event, "degraded")
+                context.record_failure(event, "degraded")
                 self.hosted_by[stage] = stage - 1
                 if stage + 1 < self.num_stages:
                     self.replica_missing.add(stage + 1)
-                self._start_replacement(run, stage)
+                self._start_replacement(context, stage)
         if fatal:
             self.num_fatal += 1
-            yield from self._restart(run, tuple(fatal))
+            yield from self._restart(context, tuple(fatal))
         else:
-            run.set_pipeline_state(self._state())
+            context.set_pipeline_state(self._state())
 
-    def _restart(self, run: "Run", failures) -> Generator:
+    def _restart(self, context: "RunContext", failures) -> Generator:
         self._epoch += 1  # replacements in progress are taken over by the restart
         self.checkpointer.node_lost()
         self.restart.stages.update(self.hosted_by)
         yield from self.restart.recover(
-            run,
+            context,
             failures,
             restore_progress=self.checkpointer.committed_progress,
             read=self.checkpointer.read,
@@ -102,26 +102,26 @@ class RedundantPolicy(RecoveryPolicy):
         )
         self.hosted_by.clear()
         self.replica_missing.clear()
-        run.set_pipeline_state(self.healthy_state())
-        self.checkpointer.restart_origin(run)
+        context.set_pipeline_state(self.healthy_state())
+        self.checkpointer.restart_origin(context)
 
-    def _start_replacement(self, run: "Run", stage: int) -> None:
+    def _start_replacement(self, context: "RunContext", stage: int) -> None:
         self._replacement_token[stage] += 1
-        run.env.process(self._replace(run, stage, self._epoch, self._replacement_token[stage], run.now))
+        context.env.process(self._replace(context, stage, self._epoch, self._replacement_token[stage], context.now))
 
-    def _replace(self, run: "Run", stage: int, epoch: int, token: int, failed_s: float) -> Generator:
+    def _replace(self, context: "RunContext", stage: int, epoch: int, token: int, failed_s: float) -> Generator:
         def stale() -> bool:
             return epoch != self._epoch or token != self._replacement_token[stage]
 
-        ready_s = run.down_until[stage] + self.scenario.recovery.restart_s
-        if ready_s > run.now:
-            yield run.env.timeout(ready_s - run.now)
+        ready_s = context.down_until[stage] + self.scenario.recovery.restart_s
+        if ready_s > context.now:
+            yield context.env.timeout(ready_s - context.now)
         if stale():
             return
-        own = run.node_link(stage - 1, stage).transfer(stage_weight_bytes(self.scenario, stage))
+        own = context.node_link(stage - 1, stage).transfer(stage_weight_bytes(self.scenario, stage))
         successor = stage + 1
         replica = (
-            run.node_link(successor, stage).transfer(stage_weight_bytes(self.scenario, successor))
+            context.node_link(successor, stage).transfer(stage_weight_bytes(self.scenario, successor))
             if successor < self.num_stages
             else None
         )
@@ -129,8 +129,8 @@ class RedundantPolicy(RecoveryPolicy):
         if stale():
             return
         del self.hosted_by[stage]
-        run.set_pipeline_state(self._state())
-        run.span(f"stage {stage} run by node {stage - 1}", "degraded", failed_s, stage=stage)
+        context.set_pipeline_state(self._state())
+        context.span(f"stage {stage} run by node {stage - 1}", "degraded", failed_s, stage=stage)
         if replica is not None:
             yield replica
             if stale():
