@@ -17,7 +17,7 @@ so a new method needs no edit to this module. sim/ and real/ each keep one class
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 from pydantic_core import PydanticCustomError
@@ -25,6 +25,9 @@ from pydantic_core import PydanticCustomError
 from .base import StrictModel, validate_model
 from .errors import InputError
 from .pipeline_schedule import MINIMUM_STAGES_FOR_SWAP
+
+if TYPE_CHECKING:
+    from .rebuild_plan import RebuildPlan
 
 GradientWeighting = Literal["squared_l2", "l2", "uniform"]
 MethodFamily = Literal["reference", "checkpoint", "redundant", "rebuild"]
@@ -231,6 +234,12 @@ class CheckFreeConfig(_NeighbourRebuildConfig):
 
         return (self.edge_checkpoint_tier,) if uses_edge_checkpoints(self) else ()
 
+    def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
+        """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
+        from .rebuild_plan import checkfree_stage_plan  # here: rebuild_plan imports convergence, which imports this module
+
+        return checkfree_stage_plan(self, stage, lost, num_stages)
+
 
 class CheckFreePlusConfig(_NeighbourRebuildConfig):
     """CheckFree+: out-of-order pipelining so that edge stages are rebuilt by copying their swap partner."""
@@ -247,6 +256,12 @@ class CheckFreePlusConfig(_NeighbourRebuildConfig):
     replica_refresh_iterations: int = Field(100, ge=1)
     """Iterations between refreshes of the (de)embedding replicas on the neighbouring stages."""
 
+    def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
+        """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
+        from .rebuild_plan import checkfree_plus_stage_plan  # here: rebuild_plan imports convergence, which imports this module
+
+        return checkfree_plus_stage_plan(self, stage, lost, num_stages)
+
 
 class CopyConfig(_NeighbourRebuildConfig):
     """Ablation: copy the previous stage (the next one for stage 0)."""
@@ -256,6 +271,12 @@ class CopyConfig(_NeighbourRebuildConfig):
     label = "copy (ablation)"
     ablation = True
     default_setback_iterations = (6.0, 6.0)
+
+    def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
+        """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
+        from .rebuild_plan import copy_stage_plan  # here: rebuild_plan imports convergence, which imports this module
+
+        return copy_stage_plan(self, stage, lost, num_stages)
 
 
 class UniformConfig(_NeighbourRebuildConfig):
@@ -267,6 +288,12 @@ class UniformConfig(_NeighbourRebuildConfig):
     ablation = True
     default_setback_iterations = (3.0, 6.0)
 
+    def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
+        """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
+        from .rebuild_plan import uniform_stage_plan  # here: rebuild_plan imports convergence, which imports this module
+
+        return uniform_stage_plan(self, stage, lost, num_stages)
+
 
 class RandomConfig(_NeighbourRebuildConfig):
     """Ablation: a fresh random initialisation."""
@@ -276,6 +303,12 @@ class RandomConfig(_NeighbourRebuildConfig):
     label = "random init (ablation)"
     ablation = True
     default_setback_iterations = (40.0, 40.0)
+
+    def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
+        """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
+        from .rebuild_plan import random_stage_plan  # here: rebuild_plan imports convergence, which imports this module
+
+        return random_stage_plan(self, stage, lost, num_stages)
 
 
 METHOD_CONFIGS: dict[str, type[MethodConfigBase]] = {}

@@ -127,9 +127,11 @@ def nearest_surviving_stage(stage: int, lost: frozenset[int], num_stages: int) -
 def plan_rebuild(method_config: Any, lost_stages: Iterable[int], num_stages: int) -> dict[int, RebuildPlan]:
     """Per lost stage (reliable stages left out), what it starts from; see the module docstring."""
     name = method_config.name
-    planner = _PLANNERS.get(name)
+    # Each rebuild method's config names its own rule (`plan_stage`, calibration/methods.py), so a
+    # new rebuild method brings its rule with it.
+    planner = getattr(method_config, "plan_stage", None)
     if planner is None:
-        raise ValueError(f"method {name!r} does not rebuild stages; plan_rebuild takes one of {sorted(_PLANNERS)}")
+        raise ValueError(f"method {name!r} does not rebuild stages: its config has no plan_stage")
     minimum_stages = getattr(method_config, "minimum_stages", 1)
     if num_stages < minimum_stages:
         raise ValueError(f"{name} needs at least {minimum_stages} stages, got {num_stages}")
@@ -138,7 +140,7 @@ def plan_rebuild(method_config: Any, lost_stages: Iterable[int], num_stages: int
     if outside:
         raise ValueError(f"lost stages {outside} are outside 0..{num_stages - 1}")
     lost -= reliable_stages(method_config, num_stages)
-    return {stage: planner(method_config, stage, lost, num_stages) for stage in sorted(lost)}
+    return {stage: planner(stage, lost, num_stages) for stage in sorted(lost)}
 
 
 def _is_edge(stage: int, num_stages: int) -> bool:
@@ -203,7 +205,7 @@ def _both_neighbours_survive(stage: int, lost: frozenset[int], num_stages: int) 
     return 0 < stage < num_stages - 1 and stage - 1 not in lost and stage + 1 not in lost
 
 
-def _plan_checkfree(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
+def checkfree_stage_plan(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
     if _both_neighbours_survive(stage, lost, num_stages):
         return _average("checkfree", stage, "gradient")
     if config.edge_fallback == "random":
@@ -222,7 +224,7 @@ def _plan_checkfree(config: Any, stage: int, lost: frozenset[int], num_stages: i
     return _fallback_copy("checkfree", stage, lost, num_stages)
 
 
-def _plan_checkfree_plus(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
+def checkfree_plus_stage_plan(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
     if _both_neighbours_survive(stage, lost, num_stages):
         return _average("checkfree_plus", stage, "gradient")
     if not _is_edge(stage, num_stages):
@@ -242,25 +244,17 @@ def _plan_checkfree_plus(config: Any, stage: int, lost: frozenset[int], num_stag
     )
 
 
-def _plan_copy(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
+def copy_stage_plan(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
     position = stage_position(stage, num_stages)
     return _copy_nearest(stage, lost, num_stages, setback_method="copy", position=position, handled_as="rebuild_copy")
 
 
-def _plan_uniform(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
+def uniform_stage_plan(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
     if _both_neighbours_survive(stage, lost, num_stages):
         return _average("uniform", stage, "uniform")
     return _fallback_copy("uniform", stage, lost, num_stages)
 
 
-def _plan_random(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
+def random_stage_plan(config: Any, stage: int, lost: frozenset[int], num_stages: int) -> RebuildPlan:
     return _random(stage, num_stages)
 
-
-_PLANNERS = {
-    "checkfree": _plan_checkfree,
-    "checkfree_plus": _plan_checkfree_plus,
-    "copy": _plan_copy,
-    "uniform": _plan_uniform,
-    "random": _plan_random,
-}
