@@ -146,8 +146,9 @@ def _setbacks_only(scenario: Scenario, calibration: Calibration) -> dict:
             "setbacks": setbacks,
             "setback_scale": 1.0,
             "calibrated": True,
+            "setback_source": "measured",
             "source": f"setbacks {', '.join(measured)} from calibration {calibration.name!r}; {SETBACK_TRANSFER_ASSUMPTION}; "
-            f"baseline curve and other setbacks from scenario {scenario.name!r}",
+            f"baseline curve and other setbacks ({scenario.convergence.setback_source}) from scenario {scenario.name!r}",
         }
     )
     return {"convergence": convergence.model_dump()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,12 +87,33 @@ def load_model(model_type: type[ModelT], path: str | Path) -> ModelT:
     return validate_model(model_type, read_json(path), str(path))
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so briefly, under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def output_mode(*, directory: bool = False) -> int:
+    """The mode `open()` or `mkdir()` would give a new file or directory (0644 / 0755 under umask 022).
+
+    tempfile.mkstemp and mkdtemp create 0600 / 0700 on purpose (private scratch space); an output
+    renamed into place from them must get the ordinary mode, or other users cannot read results.
+    """
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename, so no half-written file remains."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, output_mode())
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
         os.replace(temporary, path)
@@ -100,6 +122,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json_loads(text: str) -> Any:
+    """`json.loads` that refuses the NaN/Infinity/-Infinity literals Python's json accepts by default."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def strict_json_dumps(data: Any, *, indent: int | None = 2) -> str:
+    """JSON every parser reads: a NaN or infinity in `data` is a programming error here, not a bare literal
+    in a file (write None, or a string such as "Infinity" that the contract models read back)."""
+    return json.dumps(data, indent=indent, allow_nan=False)
+
+
 def save_model(model: BaseModel, path: str | Path) -> None:
-    """Write a contract model as indented JSON, atomically."""
-    atomic_write_text(path, model.model_dump_json(indent=2) + "\n")
+    """Write a contract model as indented JSON, atomically.
+
+    pydantic writes non-finite floats as null (its default) or, for `StrictModel`, as the strings
+    "Infinity"/"NaN" that validation reads back, never as bare literals; the strict parse checks it.
+    """
+    text = model.model_dump_json(indent=2)
+    strict_json_loads(text)
+    atomic_write_text(path, text + "\n")

@@ -13,7 +13,7 @@ empirical form of LLM loss against steps (Kaplan et al., arXiv 2001.08361, fit p
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -22,6 +22,7 @@ from .errors import InputError
 from .methods import METHOD_CONFIGS, METHOD_NAMES
 
 StagePosition = Literal["interior", "edge"]
+SetbackSource = Literal["measured", "paper_fitted", "default"]
 
 
 class PowerLawLossCurve(StrictModel):
@@ -86,8 +87,33 @@ class ConvergenceSpec(StrictModel):
     setback_scale: float = Field(1.0, gt=0)
     """Multiplies every setback: how a calibration measured on one model is carried to another."""
     calibrated: bool = False
-    """False while the setbacks are the documented defaults above; outputs flag it."""
+    """True when the setbacks were measured (a calibration): exactly when `setback_source` is "measured"."""
+    setback_source: SetbackSource | None = None
+    """Where the setbacks come from: "measured" (a calibration of real runs), "paper_fitted" (fitted to
+    the CheckFree paper's ablation, calibration/paper_setbacks.py) or "default" (the documented
+    defaults of calibration/methods.py). Left out, it follows `calibrated` ("measured" or "default").
+    Every output names it."""
     source: str = "uncalibrated default setbacks (calibration/methods.py)"
+    sample_setbacks: bool = True
+    """Each replication draws its setbacks from their intervals (calibration/setback_uncertainty.py), so
+    that intervals of time to target include what is not known about them; False uses the means."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_follows_calibrated(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        source, calibrated = data.get("setback_source"), data.get("calibrated")
+        if source is None:
+            return {**data, "setback_source": "measured" if calibrated else "default"}
+        if calibrated is None:
+            return {**data, "calibrated": source == "measured"}
+        if bool(calibrated) != (source == "measured"):
+            raise ValueError(
+                f"calibrated = {calibrated} contradicts setback_source = {source!r}: calibrated is true exactly "
+                "for measured setbacks; drop one of the two fields"
+            )
+        return data
 
     @model_validator(mode="after")
     def _known_methods(self) -> "ConvergenceSpec":

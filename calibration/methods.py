@@ -64,6 +64,8 @@ class MethodConfigBase(StrictModel):
     plain_iteration: ClassVar[bool] = True
     """The healthy iteration is the plain in-order pipeline with no extra work (no redundant forwards,
     swaps or snapshot copies), so stage timings and the optimizer step alone predict it."""
+    swaps_odd_microbatches: ClassVar[bool] = False
+    """True when odd microbatches visit the first two and the last two stages in swapped order (CheckFree+)."""
     minimum_stages: ClassVar[int] = 1
     """Fewest pipeline stages the method works with."""
     uses_setbacks: ClassVar[bool] = False
@@ -249,6 +251,7 @@ class CheckFreePlusConfig(_NeighbourRebuildConfig):
     label = "CheckFree+"
     headline = True
     plain_iteration = False  # odd microbatches take the swapped route
+    swaps_odd_microbatches = True
     minimum_stages = MINIMUM_STAGES_FOR_SWAP
     default_setback_iterations = (2.0, 4.0)
 

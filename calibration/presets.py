@@ -16,6 +16,7 @@ from .builtin import load_builtin_calibration
 from .calibration_file import Calibration
 from .churn import PoissonChurn, StageHourlyChurn, TraceChurn
 from .convergence import ConvergenceSpec, PowerLawLossCurve
+from .paper_setbacks import PAPER_FIT_SOURCE, paper_fitted_setbacks
 from .errors import InputError
 from .methods import METHOD_NAMES, MethodConfig, method_from_name
 from .network import CHECKFREE_EMULATOR_SITES
@@ -105,7 +106,11 @@ def _checkfree_geo(
             checkfree=rebuild, checkfree_plus=rebuild, copy=rebuild, uniform=rebuild, random=rebuild,
             checkpoint={"interval_iterations": 20},  # the CheckFree rollback replay's default F = 20
         ),
-        convergence=ConvergenceSpec(baseline=curve),
+        # Setbacks fitted to the paper's own ablation (500M, 16 %/h), carried to every size and rate in
+        # iterations unchanged (calibration/paper_setbacks.py states the assumptions).
+        convergence=ConvergenceSpec(
+            baseline=curve, setbacks=paper_fitted_setbacks(), setback_source="paper_fitted", source=PAPER_FIT_SOURCE
+        ),
         target=TargetSpec(loss=target_loss),
         seed=0,
         replications=10,
@@ -216,12 +221,20 @@ def datacenter_llama3() -> Scenario:
     )
 
 
+SETBACK_SOURCE_WORDS = {
+    "measured": "measured",
+    "paper_fitted": "uncalibrated on this model, fitted to the CheckFree paper's ablation",
+    "default": "uncalibrated defaults",
+}
+
+
 def with_calibrated_setbacks(scenario: Scenario, calibration_name: str = CPU_TINY) -> Scenario:
     """`scenario` with its convergence setbacks from a built-in calibration (mode "setbacks").
 
     The setbacks are carried over in optimizer steps unchanged (calibration/apply.py states the
-    assumption). A missing, invalid or setback-less calibration leaves the defaults, and the
-    description says so; this never raises, so listing presets always works.
+    assumption). A missing, invalid or setback-less calibration leaves the scenario's own setbacks
+    (paper-fitted or default), and the description says which; this never raises, so listing
+    presets always works.
     """
     calibration, reason = load_builtin_calibration(calibration_name)
     if calibration is not None:
@@ -229,7 +242,8 @@ def with_calibrated_setbacks(scenario: Scenario, calibration_name: str = CPU_TIN
             return apply_calibration(scenario, calibration, mode="setbacks")
         except InputError as error:
             reason = str(error)
-    note = f" Convergence setbacks: uncalibrated defaults ({reason})."
+    kind = SETBACK_SOURCE_WORDS[scenario.convergence.setback_source or "default"]
+    note = f" Convergence setbacks: {kind} ({reason})."
     return scenario.model_copy(update={"description": scenario.description + note})
 
 

@@ -13,6 +13,7 @@ temporary sibling directory and renamed into place, so a crash leaves no half-wr
 from __future__ import annotations
 
 import datetime as _datetime
+import json
 import os
 import platform
 import shutil
@@ -26,7 +27,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import Field
 
-from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .base import SCHEMA_VERSION, StrictModel, load_model, output_mode, save_model
 from .errors import InputError
 from .failures import FAILURE_COLUMNS, FailureSchedule, ScheduledFailure, read_failure_schedule, write_failure_schedule
 from .methods import MethodConfig
@@ -106,21 +107,67 @@ def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: F
     )
 
 
-def write_run_record(record: RunRecord, directory: str | Path, *, overwrite: bool = True) -> Path:
-    """Write `record` to `directory` atomically (temporary sibling, then rename)."""
+RECORD_FILES: tuple[str, ...] = (MANIFEST_FILE, METRICS_FILE, SPANS_FILE, FAILURES_FILE)
+
+
+def check_record_directory(directory: str | Path, *, extra_entries: tuple[str, ...] = ()) -> None:
+    """Refuse (InputError, nothing touched) an existing non-empty `directory` that is not a run record.
+
+    A run record holds only RECORD_FILES, plus `extra_entries` its writer owns (a real run's
+    checkpoints); its manifest.json, when present, names a run.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise InputError(f"{directory}: is a file, not a run record directory; choose a new or empty directory")
+    foreign = sorted(set(os.listdir(directory)) - set(RECORD_FILES) - set(extra_entries))
+    problem = None
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        problem = f"holds {shown}, which churnsim did not write"
+    elif (directory / MANIFEST_FILE).exists():
+        try:
+            manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("run_id"), str):
+            problem = f"has a {MANIFEST_FILE} that is not a run record's"
+    if problem is not None:
+        raise InputError(
+            f"{directory}: not a churnsim run record ({problem}); nothing was written or removed: choose a new or empty directory"
+        )
+
+
+def write_run_record(
+    record: RunRecord, directory: str | Path, *, overwrite: bool = True, extra_entries: tuple[str, ...] = ()
+) -> Path:
+    """Write `record` to `directory`: a new one atomically (temporary sibling, then rename).
+
+    An existing directory must be a run record (`check_record_directory`; anything else is refused
+    and left untouched): its record files are replaced one by one (each renamed into place, the
+    manifest last, the old manifest removed first, so a crash never pairs a manifest with other
+    tables), and `extra_entries` (e.g. a real run's checkpoints) are kept.
+    """
     directory = Path(directory)
     if directory.exists() and not overwrite:
         raise InputError(f"{directory} already exists; choose another --out or remove it")
+    check_record_directory(directory, extra_entries=extra_entries)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name or 'record'}."))
     try:
+        staging.chmod(output_mode(directory=True))  # mkdtemp's 0700 would hide the record from other users
         save_model(record.manifest, staging / MANIFEST_FILE)
         record.metrics.to_csv(staging / METRICS_FILE, index=False)
         record.spans.to_csv(staging / SPANS_FILE, index=False)
         write_failure_schedule(record.failures, staging / FAILURES_FILE)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
+        if not directory.exists():
+            os.replace(staging, directory)
+            return directory
+        (directory / MANIFEST_FILE).unlink(missing_ok=True)
+        for name in (METRICS_FILE, SPANS_FILE, FAILURES_FILE, MANIFEST_FILE):
+            os.replace(staging / name, directory / name)
+        staging.rmdir()
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -204,11 +251,13 @@ def provenance_fields() -> dict[str, object]:
 __all__ = [
     "FAILURE_COLUMNS",
     "METRICS_COLUMNS",
+    "RECORD_FILES",
     "SPANS_COLUMNS",
     "RealRunSettings",
     "RunManifest",
     "RunRecord",
     "ScheduledFailure",
+    "check_record_directory",
     "git_revision",
     "hardware_description",
     "make_run_record",

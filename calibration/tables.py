@@ -43,6 +43,9 @@ RUN_COLUMNS: tuple[str, ...] = (
     "num_failures",
     *TIME_CATEGORIES,
     "setbacks_calibrated",
+    "setback_source",  # "measured", "paper_fitted" or "default" (calibration/convergence.py)
+    "setback_interior_iterations",  # setbacks this run charged per rebuilt stage: its replication's draw
+    "setback_edge_iterations",  # (calibration/setback_uncertainty.py) × setback_scale; NaN without setbacks
 )
 
 
@@ -65,8 +68,31 @@ def summary_columns() -> tuple[str, ...]:
         "time_to_target_ci95_high_s",
         *(column for baseline in speedup_baselines() for column in speedup_columns(baseline)),
         "setbacks_calibrated",
+        "setback_source",
     )
 
+
+def sensitivity_columns() -> tuple[str, ...]:
+    """setback_sensitivity.csv's columns: summary.csv's with the setback factor after the rate, and
+    whether the method wins at that (rate, factor) (sim/setback_sensitivity.py)."""
+    columns = list(summary_columns())
+    columns.insert(columns.index("failure_probability_per_stage_hour") + 1, "setback_scale")
+    return (*columns, "winner")
+
+
+# setback_sensitivity.csv: one row per (scenario, failure rate, setback scale, method).
+SENSITIVITY_COLUMNS: tuple[str, ...] = sensitivity_columns()
+
+# setback_crossovers.csv: where the winner changes as every setback is scaled.
+CROSSOVER_COLUMNS: tuple[str, ...] = (
+    "scenario",
+    "failure_probability_per_stage_hour",
+    "scale_low",  # neighbouring setback scales whose winners differ (the whole range when none do)
+    "scale_high",
+    "winner_below",
+    "winner_above",
+    "crossover_scale",  # where the two methods' mean times to target meet, interpolated; NaN if not found
+)
 
 # summary.csv: one row per (scenario, method), over replications, with 95 % Student-t intervals.
 # The columns of the built-in methods (speed-ups over checkpoint and redundant): what readers require.

@@ -5,3 +5,13 @@ Subpackages: `churnsim.calibration` (the file contract), `churnsim.sim` (SimPy s
 """
 
 __version__ = "0.1.0"
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml), or `__version__` when running from a bare checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("churnsim")
+    except metadata.PackageNotFoundError:
+        return __version__

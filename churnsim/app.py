@@ -11,5 +11,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from churnsim import installed_version
+
+        typer.echo(f"churnsim {installed_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Which recovery method reaches your target loss first when pipeline stages fail?"""
+
+
 real_app = typer.Typer(help="Real PyTorch pipeline runs with injected failures.", no_args_is_help=True)
 app.add_typer(real_app, name="real")

@@ -26,10 +26,10 @@ def _register_commands() -> None:
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point of the console script."""
-    _register_commands()
     arguments = sys.argv[1:] if argv is None else argv
     try:
-        app(args=arguments, prog_name="churnsim", standalone_mode=False)
+        _register_commands()
+        returned = app(args=arguments, prog_name="churnsim", standalone_mode=False)
     except InputError as error:
         _fail(str(error))
     except click_exceptions.NoArgsIsHelpError:
@@ -39,15 +39,29 @@ def main(argv: Optional[list[str]] = None) -> None:
         _fail(f"{error.format_message()} (see: {command} --help)")
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except typer.Abort:
-        _fail("aborted")
+    except typer.Abort as abort:
+        # click (older typer) turns Ctrl-C into Abort.
+        _interrupted() if isinstance(abort.__context__, KeyboardInterrupt) else _fail("aborted")
     except KeyboardInterrupt:
-        _fail("interrupted")
+        _interrupted()
+    else:
+        # Outside standalone mode typer returns an Exit's code instead of raising it, and turns
+        # Ctrl-C inside a command into Exit(130); commands themselves return None.
+        if returned == 130:
+            _interrupted()
+        if isinstance(returned, int) and returned:
+            sys.exit(returned)
 
 
 def _fail(message: str) -> None:
     sys.stderr.write(f"churnsim: error: {' '.join(message.split())}\n")
     sys.exit(2)
+
+
+def _interrupted() -> None:
+    # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C.
+    sys.stderr.write("churnsim: interrupted\n")
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ measurements are needed, and sim/ for the iteration model and the replays.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from churnsim.app import app
 from churnsim.commands_sim import finish
+from churnsim.extras import require_torch
 
 console = Console(stderr=True)
 
@@ -28,6 +30,7 @@ STORAGE_FILE = "storage.csv"
 
 
 def _measure_link(device: str):
+    require_torch("measuring the link profile (no link_profile.csv beside the run records)")
     from churnsim.real.calibration_suite import measure_link_profile
 
     console.print("measuring the point-to-point link (1 KiB … 16 MiB ping-pong) ...")
@@ -37,6 +40,7 @@ def _measure_link(device: str):
 def _measure_storage(tiers: dict[str, Path]):
     import pandas as pd
 
+    require_torch("measuring storage bandwidth (no storage.csv beside the run records)")
     from churnsim.real.calibration_suite import measure_storage_bandwidth
 
     rows = []
@@ -77,6 +81,11 @@ def calibrate_command(
     name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: OUT's file stem)."),
     remote_dir: Optional[Path] = typer.Option(None, "--remote-dir", help="A directory on slower storage to measure as the 'remote' tier."),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Methods of the suite's failure runs (default: every method real runs implement)."),
+    convergence: bool = typer.Option(False, "--convergence", help="Measure convergence setbacks with the convergence lab (paired forks of no-failure runs) into a copy of --base."),
+    base: str = typer.Option("cpu-tiny", "--base", help="With --convergence: the calibration (file or built-in name) whose model is trained and whose setbacks are replaced."),
+    seeds: str = typer.Option("0,1", "--seeds", help="With --convergence: seeds of the paired no-failure runs, comma-separated (one process each)."),
+    lab_iterations: int = typer.Option(1000, "--lab-iterations", help="With --convergence: length of each no-failure run; failures strike from 10 % of it on."),
+    failure_points: int = typer.Option(16, "--failure-points", help="With --convergence: failure iterations per seed (each forks an interior and an edge stage)."),
 ) -> None:
     """Short real runs on this machine (or existing run records) → a calibration file."""
     import pandas as pd
@@ -91,6 +100,11 @@ def calibrate_command(
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device {device!r}: use cpu or cuda")
+    if convergence:
+        if runs or quick or methods:
+            raise InputError("--convergence runs the convergence lab: drop --runs, --quick and --method")
+        calibrate_convergence(out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points)
+        return
     started = time.perf_counter()
     if runs:
         if quick or runs_out is not None or methods:
@@ -101,6 +115,7 @@ def calibrate_command(
         storage_file = _find_measurement([Path(path) for path in runs], STORAGE_FILE)
         storage = pd.read_csv(storage_file) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
     else:
+        require_torch("calibrating with real runs")
         from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan
 
         runs_out = runs_out if runs_out is not None else out.parent / f"{out.stem}-runs"
@@ -137,6 +152,76 @@ def calibrate_command(
     save_calibration(calibration, out)  # atomic: temporary file + rename
     print_calibration(calibration)
     console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s (fitted on {len(records)} run records)")
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    from churnsim.calibration.errors import InputError
+
+    try:
+        seeds = tuple(int(value) for value in text.split(",") if value.strip())
+    except ValueError:
+        raise InputError(f"--seeds {text!r}: give whole numbers separated by commas, e.g. 0,1") from None
+    if not seeds or any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds {text!r}: give distinct seeds >= 0, e.g. 0,1")
+    return seeds
+
+
+def calibrate_convergence(out: Path, *, base: str, seeds: tuple[int, ...], num_iterations: int, num_failure_points: int) -> None:
+    """`calibrate --convergence`: the lab's per-rebuild table beside OUT, and OUT = BASE with measured setbacks."""
+    from churnsim.calibration.builtin import resolve_calibration
+    from churnsim.calibration.calibration_file import save_calibration
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.fit_setbacks import methods_told_apart, setback_summary, with_lab_setbacks
+    from churnsim.calibration.run_record import provenance_fields
+
+    if num_iterations < 50 or num_failure_points < 1:
+        raise InputError("--lab-iterations must be >= 50 and --failure-points >= 1")
+    calibration = resolve_calibration(base)
+    require_torch("the convergence lab")
+    from churnsim.real.convergence_lab import lab_settings, measure_setbacks
+    from churnsim.real.scenario_run import model_config
+
+    settings = lab_settings(
+        model_config(calibration.model),
+        num_stages=calibration.pipeline.num_stages,
+        num_microbatches=calibration.pipeline.num_microbatches,
+        microbatch_size=calibration.pipeline.microbatch_size,
+        num_iterations=num_iterations,
+        num_failure_points=num_failure_points,
+    )
+    started = time.perf_counter()
+    console.print(
+        f"convergence lab: {len(seeds)} seed(s) × {num_iterations} iterations, {num_failure_points} failure points × "
+        f"{len(settings.methods)} methods × 2 positions, window {settings.window_iterations} iterations ..."
+    )
+    rows, curve, _ = measure_setbacks(settings, seeds, workers=min(len(seeds), os.cpu_count() or 1))
+    table_path = out.with_name(f"{out.stem}-setbacks.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(table_path, index=False)
+    curve.to_csv(out.with_name(f"{out.stem}-lab-curve.csv"), index=False)
+    description = f"{calibration.name} model, seeds {','.join(map(str, seeds))}, {num_iterations}-iteration no-failure runs"
+    measured = with_lab_setbacks(calibration, rows, description=description)
+    provenance = measured.provenance.model_copy(
+        update={**{key: value for key, value in provenance_fields().items() if key in type(measured.provenance).model_fields},
+                "command": "churnsim " + " ".join(sys.argv[1:])}
+    )  # fmt: skip
+    save_calibration(measured.model_copy(update={"name": out.stem, "provenance": provenance}), out)
+    summary = setback_summary(rows)
+    kept = summary[summary["window_iterations"] == summary["window_iterations"].max()]
+    table = Table("method", "position", "rebuilds", "setback iterations [95 % CI]", "per iteration of progress [95 % CI]", title="measured setbacks")
+    for row in kept.itertuples(index=False):
+        table.add_row(
+            row.method, row.position, str(row.num_rebuilds),
+            f"{row.mean_setback_iterations:.1f} [{row.ci95_low_iterations:.1f}, {row.ci95_high_iterations:.1f}]",
+            f"{row.setback_per_iteration_of_progress:.3f} [{row.slope_ci95_low:.3f}, {row.slope_ci95_high:.3f}]",
+        )  # fmt: skip
+    Console().print(table)
+    for position in ("interior", "edge"):
+        pairs = methods_told_apart(rows, position)
+        apart = pairs[pairs["told_apart"]] if not pairs.empty else pairs
+        told = ", ".join(f"{r.method} vs {r.other} ({r.mean_difference_iterations:+.1f})" for r in apart.itertuples()) or "none"
+        Console().print(f"{position}: pairs told apart (paired 95 % interval excludes 0): {told}")
+    console.print(f"wrote {out} and {table_path} in {time.perf_counter() - started:.0f} s")
 
 
 def _seconds(value: float) -> str:
@@ -213,16 +298,29 @@ def validate_command(
     run_directories: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Held-out run records (or directories of them)."),
     calibration_argument: str = typer.Option(..., "--calibration", help="Calibration file, or a built-in name such as cpu-tiny."),
     out: Path = typer.Option(Path("churnsim-validation"), "--out", help="Directory for validation.csv and the figure."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into --out even though it holds another run's results or other files."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the validation figure."),
 ) -> None:
     """Replay held-out runs in the simulator; predicted against measured as a table and a figure."""
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.tables import write_table
+    from churnsim.out_directory import prepare_out_directory
+    from churnsim.sim.outputs import write_manifest
     from churnsim.sim.validate import validate_runs
 
     calibration = resolve_calibration(calibration_argument)
+    prepare_out_directory(out, command="validate", subject=calibration.name, overwrite=overwrite)
     report = validate_runs(run_directories, calibration)
     write_table(report.table, out / "validation.csv")
+    write_manifest(
+        out,
+        command="validate",
+        scenario=None,
+        calibration=calibration.name,
+        fit_run_ids=list(report.fit_run_ids),
+        validated_run_ids=list(report.validated_run_ids),
+        notes=list(report.notes),
+    )
     print_validation(report)
     finish(out, report.notes, draw_figures=figures, wrote=out / "validation.csv")
 

@@ -54,7 +54,10 @@ def real_run_command(
     method: Optional[str] = typer.Option(None, "--method", help="The method to perform, one of the scenario's methods."),
     settings: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of a scenario field (dotted path, as in `sweep`), e.g. pipeline.num_stages=2; repeatable."),
     replication: int = typer.Option(0, "--replication", help="Which replication's failure path to inject (simulate's replication k samples the same one)."),
-    out: Path = typer.Option(..., "--out", help="Directory for the run record (written only when the run finishes)."),
+    out: Path = typer.Option(
+        ..., "--out", help="The run's directory: new, empty or a churnsim run record (anything else is refused); checkpoints from the start, the record when it finishes."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue the unfinished (failed or killed) run in --out from its durable checkpoints; same scenario and options."),
     write_config: Optional[Path] = typer.Option(
         None, "--write-config", help="Write the resolved scenario for torchrun on several machines, and print the command, instead of running."
     ),
@@ -84,7 +87,14 @@ def real_run_command(
     if corpus is not None and not Path(corpus).exists():
         raise InputError(f"training.corpus = {corpus!r}: no such file or directory; give a text file or a directory of text files")
 
+    from churnsim.real.run_directory import check_run_directory
+
+    check_run_directory(out, resume=resume)  # before torch and before any process starts
+
     # torch and the trainer only from here on.
+    from churnsim.extras import require_torch
+
+    require_torch("a real run")
     from churnsim.real.launch import launch_local
     from churnsim.real.scenario_run import check_fits_machine, training_config
 
@@ -107,5 +117,5 @@ def real_run_command(
                 task, completed=row["iteration"] + 1, description=f"{label}, step {row['step']}, loss {row['train_loss']:.3f}"
             )
 
-        result = launch_local(config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication)
+        result = launch_local(config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume)
     Console().print(summary_paragraph(result, out=out), soft_wrap=True)

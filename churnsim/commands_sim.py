@@ -94,29 +94,8 @@ def override_run_settings(scenario, *, methods: Optional[list[str]], replication
     return validate_model(Scenario, data, "scenario with command-line overrides")
 
 
-def print_summary(summary, title: str) -> None:
-    """One row per method: time to target with its 95 % CI and paired speed-ups."""
-    import math
-
-    largest_s = summary["time_to_target_ci95_high_s"].max()
-    unit, unit_s = ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
-
-    def hours(value: float) -> str:
-        return "—" if math.isnan(value) else f"{value / unit_s:.2f}"
-
-    def ratio(mean: float, low: float, high: float) -> str:
-        return "—" if math.isnan(mean) else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
-
-    table = Table("method", "reached", f"time to target {unit} [95 % CI]", "× vs checkpoint [CI]", "× vs redundant [CI]", title=title)
-    for row in summary.itertuples(index=False):
-        table.add_row(
-            row.method,
-            f"{row.fraction_reached:.0%}",
-            f"{hours(row.time_to_target_mean_s)} [{hours(row.time_to_target_ci95_low_s)}, {hours(row.time_to_target_ci95_high_s)}]",
-            ratio(row.speedup_vs_checkpoint_mean, row.speedup_vs_checkpoint_ci95_low, row.speedup_vs_checkpoint_ci95_high),
-            ratio(row.speedup_vs_redundant_mean, row.speedup_vs_redundant_ci95_low, row.speedup_vs_redundant_ci95_high),
-        )
-    Console(width=max(Console().width, 110)).print(table)
+OVERWRITE_HELP = "Write into --out even though it holds another run's results or other files (churnsim's own old results there are replaced)."
+JSON_HELP = "Print the answer as strict JSON on stdout (tables go to stderr), for scripts."
 
 
 @app.command("simulate")
@@ -128,18 +107,23 @@ def simulate_command(
     seed: Optional[int] = typer.Option(None, "--seed", help="Base seed of the failure paths."),
     settings: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of a scenario field (dotted path, as in `sweep`); repeatable."),
     out: Path = typer.Option(..., "--out", help="Directory for run records, tables and timelines."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Simulate one scenario: a summary table with one row per method, run records, a timeline."""
     from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
+    from churnsim.out_directory import prepare_out_directory
+    from churnsim.report import show_verdict
     from churnsim.sim.simulate import simulate_scenario
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     scenario = apply_settings(scenario, parse_settings(settings))
+    prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
-    print_summary(output.summary, f"{scenario.name}: {scenario.replications} replication(s)")
-    finish(out, output.notes, draw_figures=False)
+    show_verdict(output.verdict, as_json=as_json, extra={"command": "simulate", "out": str(out)})
+    finish(out, output.notes if as_json else (), draw_figures=False)
 
 
 @app.command("whatif")
@@ -151,10 +135,15 @@ def whatif_command(
     replications: int = typer.Option(10, "--replications", help="Replications per failure rate (common random numbers across methods)."),
     quick: bool = typer.Option(False, "--quick", help="A fast smoke run: 3 replications, 3 rates, a short interval study."),
     out: Path = typer.Option(Path("churnsim-out"), "--out", help="Directory for tables and figures."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
     parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the figures."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    setback_sensitivity: bool = typer.Option(
+        False, "--setback-sensitivity", help="Also rerun it with every convergence setback scaled ×0.5, 1, 2, 3, 5: setback_sensitivity.csv, where the winner changes."
+    ),
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
     from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, run_whatif
@@ -172,21 +161,26 @@ def whatif_command(
             scenario=scenario, failure_rates=failure_rates if rates else (0.0, 0.10, 0.33), methods=chosen,
             replications=3, intervals=(10, 50, 200),
         )
+    from churnsim.out_directory import prepare_out_directory
+    from churnsim.report import show_verdict
+    from churnsim.sim.sweep import connect_scheduler
     from churnsim.sim.whatif import interval_tasks, rate_tasks
 
-    from churnsim.sim.sweep import connect_scheduler
-
+    prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)
     total = len(rate_tasks(plan)) + len(interval_tasks(plan))
     client = connect_scheduler(scheduler) if scheduler else None
     try:
         with progress_bar(total, f"what-if on {scenario.name}") as advance:
             result = run_whatif(plan, out, workers=workers, client=client, parquet=parquet, on_task_done=advance)
+        if setback_sensitivity:
+            from churnsim.sensitivity_report import run_setback_sensitivity
+
+            run_setback_sensitivity(plan, out, workers=workers, client=client, parquet=parquet, console=console)
     finally:
         if client is not None:
             client.close()
-    for probability, rows in result.sweep.summary.groupby("failure_probability_per_stage_hour", sort=True):
-        print_summary(rows, f"{rows['scenario'].iloc[0]} at {probability:.0%} failure probability per stage-hour")
-    finish(out, result.notes, draw_figures=figures)
+    show_verdict(result.verdict, as_json=as_json, extra={"command": "whatif", "out": str(out)})
+    finish(out, result.notes if as_json else (), draw_figures=figures)
 
 
 def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
@@ -212,18 +206,22 @@ def sweep_command(
     replications: Optional[int] = typer.Option(None, "--replications"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     out: Path = typer.Option(..., "--out", help="Directory for runs.csv, summary.csv and trajectories.csv."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
     parquet: bool = typer.Option(False, "--parquet"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """A grid over scenario fields, in local processes or on a Dask cluster."""
-    from churnsim.calibration.tables import write_table
     from churnsim.calibration.scenario_overrides import parse_grid_setting
-    from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep
+    from churnsim.out_directory import prepare_out_directory
+    from churnsim.report import show_verdict
+    from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep, sweep_verdict, write_sweep
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     grid = [parse_grid_setting(text) for text in settings]
     tasks = build_tasks(scenario, grid)
+    prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
     client = connect_scheduler(scheduler) if scheduler else None
     try:
         with progress_bar(len(tasks), f"sweeping {scenario.name}") as advance:
@@ -231,12 +229,10 @@ def sweep_command(
     finally:
         if client is not None:
             client.close()
-    write_table(result.runs, out / "runs.csv", parquet=parquet)
-    write_table(result.summary, out / "summary.csv", parquet=parquet)
-    write_table(result.trajectories, out / "trajectories.csv", parquet=parquet)
-    for name, rows in result.summary.groupby("scenario", sort=False):
-        print_summary(rows, str(name))
-    console.print(f"wrote {out}")
+    write_sweep(result, out, scenario=scenario, grid=grid, parquet=parquet)
+    verdict = sweep_verdict(result, scenario)
+    show_verdict(verdict, as_json=as_json, extra={"command": "sweep", "out": str(out)})
+    finish(out, verdict.caveats if as_json else (), draw_figures=False)
 
 
 @app.command("plot")

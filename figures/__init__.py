@@ -8,6 +8,7 @@ from .checkpoint_interval import plot_checkpoint_interval, plot_optimal_interval
 from .gantt import plot_pipeline_gantt
 from .loss import plot_loss_vs_wallclock
 from .make_all import FigureReport, make_all_figures, make_figures
+from .setback_sensitivity import plot_setback_sensitivity
 from .time_to_target import plot_speedup, plot_time_to_target
 from .validation import plot_validation
 
@@ -20,6 +21,7 @@ __all__ = [
     "plot_loss_vs_wallclock",
     "plot_optimal_interval",
     "plot_pipeline_gantt",
+    "plot_setback_sensitivity",
     "plot_speedup",
     "plot_time_to_target",
     "plot_validation",

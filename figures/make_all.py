@@ -2,7 +2,7 @@
 
 Input tables (CSV, or Parquet beside it) as written by `churnsim whatif`, `simulate`, `validate`
 and run records: runs, summary, trajectories, checkpoint_intervals, validation, iteration_spans
-(or a run record's spans). Figures are `matplotlib.figure.Figure` objects rendered by Agg; pyplot
+(or a run record's spans), setback_sensitivity (with setback_crossovers). Figures are `matplotlib.figure.Figure` objects rendered by Agg; pyplot
 is never imported, so nothing here touches global figure state or needs a display.
 """
 
@@ -21,9 +21,11 @@ from matplotlib.figure import Figure
 
 from churnsim.calibration.methods import speedup_baselines
 from churnsim.calibration.tables import (
+    CROSSOVER_COLUMNS,
     GANTT_COLUMNS,
     INTERVAL_COLUMNS,
     RUN_COLUMNS,
+    SENSITIVITY_COLUMNS,
     SUMMARY_COLUMNS,
     TRAJECTORY_COLUMNS,
     VALIDATION_COLUMNS,
@@ -33,8 +35,10 @@ from churnsim.calibration.tables import (
 from .badput import plot_badput_breakdown
 from .checkpoint_interval import plot_checkpoint_interval, plot_optimal_interval
 from .gantt import gantt_methods, plot_pipeline_gantt
+from .grid import grid_points
 from .loss import plot_loss_vs_wallclock
 from .selection import NothingToPlot
+from .setback_sensitivity import plot_setback_sensitivity, sensitivity_rates
 from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods
 from .time_to_target import plot_speedup, plot_time_to_target
 from .validation import plot_validation
@@ -62,6 +66,7 @@ class FigureReport:
 @dataclass(frozen=True, kw_only=True)
 class _Context:
     target_loss: float | None
+    results_directory: Path | None = None
 
 
 def _single(width: float = 6.4, height: float = 4.2) -> tuple[Figure, object]:
@@ -140,6 +145,17 @@ def _gantt(spans: pd.DataFrame, context: _Context) -> Figure:
     return figure
 
 
+def _setback_sensitivity(table: pd.DataFrame, context: _Context) -> Figure:
+    rates = sensitivity_rates(table)
+    crossovers_path = _find_table(context.results_directory, ("setback_crossovers",)) if context.results_directory else None
+    crossovers = read_table(crossovers_path, CROSSOVER_COLUMNS) if crossovers_path is not None else None
+    figure = Figure(figsize=(5.6 * len(rates), 4.4), layout="constrained")
+    axes = figure.subplots(1, len(rates), squeeze=False)[0]
+    for ax, rate in zip(axes, rates):
+        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers)
+    return figure
+
+
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(name="loss_vs_wallclock", tables=("trajectories",), columns=TRAJECTORY_COLUMNS, build=_loss),
     FigureSpec(name="time_to_target", tables=("summary",), columns=SUMMARY_COLUMNS, build=_time_to_target),
@@ -149,18 +165,20 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(name="optimal_interval", tables=("checkpoint_intervals",), columns=INTERVAL_COLUMNS, build=_optimal_interval),
     FigureSpec(name="validation", tables=("validation",), columns=VALIDATION_COLUMNS, build=_validation),
     FigureSpec(name="pipeline_gantt", tables=("iteration_spans", "spans"), columns=GANTT_COLUMNS, build=_gantt),
+    FigureSpec(name="setback_sensitivity", tables=("setback_sensitivity",), columns=SENSITIVITY_COLUMNS, build=_setback_sensitivity),
 )
 
 
 def make_figures(results_directory: str | Path, output_directory: str | Path | None = None) -> FigureReport:
     """Make every figure whose input table is in `results_directory`; report what was written and skipped.
 
-    PNGs go to `output_directory` (default: `results_directory/figures`). A missing or empty input
-    table skips its figure; a table with missing columns raises InputError.
+    PNGs go to `output_directory` (default: `results_directory/figures`); a sweep's tables give one
+    figure per grid point, in a sub-directory named after the point (`figures/grid.py`). A missing or
+    empty input table skips its figure; a table with missing columns raises InputError.
     """
     results_directory = Path(results_directory)
     output_directory = Path(output_directory) if output_directory is not None else results_directory / "figures"
-    context = _Context(target_loss=_target_loss(results_directory))
+    context = _Context(target_loss=_target_loss(results_directory), results_directory=results_directory)
     report = FigureReport()
     tables: dict[Path, pd.DataFrame] = {}
     for spec in FIGURES:
@@ -173,16 +191,22 @@ def make_figures(results_directory: str | Path, output_directory: str | Path | N
         if tables[path].empty:
             report.skipped.append((spec.name, f"{path.name} has no rows"))
             continue
-        try:
-            with matplotlib.rc_context(FIGURE_RC):
-                figure = spec.build(tables[path], context)
-                output_directory.mkdir(parents=True, exist_ok=True)
-                target = output_directory / f"{spec.name}.png"
-                figure.savefig(target, dpi=FIGURE_DPI)
-        except NothingToPlot as reason:
-            report.skipped.append((spec.name, str(reason)))
-            continue
-        report.written.append(target)
+        # A sweep's table holds several grid points: one figure each, in a folder named after it.
+        for point in grid_points(tables[path], spec.columns):
+            directory = output_directory / point.directory if point.directory else output_directory
+            name = f"{point.directory}/{spec.name}" if point.directory else spec.name
+            try:
+                with matplotlib.rc_context(FIGURE_RC):
+                    figure = spec.build(point.rows, context)
+                    if point.title:
+                        figure.suptitle(point.title)
+                    directory.mkdir(parents=True, exist_ok=True)
+                    target = directory / f"{spec.name}.png"
+                    figure.savefig(target, dpi=FIGURE_DPI)
+            except NothingToPlot as reason:
+                report.skipped.append((name, str(reason)))
+                continue
+            report.written.append(target)
     return report
 
 

@@ -281,7 +281,14 @@ def run_suite(
     for run in plan:
         started = time.perf_counter()
         directory = runs_out / run.run_id
-        launch_local(run.config, run_dir=directory, failure_rate_per_stage_hour=run.failure_rate_per_stage_hour, scenario=run.scenario)
+        launch_local(
+            run.config,
+            run_dir=directory,
+            failure_rate_per_stage_hour=run.failure_rate_per_stage_hour,
+            scenario=run.scenario,
+            run_id=run.run_id,
+            restart_unfinished=True,  # a calibration re-run replaces what an interrupted one left
+        )
         set_run_id(directory, run.run_id)
         written.append(directory)
         if on_run_done is not None:

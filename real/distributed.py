@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from churnsim.calibration.errors import InputError
+
+from .safe_codec import decode, encode
 
 DEVICES = ("cpu", "cuda")
 
@@ -79,16 +80,18 @@ class Communicator:
         return self.recv_into(torch.empty(shape, dtype=dtype, device=self.device), source, tag)
 
     # -- small objects -------------------------------------------------------------------------
+    # Objects travel as safe_codec bytes (JSON + raw tensors), never pickle: a message from whoever
+    # reaches a rank's port can only describe data.
     def send_object(self, value: Any, destination: int, tag: int) -> None:
-        """Pickle `value` and send its length, then its bytes (tags `tag` and `tag + 1`)."""
-        payload = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(self.device)
+        """Encode `value` and send its length, then its bytes (tags `tag` and `tag + 1`)."""
+        payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8).to(self.device)
         self.send(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device), destination, tag)
         self.send(payload, destination, tag + 1)
 
     def recv_object(self, source: int, tag: int) -> Any:
         length = int(self.recv((1,), torch.int64, source, tag).item())
         payload = self.recv((length,), torch.uint8, source, tag + 1)
-        return pickle.loads(payload.cpu().numpy().tobytes())
+        return decode(payload.cpu().numpy().tobytes())
 
     # -- collectives ---------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -113,9 +116,21 @@ class Communicator:
         return [value if rank == destination else self.recv_object(rank, tag) for rank in range(self.world_size)]
 
     def all_gather_objects(self, value: Any) -> list[Any]:
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, value)
-        return gathered
+        """Every rank's `value` on every rank (safe_codec bytes padded to the longest, one all-gather)."""
+        payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8).to(self.device)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.world_size)]
+        self._all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64, device=self.device))
+        longest = max(int(length.item()) for length in lengths)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        padded[: payload.numel()] = payload
+        gathered = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in range(self.world_size)]
+        self._all_gather(gathered, padded)
+        return [decode(g[: int(n.item())].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
+
+    def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        work = dist.all_gather(outputs, tensor, async_op=True)
+        assert work is not None
+        work.wait(self._timeout)
 
 
 def init_process_group(

@@ -10,165 +10,26 @@ record (calibration/run_record.py) when a run directory is given.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import os
-import pickle
-import shutil
 import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.multiprocessing as multiprocessing
 
 from churnsim.calibration.errors import InputError
 
 from .distributed import Communicator, destroy_process_group, find_free_port, init_process_group
+from .methods import METHODS
+from .run_directory import OWN_ENTRIES, RunDirectory, prepare_run_directory
+from .safe_codec import decode, encode
+from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_record  # noqa: F401 - re-exported
 from .trainer import RankResult, TrainingConfig, train_stage
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-# pandas and the run-record module are imported where used: spawned ranks never need them, and
-# each import costs every rank start-up time.
-FAILURE_TABLE_COLUMNS = ("time_s", "iteration", "stage", "kind")
-
-
-@dataclass(kw_only=True)
-class RunResult:
-    """A finished real run, merged over ranks."""
-
-    config: TrainingConfig
-    metrics: pd.DataFrame
-    """step, iteration, wall_time_s, train_loss, eval_loss (+ blocked_s: max over ranks)."""
-    spans: pd.DataFrame
-    failures: pd.DataFrame
-    recoveries: list[dict[str, Any]] = field(default_factory=list)
-    run_dir: Path | None = None
-
-
-def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> RunResult:
-    """One table per kind: a step ends when its slowest rank ends; losses come from the last stage."""
-    import pandas as pd
-
-    from churnsim.calibration.run_record import SPANS_COLUMNS
-
-    rows = pd.DataFrame([row | {"stage": r.stage} for r in results for row in r.iteration_rows])
-    head = rows[rows["stage"] == config.num_stages - 1].set_index("step")
-    grouped = rows.groupby("step")
-    metrics = pd.DataFrame(
-        {
-            "step": head.index.to_numpy(),
-            "iteration": head["iteration"].to_numpy(),
-            "wall_time_s": grouped["end_s"].max().loc[head.index].to_numpy(),
-            "train_loss": head["train_loss"].to_numpy(),
-            "eval_loss": head["eval_loss"].to_numpy(),
-            "blocked_s": grouped["blocked_s"].max().loc[head.index].to_numpy(),
-        }
-    )
-    spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS))
-    spans = spans.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
-    failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(FAILURE_TABLE_COLUMNS))
-    # Stage 0 records every failure in the order it handed them out (the failure path's order).
-    failures = failures.sort_values(["iteration"], kind="stable").reset_index(drop=True)
-    recoveries = [row for r in results for row in r.recoveries]
-    return RunResult(config=config, metrics=metrics, spans=spans, failures=failures, recoveries=recoveries)
-
-
-def write_record(
-    result: RunResult,
-    run_dir: str | Path,
-    *,
-    run_id: str | None = None,
-    checkpoint_directory: str | None = None,
-    failure_rate_per_stage_hour: float | None = None,
-    scenario: Any = None,
-    replication: int = 0,
-) -> Path:
-    """Write `result` as a run record directory (manifest, metrics, spans, failures).
-
-    `scenario` (a contract Scenario) is the scenario the run was made from, kept in the manifest so
-    that the simulator can replay the run from the same file.
-    """
-    from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
-    from churnsim.calibration.run_record import (
-        METRICS_COLUMNS,
-        RealRunSettings,
-        RunManifest,
-        make_run_record,
-        provenance_fields,
-        write_run_record,
-    )
-    from churnsim.calibration.scenario import ModelSpec, PipelineSpec
-
-    config = result.config
-    model = config.model
-    settings = RealRunSettings(
-        model=ModelSpec(
-            num_layers=model.num_layers,
-            hidden_size=model.dim,
-            num_heads=model.num_heads,
-            vocab_size=model.vocab_size,
-            sequence_length=model.seq_len,
-            ffn_hidden_size=model.ffn_hidden_dim,
-            weight_bytes_per_parameter=4.0,  # real runs train in fp32
-            activation_bytes_per_element=4.0,
-        ),
-        pipeline=PipelineSpec(
-            num_stages=config.num_stages,
-            schedule=config.schedule,  # type: ignore[arg-type]
-            microbatch_size=config.microbatch_size,
-            num_microbatches=config.num_microbatches,
-        ),
-        method=config.method,
-        num_iterations=config.num_iterations,
-        learning_rate=config.learning_rate,
-        eval_every_iterations=config.eval_interval_iterations or config.num_iterations,
-        device=config.device,  # type: ignore[arg-type]
-        corpus=config.corpus or "python-stdlib",
-        deterministic=config.deterministic,
-        checkpoint_directory=checkpoint_directory,
-        failure_rate_per_stage_hour=failure_rate_per_stage_hour,
-    )
-    manifest = RunManifest(
-        run_id=run_id or uuid.uuid4().hex[:12],
-        source="real",
-        method=config.method.name,
-        seed=config.seed,
-        replication=replication,
-        scenario=scenario,
-        real_settings=settings,
-        **provenance_fields(),
-        notes=tuple(
-            f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
-            + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")
-            for row in result.recoveries
-        ),
-        summary={
-            "num_steps": int(len(result.metrics)),
-            "final_train_loss": _finite_or_none(result.metrics["train_loss"].iloc[-1]),
-            "final_eval_loss": _finite_or_none(result.metrics["eval_loss"].iloc[-1]),
-            "wall_time_s": float(result.metrics["wall_time_s"].iloc[-1]),
-            "num_failures": int(len(result.failures)),
-        },
-    )
-    failures = FailureSchedule(
-        failures=tuple(
-            ScheduledFailure(time_s=float(row.time_s), iteration=int(row.iteration), stage=int(row.stage), kind=str(row.kind))
-            for row in result.failures.itertuples()
-        )
-    )
-    record = make_run_record(manifest, result.metrics.loc[:, list(METRICS_COLUMNS)], result.spans, failures)
-    return write_run_record(record, run_dir)
-
-
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
-
 
 # -- generic spawning (also used by the tests) ---------------------------------------------------
 
@@ -191,7 +52,7 @@ def _worker(
         gathered = communicator.gather_objects(value, destination=0)
         if rank == 0:
             with open(result_path, "wb") as file:
-                pickle.dump(gathered, file)
+                file.write(encode(gathered))  # JSON + raw tensors: reading it back runs no code
     finally:
         destroy_process_group()
 
@@ -219,7 +80,7 @@ def run_distributed(
     else:
         start_method = "spawn"
     with tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
-        result_path = os.path.join(directory, "results.pkl")
+        result_path = os.path.join(directory, "results.bin")
         context = multiprocessing.start_processes(
             _worker,
             args=(world_size, find_free_port(), device, timeout_s, function, arguments, result_path),
@@ -231,7 +92,7 @@ def run_distributed(
             if poll is not None:
                 poll()
         with open(result_path, "rb") as file:
-            return pickle.load(file)
+            return decode(file.read())
 
 
 def _train(
@@ -249,6 +110,45 @@ def _train(
     return train_stage(config, communicator, run_dir=run_dir, on_iteration_done=report)
 
 
+def _prepare(run_dir: Path, config: TrainingConfig, resume: bool, **options: Any) -> tuple[RunDirectory, TrainingConfig]:
+    """Check and hold `run_dir` (run_directory.py) and bind `config` to its run id; nothing starts before."""
+    lease = prepare_run_directory(
+        run_dir,
+        config=config.to_dict(),
+        method=config.method.name,
+        resume=resume,
+        resumable=METHODS[config.method.name].resumable if config.method.name in METHODS else False,
+        **options,
+    )
+    return lease, dataclasses.replace(config, run_id=lease.run_id, resume=resume)
+
+
+def _finish(lease: RunDirectory, result: RunResult, **record_options: Any) -> Path:
+    """The run finished: node-local levels go, the record is written beside the checkpoints, run.json says so."""
+    lease.remove_node_local_levels()
+    checkpoints = lease.checkpoints if lease.checkpoints.is_dir() else None
+    path = write_record(
+        result,
+        lease.path,
+        run_id=lease.run_id,
+        checkpoint_directory=str(checkpoints.resolve()) if checkpoints is not None else None,
+        extra_entries=OWN_ENTRIES,
+        **record_options,
+    )
+    lease.mark("finished")
+    return path
+
+
+def _fail(lease: RunDirectory, error: BaseException) -> None:
+    """The run failed: its durable checkpoints stay (bound to its run id) for `--resume`."""
+    lease.remove_node_local_levels()
+    lease.mark("failed")
+    if any(lease.checkpoints.glob("stage-*/*.manifest.json")) and hasattr(error, "add_note"):  # Python >= 3.11
+        error.add_note(
+            f"the run's durable checkpoints are kept in {lease.checkpoints}; continue the run with the same command and --resume"
+        )
+
+
 def launch_local(
     config: TrainingConfig,
     *,
@@ -257,70 +157,75 @@ def launch_local(
     failure_rate_per_stage_hour: float | None = None,
     scenario: Any = None,
     replication: int = 0,
+    resume: bool = False,
+    run_id: str | None = None,
+    restart_unfinished: bool = False,
 ) -> RunResult:
     """Run `config` with one local process per stage; writes a run record when `run_dir` is given.
 
-    The ranks work in a hidden sibling `.<name>.work` of `run_dir` (checkpoints, node-local
-    levels); only a finished run writes `run_dir`: the record, plus the remote-tier checkpoints in
-    `run_dir/checkpoints`. A failed run leaves `run_dir` untouched. `on_progress(row)` gets the
-    latest finished iteration (step, iteration, train_loss) while the run goes on.
+    `run_dir` holds the run from its start (run_directory.py): run.json, the durable checkpoints in
+    `run_dir/checkpoints` and node-local levels in `run_dir/local`; the record once the run finishes.
+    It must be new, empty, or a churnsim run record, else InputError before any process starts;
+    nothing that is not the run's own is ever removed. A failed (or killed) run keeps its durable
+    checkpoints, and `resume=True` continues it from the newest one every stage holds, under the
+    same run id (`run_id` names a new run; `restart_unfinished` lets it replace an unfinished one).
+    `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
+    run goes on.
     """
-    directory = Path(run_dir) if run_dir is not None else None
-    work_directory = None
-    if directory is not None:
-        work_directory = directory.parent / f".{directory.name}.work"
-        shutil.rmtree(work_directory, ignore_errors=True)
-        work_directory.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="churnsim-progress-") as progress_directory:
-        progress_path = os.path.join(progress_directory, "progress.json") if on_progress is not None else None
-        last_seen: list[Any] = [None]
+    lease = None
+    if run_dir is not None:
+        lease, config = _prepare(Path(run_dir), config, resume, run_id=run_id, restart_unfinished=restart_unfinished)
+    elif resume:
+        raise InputError("resume=True: give the run_dir of the run to continue")
+    try:
+        with tempfile.TemporaryDirectory(prefix="churnsim-progress-") as progress_directory:
+            progress_path = os.path.join(progress_directory, "progress.json") if on_progress is not None else None
+            last_seen: list[Any] = [None]
 
-        def poll() -> None:
-            if progress_path is None:
-                return
-            try:
-                with open(progress_path) as file:
-                    row = json.load(file)
-            except (OSError, ValueError):
-                return  # nothing finished yet
-            if row != last_seen[0]:
-                last_seen[0] = row
-                on_progress(row)  # type: ignore[misc]
+            def poll() -> None:
+                if progress_path is None:
+                    return
+                try:
+                    with open(progress_path) as file:
+                        row = json.load(file)
+                except (OSError, ValueError):
+                    return  # nothing finished yet
+                if row != last_seen[0]:
+                    last_seen[0] = row
+                    on_progress(row)  # type: ignore[misc]
 
-        try:
             results = run_distributed(
                 _train,
                 config.num_stages,
                 config,
-                work_directory,
+                lease.path if lease is not None else None,
                 progress_path,
                 device=config.device,
                 timeout_s=config.timeout_s,
                 poll=poll,
             )
             poll()
-            result = merge_rank_results(config, results)
-            if directory is not None and work_directory is not None:
-                checkpoints = work_directory / "checkpoints"
-                kept = directory / "checkpoints" if checkpoints.is_dir() else None
-                result.run_dir = write_record(
-                    result,
-                    directory,
-                    checkpoint_directory=str(kept.resolve()) if kept is not None else None,
-                    failure_rate_per_stage_hour=failure_rate_per_stage_hour,
-                    scenario=scenario,
-                    replication=replication,
-                )
-                if kept is not None:
-                    os.replace(checkpoints, kept)
-        finally:
-            if work_directory is not None:
-                shutil.rmtree(work_directory, ignore_errors=True)
+        result = merge_rank_results(config, results)
+        if lease is not None:
+            result.run_dir = _finish(
+                lease, result, failure_rate_per_stage_hour=failure_rate_per_stage_hour, scenario=scenario, replication=replication
+            )
+    except BaseException as error:
+        if lease is not None:
+            _fail(lease, error)
+        raise
+    finally:
+        if lease is not None:
+            lease.release()
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank of a run under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by torchrun)."""
+    """One rank of a run under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by torchrun).
+
+    Rank 0 checks and holds `--run-dir` (as `launch_local` does) and hands its run id to every rank;
+    every rank keeps its checkpoints in `<run-dir>/checkpoints/stage-<s>` on its own machine.
+    """
     from churnsim.calibration.scenario import load_scenario
 
     from .scenario_run import training_config
@@ -329,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", required=True, help="scenario JSON file (`churnsim real run ... --write-config FILE` writes one)")
     parser.add_argument("--method", default=None, help="the method to run, if the scenario lists several")
     parser.add_argument("--replication", type=int, default=0, help="which replication's failure path to inject")
-    parser.add_argument("--run-dir", default=None, help="where rank 0 writes the run record")
+    parser.add_argument("--run-dir", default=None, help="the run's directory: rank 0 writes the record, every rank its checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue the failed run in --run-dir from its durable checkpoints")
     arguments = parser.parse_args(argv)
     try:
         scenario = load_scenario(arguments.scenario).only_method(arguments.method)
@@ -339,13 +245,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     communicator = init_process_group(device=config.device, timeout_s=config.timeout_s)
     run_dir = Path(arguments.run_dir) if arguments.run_dir else None
+    lease, gathered = None, None
     try:
+        decision: dict[str, str] = {"run_id": uuid.uuid4().hex[:12]}
+        if communicator.rank == 0 and run_dir is not None:
+            try:
+                lease, _ = _prepare(run_dir, config, arguments.resume)
+                decision = {"run_id": lease.run_id}
+            except InputError as error:
+                decision = {"error": str(error)}
+        decision = communicator.all_gather_objects(decision)[0]
+        if "error" in decision:
+            print(f"error: {decision['error']}", file=sys.stderr)
+            return 2
+        config = dataclasses.replace(config, run_id=decision["run_id"], resume=arguments.resume and run_dir is not None)
         rank_result = train_stage(config, communicator, run_dir=run_dir)
         gathered = communicator.gather_objects(rank_result, destination=0)
+        if lease is not None and gathered is not None:
+            _finish(lease, merge_rank_results(config, gathered), scenario=scenario, replication=arguments.replication)
+    except BaseException as error:
+        if lease is not None:
+            _fail(lease, error)
+        raise
     finally:
+        if lease is not None:
+            lease.release()
         destroy_process_group()
-    if gathered is not None and run_dir is not None:
-        write_record(merge_rank_results(config, gathered), run_dir, scenario=scenario, replication=arguments.replication)
     return 0
 
 

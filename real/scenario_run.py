@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import FailurePathSpec
 from churnsim.calibration.methods import MethodConfig
-from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.scenario import ModelSpec, Scenario
 
 from .model import ModelConfig
 from .trainer import TrainingConfig
@@ -38,8 +38,8 @@ OPTIMISTIC_CPU_FLOPS_PER_CORE_S = 50e9
 MAX_CPU_RUN_S = 24 * 3600.0
 
 
-def model_config(scenario: Scenario) -> ModelConfig:
-    spec = scenario.model
+def model_config(spec: ModelSpec) -> ModelConfig:
+    """The real model of a contract model spec (a scenario's or a calibration's)."""
     return ModelConfig(
         vocab_size=spec.vocab_size,
         dim=spec.hidden_size,
@@ -60,7 +60,7 @@ def training_config(scenario: Scenario, method: MethodConfig, *, replication: in
         )
     training = scenario.training
     return TrainingConfig(
-        model=model_config(scenario),
+        model=model_config(scenario.model),
         num_stages=scenario.pipeline.num_stages,
         num_microbatches=scenario.pipeline.num_microbatches,
         microbatch_size=scenario.pipeline.microbatch_size,

@@ -42,6 +42,7 @@ from churnsim.calibration.failure_sampling import FailureCursor, FailurePathSpec
 from churnsim.calibration.methods import MethodConfig, NoneConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import SCHEDULES
 
+from .checkpoint.format import DEFAULT_RUN_ID
 from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
 from .distributed import Communicator
 from .methods import MethodContext, StageRuntime, build_method
@@ -92,6 +93,11 @@ class TrainingConfig:
     deterministic: bool = True
     num_threads: int = 1
     """torch intra-op threads per rank (1 keeps S ranks from oversubscribing a small machine)."""
+    run_id: str = DEFAULT_RUN_ID
+    """The run's id, bound into every checkpoint it writes (the launcher sets it; see run_directory.py)."""
+    resume: bool = False
+    """Continue run `run_id` from the newest checkpoint every stage holds durably (a method with
+    `resumable = True`); steps start at that iteration, the failures scheduled before it are not replayed."""
 
     def __post_init__(self) -> None:
         check_stage_split(self.model.num_layers, self.num_stages)
@@ -237,6 +243,8 @@ def train_stage(
         spans=spans,
         seed=config.seed,
         num_iterations=config.num_iterations,
+        run_id=config.run_id,
+        resume=config.resume,
     )
     method = build_method(config.method, context)
     pipeline = PipelineStage(
@@ -261,6 +269,13 @@ def train_stage(
     spans.restart_clock()
     step, iteration = 0, 0
     try:
+        if config.resume:
+            started = time.perf_counter()
+            outcome = method.resume()  # collective: every stage restores the same durable checkpoint
+            step = iteration = outcome.resume_iteration or 0
+            if stage == 0:
+                row = outcome.as_row(step=step, iteration=iteration)
+                result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
         while iteration < config.num_iterations:
             spans.step = step
             failed = due_failures.stages_failing_before(step)

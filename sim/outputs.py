@@ -9,23 +9,22 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.base import atomic_write_text
+from churnsim.calibration.base import atomic_write_text, strict_json_dumps
 from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.setback_uncertainty import setback_source_note
 
 from .iteration import IterationResult
 from .results import RunResult
-
-UNCALIBRATED_NOTE = (
-    "convergence setbacks are the uncalibrated defaults of calibration/methods.py, not measurements; "
-    "`churnsim calibrate` measures them, and a scenario file can carry measured setbacks (README, Calibration)"
-)
-
+from .route_notes import swapped_route_notes
 
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
-    """Caveats every output of this scenario must carry."""
-    return () if scenario.convergence.calibrated else (UNCALIBRATED_NOTE,)
+    """Caveats every output of this scenario must carry; the first names where its convergence
+    setbacks come from (measured, paper-fitted or default) when a method uses them."""
+    uses_setbacks = any(method.uses_setbacks for method in scenario.methods)
+    setbacks = (setback_source_note(scenario.convergence),) if uses_setbacks else ()
+    return setbacks + swapped_route_notes(scenario)
 
 
 def chrome_trace(result: RunResult, iteration: IterationResult | None = None) -> dict:
@@ -65,7 +64,27 @@ def chrome_trace(result: RunResult, iteration: IterationResult | None = None) ->
 
 def write_chrome_trace(path: str | Path, result: RunResult, iteration: IterationResult | None = None) -> Path:
     path = Path(path)
-    atomic_write_text(path, json.dumps(chrome_trace(result, iteration)))
+    atomic_write_text(path, strict_json_dumps(chrome_trace(result, iteration), indent=None))
+    return path
+
+
+MANIFEST_FILE = "manifest.json"
+
+
+def write_manifest(directory: str | Path, *, command: str, scenario: Scenario | None, **fields: object) -> Path:
+    """`directory/manifest.json` for a results directory: the command, its scenario, provenance, `fields`.
+
+    Strict JSON: the scenario goes through pydantic's JSON mode (infinite bandwidths as the string
+    "Infinity", which `Scenario` reads back), and a NaN or infinity among `fields` is an error.
+    """
+    path = Path(directory) / MANIFEST_FILE
+    manifest = {
+        "command": command,
+        **({"scenario": json.loads(scenario.model_dump_json())} if scenario is not None else {}),
+        **fields,
+        **provenance_fields(),
+    }
+    atomic_write_text(path, strict_json_dumps(manifest) + "\n")
     return path
 
 

@@ -19,8 +19,9 @@ import pandas as pd
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.failure_sampling import failures_for_replication
-from churnsim.calibration.methods import MethodConfig, speedup_baselines
+from churnsim.calibration.methods import METHOD_CONFIGS, MethodConfig, speedup_baselines
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.setback_uncertainty import replication_convergence
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_columns, summary_columns
 
@@ -37,16 +38,36 @@ class ReplicationTask:
     methods: tuple[MethodConfig, ...]
 
 
+def replication_scenario(scenario: Scenario, replication: int) -> Scenario:
+    """`scenario` with replication `replication`'s setback draws (calibration/setback_uncertainty.py);
+    the draws come from their own stream, so the failure path does not change."""
+    convergence = replication_convergence(scenario.convergence, seed=scenario.seed, replication=replication)
+    return scenario if convergence is scenario.convergence else scenario.model_copy(update={"convergence": convergence})
+
+
 def run_replication(task: ReplicationTask) -> list[RunResult]:
-    """Every method of `task` on the same failure path, sharing one iteration-model cache."""
+    """Every method of `task` on the same failure path and setback draws, sharing one iteration-model cache."""
     failures = failures_for_replication(task.scenario, replication=task.replication)
+    scenario = replication_scenario(task.scenario, task.replication)
     iteration_model = IterationModel()
     return [
-        simulate_run(
-            task.scenario, method, failures, replication=task.replication, seed=task.scenario.seed, iteration_model=iteration_model
-        )
+        simulate_run(scenario, method, failures, replication=task.replication, seed=task.scenario.seed, iteration_model=iteration_model)
         for method in task.methods
     ]
+
+
+def _setbacks_charged(scenario: Scenario, method: str, replication: int) -> dict[str, object]:
+    """The setback source and the setbacks a run charged per rebuilt stage (NaN for methods without setbacks)."""
+    traits = METHOD_CONFIGS.get(method)
+    convergence = replication_convergence(scenario.convergence, seed=scenario.seed, replication=replication)
+    uses = traits is not None and traits.uses_setbacks
+    return {
+        "setback_source": scenario.convergence.setback_source,
+        **{
+            f"setback_{position}_iterations": convergence.setback_iterations(method, position) if uses else math.nan
+            for position in ("interior", "edge")
+        },
+    }
 
 
 def replication_tasks(scenario: Scenario, methods: Sequence[MethodConfig] | None = None) -> list[ReplicationTask]:
@@ -84,6 +105,7 @@ def runs_table(scenario: Scenario, results: Iterable[RunResult]) -> pd.DataFrame
             "replication": result.replication,
             "seed": result.seed,
             "setbacks_calibrated": scenario.convergence.calibrated,
+            **_setbacks_charged(scenario, result.method, result.replication),
             **result.summary(),
         }
         rows.append(row)
@@ -98,8 +120,12 @@ def _paired_speedups(runs: pd.DataFrame, method: str, baseline: str) -> list[flo
     return [float(r) for r in ratios if np.isfinite(r)]
 
 
-def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (scenario, failure rate, method): time to target and paired speed-ups with 95 % CIs."""
+def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per (scenario, failure rate, method): time to target and paired speed-ups with 95 % CIs.
+
+    `grid_columns` (a sweep's swept fields, columns of `runs`) are carried over right after
+    `scenario`: a grid point is one scenario, so each is constant within a row's runs.
+    """
     rows = []
     keys = ["scenario", "failure_probability_per_stage_hour"]
     for (scenario_name, probability), group in runs.groupby(keys, sort=False, dropna=False):
@@ -107,6 +133,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
             mean, low, high = mean_with_ci95(method_runs["time_to_target_s"].tolist())
             row = {
                 "scenario": scenario_name,
+                **{column: method_runs[column].iloc[0] for column in grid_columns},
                 "failure_probability_per_stage_hour": probability,
                 "method": method,
                 "num_replications": len(method_runs),
@@ -115,11 +142,13 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "time_to_target_ci95_low_s": low,
                 "time_to_target_ci95_high_s": high,
                 "setbacks_calibrated": bool(method_runs["setbacks_calibrated"].all()),
+                "setback_source": method_runs["setback_source"].iloc[0] if "setback_source" in method_runs else None,
             }
             for baseline in speedup_baselines():
                 row.update(zip(speedup_columns(baseline), mean_with_ci95(_paired_speedups(group, method, baseline))))
             rows.append(row)
-    return pd.DataFrame(rows, columns=list(summary_columns()))
+    columns = list(summary_columns())
+    return pd.DataFrame(rows, columns=columns[:1] + list(grid_columns) + columns[1:])
 
 
 def trajectories_table(scenario: Scenario, results: Iterable[RunResult], *, max_replications: int = 1) -> pd.DataFrame:

@@ -130,8 +130,8 @@ class Run:
             compute_only_bubble_fraction=self.compute_only_bubble_fraction,
             wall_clock_s=wall_clock_s,
         )
-        if not self.scenario.convergence.calibrated and self.policy.config.uses_setbacks:
-            context.notes.append("convergence setbacks are uncalibrated defaults (default_setback_iterations in calibration/methods.py)")
+        if self.policy.config.uses_setbacks:
+            context.notes.append(self._setback_note())
         return RunResult(
             method=self.policy.name,
             replication=replication,
@@ -150,6 +150,15 @@ class Run:
             timeline=tuple(context.timeline),
             notes=tuple(context.notes),
         )
+
+    def _setback_note(self) -> str:
+        """Where this run's setbacks come from and the values it charged (its replication's draw, if drawn)."""
+        convergence = self.scenario.convergence
+        method = self.policy.name
+        interior, edge = (convergence.setback_iterations(method, position) for position in ("interior", "edge"))
+        words = {"measured": "measured", "paper_fitted": "fitted to the CheckFree paper's ablation", "default": "uncalibrated defaults"}
+        source = words.get(convergence.setback_source or "default", str(convergence.setback_source))
+        return f"convergence setbacks {source}: {interior:.3g} (interior), {edge:.3g} (edge) iterations per rebuilt stage"
 
     def _train_loop(self) -> Generator:
         context = self.context

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -13,8 +13,10 @@ from churnsim.calibration.tables import write_table
 
 from .iteration import IterationResult, simulate_iteration
 from .methods import build_policy
-from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_simulated_run_records
+from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_manifest, write_simulated_run_records
 from .replicate import run_replications, runs_table, summary_table, trajectories_table
+from .results import RunResult
+from .verdict import Verdict, verdict_from_summary
 
 
 @dataclass(frozen=True)
@@ -23,12 +25,31 @@ class SimulationOutput:
     summary: pd.DataFrame
     trajectories: pd.DataFrame
     notes: tuple[str, ...]
-    files: tuple[Path, ...]
+    verdict: Verdict
+    files: tuple[Path, ...] = ()
+    results: tuple[RunResult, ...] = field(default=(), repr=False)
+    """Every run's full result (timelines, failures), which the run records are written from."""
 
 
 def healthy_iterations(scenario: Scenario) -> dict[str, IterationResult]:
     """One failure-free iteration per method, at microbatch resolution (for Gantt charts and timelines)."""
     return {method.name: simulate_iteration(build_policy(method, scenario).healthy_state()) for method in scenario.methods}
+
+
+def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], None] | None = None) -> SimulationOutput:
+    """Every method of `scenario` over its replications, as tables and a verdict; nothing is written."""
+    results = run_replications(scenario, on_replication_done=on_replication_done)
+    runs = runs_table(scenario, results)
+    summary = summary_table(runs)
+    verdict = verdict_from_summary(summary, notes=scenario_notes(scenario), runs=runs)
+    return SimulationOutput(
+        runs=runs,
+        summary=summary,
+        trajectories=trajectories_table(scenario, results),
+        notes=verdict.caveats,
+        verdict=verdict,
+        results=tuple(results),
+    )
 
 
 def simulate_scenario(
@@ -41,28 +62,37 @@ def simulate_scenario(
 ) -> SimulationOutput:
     """Run every method of `scenario` over its replications and write the results to `out_directory`.
 
-    Layout: runs.csv, summary.csv, trajectories.csv, iteration_spans.csv, timelines/<method>-r0.json
-    (Perfetto / chrome://tracing), records/<method>-r<k>/ (run records).
+    Layout: manifest.json, runs.csv, summary.csv, trajectories.csv, iteration_spans.csv,
+    timelines/<method>-r0.json (Perfetto / chrome://tracing), records/<method>-r<k>/ (run records).
     """
     out_directory = Path(out_directory)
-    results = run_replications(scenario, on_replication_done=on_replication_done)
-    runs = runs_table(scenario, results)
-    summary = summary_table(runs)
-    trajectories = trajectories_table(scenario, results)
+    output = simulate_tables(scenario, on_replication_done=on_replication_done)
     iterations = healthy_iterations(scenario)
     files: list[Path] = []
-    files += write_table(runs, out_directory / "runs.csv", parquet=parquet)
-    files += write_table(summary, out_directory / "summary.csv", parquet=parquet)
-    files += write_table(trajectories, out_directory / "trajectories.csv", parquet=parquet)
+    files += write_table(output.runs, out_directory / "runs.csv", parquet=parquet)
+    files += write_table(output.summary, out_directory / "summary.csv", parquet=parquet)
+    files += write_table(output.trajectories, out_directory / "trajectories.csv", parquet=parquet)
     spans = pd.concat(
         [iteration_spans_table(result).assign(method=name) for name, result in iterations.items()], ignore_index=True
     )
     files += write_table(spans, out_directory / "iteration_spans.csv", parquet=parquet)
-    for result in results:
+    for result in output.results:
         if result.replication == 0:
             files.append(
                 write_chrome_trace(out_directory / "timelines" / f"{result.method}-r0.json", result, iterations.get(result.method))
             )
     if write_records:
-        files += write_simulated_run_records(out_directory / "records", scenario, results, iterations)
-    return SimulationOutput(runs=runs, summary=summary, trajectories=trajectories, notes=scenario_notes(scenario), files=tuple(files))
+        files += write_simulated_run_records(out_directory / "records", scenario, output.results, iterations)
+    files.append(
+        write_manifest(
+            out_directory,
+            command="simulate",
+            scenario=scenario,
+            methods=[method.name for method in scenario.methods],
+            replications=scenario.replications,
+            seed=scenario.seed,
+            notes=list(output.notes),
+            verdict=output.verdict.to_json(),
+        )
+    )
+    return replace(output, files=tuple(files))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
@@ -20,8 +22,12 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.scenario_overrides import GridSetting, apply_settings
+from churnsim.calibration.tables import write_table
+
+from .outputs import scenario_notes, write_manifest
 
 from .replicate import ReplicationTask, replication_tasks, run_replication, runs_table, summary_table, trajectories_table
+from .verdict import Verdict, verdict_from_summary
 
 def grid_points(grid: Sequence[GridSetting]) -> list[dict[str, Any]]:
     if not grid:
@@ -57,6 +63,29 @@ class SweepResult:
     runs: pd.DataFrame
     summary: pd.DataFrame
     trajectories: pd.DataFrame
+    grid_columns: tuple[str, ...] = ()
+    """The swept fields (dotted paths): one column each in runs, summary and trajectories, after `scenario`."""
+
+
+def swept_fields(tasks: Sequence[SweepTask]) -> tuple[str, ...]:
+    """Every field any task sets, in the order the grid names them."""
+    return tuple(dict.fromkeys(path for task in tasks for path in task.settings))
+
+
+def _grid_first(frame: pd.DataFrame, grid_columns: Sequence[str]) -> pd.DataFrame:
+    """`frame` with the grid columns moved right after `scenario`, where a reader looks for them."""
+    if frame.empty or "scenario" not in frame:
+        return frame
+    present = [column for column in grid_columns if column in frame]
+    rest = [column for column in frame.columns if column not in present]
+    position = rest.index("scenario") + 1
+    return frame[rest[:position] + present + rest[position:]]
+
+
+def _ignore_interrupts() -> None:
+    # Ctrl-C reaches every process of the terminal's group: the workers leave it to the parent,
+    # which stops the sweep and reports one line, instead of each printing a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def build_tasks(
@@ -124,12 +153,46 @@ def run_sweep(
                 if on_task_done:
                     on_task_done()
         else:
-            with ProcessPoolExecutor(max_workers=num_workers) as pool:
+            pool = ProcessPoolExecutor(max_workers=num_workers, initializer=_ignore_interrupts)
+            try:
                 for outcome in pool.map(run_sweep_task, tasks, chunksize=1):
                     outcomes.append(outcome)
                     if on_task_done:
                         on_task_done()
-    runs = pd.concat([runs for runs, _ in outcomes], ignore_index=True)
+            except BaseException:
+                # Interrupted or failed: drop the queued replications instead of finishing them.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
+    grid_columns = swept_fields(tasks)
+    runs = _grid_first(pd.concat([runs for runs, _ in outcomes], ignore_index=True), grid_columns)
     trajectory_frames = [frame for _, frame in outcomes if not frame.empty]
-    trajectories = pd.concat(trajectory_frames, ignore_index=True) if trajectory_frames else pd.DataFrame()
-    return SweepResult(runs=runs, summary=summary_table(runs), trajectories=trajectories)
+    trajectories = _grid_first(pd.concat(trajectory_frames, ignore_index=True), grid_columns) if trajectory_frames else pd.DataFrame()
+    return SweepResult(runs=runs, summary=summary_table(runs, grid_columns), trajectories=trajectories, grid_columns=grid_columns)
+
+
+def sweep_verdict(result: SweepResult, scenario: Scenario) -> Verdict:
+    """The answer at every grid point and failure rate of a sweep of `scenario`."""
+    return verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=scenario_notes(scenario), runs=result.runs)
+
+
+def write_sweep(
+    result: SweepResult, out_directory: str | Path, *, scenario: Scenario, grid: Sequence[GridSetting], parquet: bool = False
+) -> list[Path]:
+    """runs, summary and trajectories tables and a manifest (the base scenario and the grid) in `out_directory`."""
+    out_directory = Path(out_directory)
+    files: list[Path] = []
+    for name, frame in (("runs", result.runs), ("summary", result.summary), ("trajectories", result.trajectories)):
+        files += write_table(frame, out_directory / f"{name}.csv", parquet=parquet)
+    verdict = sweep_verdict(result, scenario)
+    files.append(
+        write_manifest(
+            out_directory,
+            command="sweep",
+            scenario=scenario,
+            grid={path: list(values) for path, values in grid},
+            notes=list(verdict.caveats),
+            verdict=verdict.to_json(),
+        )
+    )
+    return files

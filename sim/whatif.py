@@ -8,29 +8,27 @@ simulated optimum next to Young's and Daly's.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.base import atomic_write_text
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
-from churnsim.calibration.run_record import provenance_fields
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
 
 from .analytic import daly_interval_s, young_interval_s
 from .iteration import simulate_iteration
-from .outputs import iteration_spans_table, scenario_notes
+from .outputs import iteration_spans_table, scenario_notes, write_manifest
 from .pipeline_state import build_pipeline_state
 from churnsim.calibration.statistics import mean_with_ci95
 
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
+from .verdict import Verdict, verdict_from_summary
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
 CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)
@@ -135,7 +133,58 @@ class WhatIfResult:
     sweep: SweepResult
     intervals: pd.DataFrame
     notes: tuple[str, ...]
-    files: tuple[Path, ...]
+    verdict: Verdict
+    files: tuple[Path, ...] = ()
+
+
+def compute_whatif(
+    plan: WhatIfPlan,
+    *,
+    workers: int | None = None,
+    client: Any = None,
+    on_task_done: Callable[[], None] | None = None,
+) -> WhatIfResult:
+    """Every table of the what-if and its verdict, in memory (nothing is written)."""
+    main_tasks, study_tasks = rate_tasks(plan), interval_tasks(plan)
+    everything = run_sweep(
+        main_tasks + study_tasks, workers=workers, client=client, on_task_done=on_task_done
+    )
+    runs = everything.runs
+    is_study = runs["interval_iterations"].notna() if "interval_iterations" in runs else pd.Series(False, index=runs.index)
+    # The swept rate is already the failure_probability_per_stage_hour column: no second copy.
+    main_runs = runs[~is_study].drop(columns=["interval_iterations", RATE_SETTING], errors="ignore").reset_index(drop=True)
+    trajectories = everything.trajectories.drop(columns=["interval_iterations", RATE_SETTING], errors="ignore")
+    sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=trajectories)
+    intervals = interval_table(plan, runs[is_study])
+    notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
+    verdict = verdict_from_summary(sweep.summary, notes=notes, runs=sweep.runs)
+    return WhatIfResult(sweep=sweep, intervals=intervals, notes=verdict.caveats, verdict=verdict)
+
+
+def write_whatif(plan: WhatIfPlan, result: WhatIfResult, out_directory: str | Path, *, parquet: bool = False) -> WhatIfResult:
+    """Write the tables and the manifest of `result` to `out_directory`; returns it with the files listed."""
+    out_directory = Path(out_directory)
+    files: list[Path] = []
+    files += write_table(result.sweep.runs, out_directory / "runs.csv", parquet=parquet)
+    files += write_table(result.sweep.summary, out_directory / "summary.csv", parquet=parquet)
+    files += write_table(result.sweep.trajectories, out_directory / "trajectories.csv", parquet=parquet)
+    files += write_table(result.intervals, out_directory / "checkpoint_intervals.csv", parquet=parquet)
+    healthy = simulate_iteration(build_pipeline_state(plan.scenario))
+    files += write_table(iteration_spans_table(healthy), out_directory / "iteration_spans.csv", parquet=parquet)
+    files.append(
+        write_manifest(
+            out_directory,
+            command="whatif",
+            scenario=plan.scenario,
+            failure_rates=list(plan.failure_rates),
+            methods=[method.name for method in plan.chosen_methods()],
+            replications=plan.replications,
+            interval_study_rate=plan.interval_study_rate,
+            notes=list(result.notes),
+            verdict=result.verdict.to_json(),
+        )
+    )
+    return replace(result, files=tuple(files))
 
 
 def run_whatif(
@@ -147,35 +196,6 @@ def run_whatif(
     parquet: bool = False,
     on_task_done: Callable[[], None] | None = None,
 ) -> WhatIfResult:
-    out_directory = Path(out_directory)
-    main_tasks, study_tasks = rate_tasks(plan), interval_tasks(plan)
-    everything = run_sweep(
-        main_tasks + study_tasks, workers=workers, client=client, on_task_done=on_task_done
-    )
-    runs = everything.runs
-    is_study = runs["interval_iterations"].notna() if "interval_iterations" in runs else pd.Series(False, index=runs.index)
-    main_runs = runs[~is_study].drop(columns=["interval_iterations"], errors="ignore").reset_index(drop=True)
-    sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=everything.trajectories)
-    intervals = interval_table(plan, runs[is_study])
-    files: list[Path] = []
-    files += write_table(sweep.runs, out_directory / "runs.csv", parquet=parquet)
-    files += write_table(sweep.summary, out_directory / "summary.csv", parquet=parquet)
-    files += write_table(sweep.trajectories, out_directory / "trajectories.csv", parquet=parquet)
-    files += write_table(intervals, out_directory / "checkpoint_intervals.csv", parquet=parquet)
-    healthy = simulate_iteration(build_pipeline_state(plan.scenario))
-    files += write_table(iteration_spans_table(healthy), out_directory / "iteration_spans.csv", parquet=parquet)
-    notes = scenario_notes(plan.scenario)
-    manifest = {
-        "command": "whatif",
-        "scenario": plan.scenario.model_dump(mode="json"),
-        "failure_rates": list(plan.failure_rates),
-        "methods": [method.name for method in plan.chosen_methods()],
-        "replications": plan.replications,
-        "interval_study_rate": plan.interval_study_rate,
-        **provenance_fields(),
-        "notes": list(notes),
-    }
-    atomic_write_text(out_directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-    files.append(out_directory / "manifest.json")
-    return WhatIfResult(sweep=sweep, intervals=intervals, notes=notes, files=tuple(files))
-
+    """`compute_whatif`, then `write_whatif` to `out_directory`."""
+    result = compute_whatif(plan, workers=workers, client=client, on_task_done=on_task_done)
+    return write_whatif(plan, result, out_directory, parquet=parquet)

@@ -11,12 +11,13 @@ from .engine import (
     SpanCallback,
     SynchronousCheckpointEngine,
 )
-from .format import CheckpointCorruptError
+from .format import DEFAULT_RUN_ID, CheckpointCorruptError
 from .host_pool import HostPool
 from .lazy_async import LOCAL_LEVEL, REMOTE_LEVEL, LazyAsyncCheckpointEngine
 from .levels import CheckpointInfo
 
 __all__ = [
+    "DEFAULT_RUN_ID",
     "LOCAL_LEVEL",
     "REMOTE_LEVEL",
     "CheckpointCorruptError",

@@ -1,9 +1,11 @@
 """The checkpoint engine interface and the synchronous backend.
 
 One engine per process (= per pipeline stage) owns one directory per storage level. Engines know
-nothing about pipelines: they save a flat state dict (tensors + small picklable metadata) tagged
-with an iteration, report how long training was blocked, and restore the newest checkpoint that is
-durable at a level that still exists. Shape after torchtitan's components/checkpointer: one
+nothing about pipelines: they save a flat state dict (tensors + small JSON-encodable metadata)
+tagged with an iteration, report how long training was blocked, and restore the newest checkpoint
+that is durable at a level that still exists. An engine is bound to a run id and a stage (shard)
+index: it writes them into every manifest and header and refuses checkpoints of any other
+(CheckpointCorruptError, as for damage); nothing it reads can run code (format.py). Shape after torchtitan's components/checkpointer: one
 abstract manager, two backends (`SynchronousCheckpointEngine`, `LazyAsyncCheckpointEngine`).
 
 Spans go to an optional `record_span(kind, start_s, end_s)` callback (time.perf_counter clock),
@@ -30,8 +32,8 @@ import torch
 
 from churnsim.calibration.errors import InputError
 
-from .format import plan_layout, read_data_file, split_state, tensor_bytes_view
-from .levels import CheckpointInfo, DataFileWriter, LevelDirectory, verify_against_manifest
+from .format import DEFAULT_RUN_ID, CheckpointCorruptError, plan_layout, read_data_file, split_state, tensor_bytes_view
+from .levels import CheckpointInfo, DataFileWriter, LevelDirectory
 
 SpanCallback = Callable[[str, float, float], None]
 """`record_span(kind, start_s, end_s)`: where an engine reports its timed work (e.g. a `SpanRecorder.add`)."""
@@ -165,34 +167,67 @@ class CheckpointEngine(abc.ABC):
     def _before_read(self) -> None:
         """Hook: the async engine surfaces background errors here."""
 
-    def latest_durable(self, level: str | None = None) -> CheckpointInfo | None:
-        """Newest checkpoint durable at `level`, or at any surviving level (fastest wins ties)."""
-        self._before_read()
-        if level is not None:
-            return self._level(level).latest()
-        best: CheckpointInfo | None = None
-        for candidate_level in self._levels:  # fastest first: strict > keeps the faster on ties
-            info = candidate_level.latest()
-            if info is not None and (best is None or info.sequence > best.sequence):
-                best = info
-        return best
+    @property
+    def run_id(self) -> str:
+        """The run this engine's checkpoints are bound to."""
+        return self._levels[0].run_id
 
-    def list_durable(self, level: str | None = None) -> list[CheckpointInfo]:
-        """Every committed checkpoint at `level` (or all levels), oldest first."""
-        self._before_read()
+    @property
+    def stage(self) -> int:
+        """The stage (shard) this engine's checkpoints are bound to."""
+        return self._levels[0].stage
+
+    def _levels_to_read(self, level: str | None, surviving_node_loss: bool) -> list[LevelDirectory]:
         levels = self._levels if level is None else [self._level(level)]
+        return [each for each in levels if each.survives_node_loss or not surviving_node_loss]
+
+    def latest_durable(
+        self, level: str | None = None, *, surviving_node_loss: bool = False
+    ) -> CheckpointInfo | None:
+        """Newest intact checkpoint at `level`, or at any level (fastest wins ties).
+
+        `surviving_node_loss=True` reads only levels that survive the loss of this node.
+        """
+        infos = self.list_durable(level, surviving_node_loss=surviving_node_loss)
+        return max(infos, key=lambda info: (info.sequence, -self.level_names.index(info.level)),
+                   default=None)
+
+    def list_durable(
+        self, level: str | None = None, *, surviving_node_loss: bool = False
+    ) -> list[CheckpointInfo]:
+        """Every intact committed checkpoint of this run and stage at `level` (or all levels), oldest first.
+
+        Found by scanning manifests (a lost `latest` hides nothing); damaged or foreign files are
+        skipped, see `skipped()`. `surviving_node_loss=True` reads only levels that survive node loss.
+        """
+        self._before_read()
+        levels = self._levels_to_read(level, surviving_node_loss)
         infos = [info for each in levels for info in each.checkpoints()]
         return sorted(infos, key=lambda info: (info.sequence, self.level_names.index(info.level)))
 
-    def load(self, info: CheckpointInfo) -> dict[str, Any]:
-        """The saved state (tensors on the CPU, metadata unpickled), every checksum verified.
+    def skipped(self, level: str | None = None, *, surviving_node_loss: bool = False) -> list[str]:
+        """One line per checkpoint file the listings skip: damaged, foreign, or without a manifest."""
+        return [line for each in self._levels_to_read(level, surviving_node_loss) for line in each.scan()[1]]
 
-        Raises CheckpointCorruptError naming the file when anything does not match.
+    def load(self, info: CheckpointInfo) -> dict[str, Any]:
+        """The saved state (tensors on the CPU, metadata decoded), every field and checksum verified.
+
+        `info` is re-read from its manifest, which must be at one of this engine's levels and
+        belong to this engine's run and stage. Raises CheckpointCorruptError naming the file and the
+        field when anything does not match.
         """
         self._before_read()
         start_s = time.perf_counter()
-        verify_against_manifest(info)
-        _, state = read_data_file(info.data_path)
+        level = self._level(info.level)
+        if info.manifest_path.parent.resolve() != level.path.resolve():
+            raise CheckpointCorruptError(
+                f"{info.manifest_path}: not in level '{level.name}' ({level.path}) of this engine;"
+                " load checkpoints this engine listed"
+            )
+        verified = level.verify(info.manifest_path)
+        # The header is checked against the manifest again as it is read: a file swapped in since
+        # verify() cannot slip through.
+        _, state = read_data_file(verified.data_path, header_sha256=verified.header_sha256)
         self._span("load", start_s, time.perf_counter())
         return state
 
@@ -225,6 +260,13 @@ class CheckpointEngine(abc.ABC):
             return self._last_sequence
 
 
+def check_binding_arguments(run_id: Any, stage: Any) -> None:
+    if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
+        raise InputError(f"checkpoint run_id = {run_id!r}; use a non-empty string of at most 200 characters")
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
+        raise InputError(f"checkpoint stage = {stage!r}; use an int >= 0")
+
+
 def check_state(state: Any, iteration: Any) -> None:
     if not isinstance(state, dict):
         raise InputError(f"checkpoint state is a {type(state).__name__}; pass a dict")
@@ -243,11 +285,15 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         survives_node_loss: bool = True,
         keep_last: int = 2,
         record_span: SpanCallback | None = None,
+        run_id: str = DEFAULT_RUN_ID,
+        stage: int = 0,
     ) -> None:
         if keep_last < 1:
             raise InputError(f"keep_last = {keep_last}; use 1 or more")
+        check_binding_arguments(run_id, stage)
         storage = LevelDirectory(
-            directory, name=level, survives_node_loss=survives_node_loss, keep_last=keep_last
+            directory, name=level, survives_node_loss=survives_node_loss, keep_last=keep_last,
+            run_id=run_id, stage=stage,
         )
         super().__init__([storage], record_span)
         self._storage = storage
@@ -259,8 +305,9 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         check_state(state, iteration)
         start_s = time.perf_counter()
         tensors, metadata_bytes = split_state(state)
-        layout = plan_layout(iteration, tensors, len(metadata_bytes))
         sequence = self._next_sequence()
+        layout = plan_layout(iteration, tensors, len(metadata_bytes), run_id=self.run_id,
+                             stage=self.stage)
         stem = self._storage.stem(iteration, sequence)
         writer = DataFileWriter(self._storage.path, stem, layout, self._hash_executor)
         try:

@@ -5,14 +5,18 @@ One file per save per level (`<stem>.ckpt`), laid out as:
     bytes 0..8     magic b"CHSIMCK1"
     bytes 8..16    header length H, unsigned 64-bit little endian
     bytes 16..16+H JSON header, padded with spaces to H bytes:
-                   {"format": "churnsim-checkpoint", "format_version": 1, "iteration": i,
-                    "byteorder": "little",
+                   {"format": "churnsim-checkpoint", "format_version": 2, "run_id": "...",
+                    "stage": s, "iteration": i, "byteorder": "little",
                     "tensors": {key: {"dtype": "float32", "shape": [..], "offset": o,
                                       "nbytes": n, "sha256": hex}},   # in the state dict's order
-                    "metadata": {"encoding": "pickle", "offset": o, "nbytes": n, "sha256": hex}}
+                    "metadata": {"encoding": "json", "offset": o, "nbytes": n, "sha256": hex}}
     then           each tensor's raw bytes (C-contiguous, native little-endian) at its offset,
                    offsets aligned to 64 bytes, zero padding between them
-    then           the pickled non-tensor metadata at its offset
+    then           the non-tensor metadata as a JSON tree (real/safe_codec.py) at its offset
+
+No pickle anywhere: reading a file can only produce tensors and plain data, so a planted file cannot
+run code, and every field is checked (types, dtypes from torch's own list, offsets inside the file)
+before any byte is trusted. Version 1 files (pickled metadata) are refused, not read.
 
 The header is reserved with placeholder checksums of the final length, so a streaming writer can
 write the payload first (hashing as it goes) and the header last; the bytes depend only on the
@@ -28,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import pickle
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,18 +41,29 @@ import torch
 
 from churnsim.calibration.errors import InputError
 
+from ..safe_codec import (
+    SafeCodecError,
+    check_tensor_entry,
+    dtype_name,
+    from_json_tree,
+    json_bytes,
+    parse_json,
+    tensor_from_bytes,
+    to_json_tree,
+)
+from .durable import IO_PIECE_BYTES
+
 MAGIC = b"CHSIMCK1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+DEFAULT_RUN_ID = "unbound"
+"""The run id of an engine built without one: it loads only checkpoints written without one."""
 ALIGNMENT_BYTES = 64
 _PREFIX_BYTES = len(MAGIC) + 8
 _PLACEHOLDER_SHA256 = "0" * 64
-# Pieces for pwrite/readinto: large enough to keep syscalls cheap, small enough that hashing and
-# writing release the GIL often (reference §7: 16-64 MiB chunks).
-IO_PIECE_BYTES = 64 * 1024 * 1024
 
 
 class CheckpointCorruptError(InputError):
-    """A checkpoint file on disk does not match its checksums or its manifest."""
+    """A checkpoint on disk is damaged (checksums, sizes, fields) or is not this run's and stage's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +86,8 @@ class Layout:
     tensors: tuple[TensorEntry, ...]
     metadata_offset: int
     metadata_nbytes: int
+    run_id: str = DEFAULT_RUN_ID
+    stage: int = 0
 
     @property
     def file_nbytes(self) -> int:
@@ -87,7 +103,7 @@ def _align(value: int) -> int:
 
 
 def split_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], bytes]:
-    """Tensors at the top level of `state`, and everything else pickled now (captured by value)."""
+    """Tensors at the top level of `state`, and everything else JSON-encoded now (captured by value)."""
     tensors: dict[str, torch.Tensor] = {}
     metadata: dict[str, Any] = {}
     for key, value in state.items():
@@ -100,11 +116,9 @@ def split_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], bytes]:
         else:
             metadata[key] = value
     try:
-        metadata_bytes = pickle.dumps(metadata, protocol=4)
-    except Exception as error:  # noqa: BLE001 - re-raised with the fix named
-        raise InputError(
-            f"checkpoint metadata is not picklable ({error}); keep non-tensor values small and plain"
-        ) from error
+        metadata_bytes = json_bytes(to_json_tree(metadata, where="checkpoint metadata"))
+    except SafeCodecError as error:
+        raise InputError(f"{error}; keep non-tensor values small and plain") from None
     return tensors, metadata_bytes
 
 
@@ -117,11 +131,13 @@ def _header_json(layout: Layout, tensor_sha256: dict[str, str], metadata_sha256:
     header = {
         "format": "churnsim-checkpoint",
         "format_version": FORMAT_VERSION,
+        "run_id": layout.run_id,
+        "stage": layout.stage,
         "iteration": layout.iteration,
         "byteorder": "little",
         "tensors": {
             entry.key: {
-                "dtype": str(entry.dtype).removeprefix("torch."),
+                "dtype": dtype_name(entry.dtype),
                 "shape": list(entry.shape),
                 "offset": entry.offset,
                 "nbytes": entry.nbytes,
@@ -130,7 +146,7 @@ def _header_json(layout: Layout, tensor_sha256: dict[str, str], metadata_sha256:
             for entry in layout.tensors
         },
         "metadata": {
-            "encoding": "pickle",
+            "encoding": "json",
             "offset": layout.metadata_offset,
             "nbytes": layout.metadata_nbytes,
             "sha256": metadata_sha256,
@@ -146,20 +162,21 @@ _LAYOUT_CACHE_MAX_ENTRIES = 16
 
 
 def plan_layout(
-    iteration: int, tensors: dict[str, torch.Tensor], metadata_nbytes: int
+    iteration: int, tensors: dict[str, torch.Tensor], metadata_nbytes: int, *,
+    run_id: str = DEFAULT_RUN_ID, stage: int = 0,
 ) -> Layout:
-    """Offsets for `tensors` (in dict order) and the metadata; deterministic in the state alone.
+    """Offsets for `tensors` (in dict order) and the metadata; deterministic in the state and binding.
 
     The header's length depends on the iteration only through its number of decimal digits, so a
     layout planned for another iteration with as many digits, the same tensors (keys, dtypes,
-    shapes) and the same metadata length is the same layout with the iteration replaced.
+    shapes), binding and metadata length is the same layout with the iteration replaced.
     """
     signature = tuple((key, t.dtype, tuple(t.shape)) for key, t in tensors.items())
-    cache_key = (signature, len(str(iteration)), metadata_nbytes)
+    cache_key = (signature, len(str(iteration)), run_id, stage, metadata_nbytes)
     cached = _LAYOUT_CACHE.get(cache_key)
     if cached is not None:
         return dataclasses.replace(cached, iteration=iteration)
-    layout = _plan_layout_uncached(iteration, signature, metadata_nbytes)
+    layout = _plan_layout_uncached(iteration, signature, metadata_nbytes, run_id=run_id, stage=stage)
     if len(_LAYOUT_CACHE) >= _LAYOUT_CACHE_MAX_ENTRIES:
         _LAYOUT_CACHE.pop(next(iter(_LAYOUT_CACHE)))  # oldest first: dicts keep insertion order
     _LAYOUT_CACHE[cache_key] = layout  # a race between threads only plans the same layout twice
@@ -168,7 +185,7 @@ def plan_layout(
 
 def _plan_layout_uncached(
     iteration: int, signature: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...],
-    metadata_nbytes: int,
+    metadata_nbytes: int, *, run_id: str = DEFAULT_RUN_ID, stage: int = 0,
 ) -> Layout:
     entries_without_offsets = [
         TensorEntry(key=key, dtype=dtype, shape=shape, offset=0,
@@ -191,7 +208,7 @@ def _plan_layout_uncached(
             offset = _align(offset + entry.nbytes)
         layout = Layout(
             iteration=iteration, header_nbytes=header_nbytes, tensors=tuple(entries),
-            metadata_offset=offset, metadata_nbytes=metadata_nbytes,
+            metadata_offset=offset, metadata_nbytes=metadata_nbytes, run_id=run_id, stage=stage,
         )
         needed = len(_header_json(layout, {}, _PLACEHOLDER_SHA256))
         if needed <= header_nbytes:
@@ -215,59 +232,111 @@ def tensor_bytes_view(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def pwrite_all(fd: int, data: Any, offset: int) -> None:
-    """Write a whole buffer at `offset`, resubmitting short writes, in pieces of IO_PIECE_BYTES."""
-    view = memoryview(data).cast("B")
-    written = 0
-    while written < len(view):
-        end = min(len(view), written + IO_PIECE_BYTES)
-        written += os.pwrite(fd, view[written:end], offset + written)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename inside `directory` durable (POSIX needs the directory itself fsync'ed)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durable_temporary(path: Path, data: bytes) -> Path:
-    """Write `data` to a temp file beside `path` and fsync it; the caller renames it into place."""
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return temporary
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """temp file → write → fsync → atomic rename → fsync directory."""
-    os.replace(write_durable_temporary(path, data), path)
-    fsync_directory(path.parent)
-
-
 def read_header(path: Path) -> tuple[dict[str, Any], bytes]:
-    """The parsed JSON header of data file `path` and the raw bytes it was parsed from."""
-    with open(path, "rb") as file:
-        prefix = file.read(_PREFIX_BYTES)
-        if len(prefix) != _PREFIX_BYTES or prefix[:8] != MAGIC:
-            raise CheckpointCorruptError(
-                f"{path}: not a churnsim checkpoint (bad magic); delete it or load another level"
-            )
-        (header_nbytes,) = struct.unpack("<Q", prefix[8:])
-        raw = file.read(header_nbytes)
+    """The checked JSON header of data file `path` and the raw bytes it was parsed from.
+
+    Every field is validated against the file's size before anything else trusts it.
+    """
     try:
-        header = json.loads(raw)
-    except ValueError as error:
-        raise CheckpointCorruptError(
-            f"{path}: header is not valid JSON ({error}); delete it or load another level"
-        ) from error
+        with open(path, "rb") as file:
+            file_nbytes = os.fstat(file.fileno()).st_size
+            prefix = file.read(_PREFIX_BYTES)
+            if len(prefix) != _PREFIX_BYTES or prefix[:8] != MAGIC:
+                raise CheckpointCorruptError(
+                    f"{path}: not a churnsim checkpoint (bad magic); delete it or load another checkpoint"
+                )
+            (header_nbytes,) = struct.unpack("<Q", prefix[8:])
+            if _PREFIX_BYTES + header_nbytes > file_nbytes:
+                raise CheckpointCorruptError(
+                    f"{path}: header length {header_nbytes} runs past the end of the file ({file_nbytes}"
+                    " bytes): truncated or damaged; delete it or load another checkpoint"
+                )
+            raw = file.read(header_nbytes)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: data file is missing; load another checkpoint") from None
+    try:
+        header = parse_json(raw, "header")
+    except SafeCodecError as error:
+        raise CheckpointCorruptError(f"{path}: {error}; delete it or load another checkpoint") from None
+    check_header(header, path, file_nbytes, payload_start=_PREFIX_BYTES + header_nbytes)
     return header, prefix + raw
+
+
+def _field_error(path: Path, field: str, value: Any, expected: str) -> CheckpointCorruptError:
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return CheckpointCorruptError(
+        f"{path}: header field '{field}' = {shown}, expected {expected}; the file is damaged or was not"
+        " written by this churnsim: delete it or load another checkpoint"
+    )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def check_header(header: Any, path: Path, file_nbytes: int, *, payload_start: int) -> None:
+    """Raise CheckpointCorruptError naming the field unless `header` is a well-formed version-2 header
+    whose tensors and metadata lie between `payload_start` (the header's end) and the file's end."""
+    if not isinstance(header, dict):
+        raise _field_error(path, "(header)", header, "a JSON object")
+    if header.get("format") != "churnsim-checkpoint":
+        raise _field_error(path, "format", header.get("format"), "'churnsim-checkpoint'")
+    if header.get("format_version") != FORMAT_VERSION:
+        version = header.get("format_version")
+        if version == 1:
+            raise CheckpointCorruptError(
+                f"{path}: header field 'format_version' = 1: version 1 stored its metadata with pickle,"
+                " which churnsim no longer loads (it could run code); re-create the checkpoint"
+            )
+        raise _field_error(path, "format_version", version, str(FORMAT_VERSION))
+    expected_keys = {"format", "format_version", "run_id", "stage", "iteration", "byteorder",
+                     "tensors", "metadata"}
+    if set(header) != expected_keys:
+        raise _field_error(path, "(keys)", sorted(header), f"exactly {sorted(expected_keys)}")
+    if not isinstance(header["run_id"], str) or not header["run_id"]:
+        raise _field_error(path, "run_id", header["run_id"], "a non-empty string")
+    for name in ("stage", "iteration"):
+        if not _is_count(header[name]):
+            raise _field_error(path, name, header[name], "an integer >= 0")
+    if header["byteorder"] != "little":
+        raise _field_error(path, "byteorder", header["byteorder"], "'little'")
+    tensors = header["tensors"]
+    if not isinstance(tensors, dict):
+        raise _field_error(path, "tensors", tensors, "an object of tensor entries")
+    regions = []
+    for key, entry in tensors.items():
+        where = f"tensors.{key}"
+        try:
+            _, _, nbytes = check_tensor_entry(
+                {k: v for k, v in entry.items() if k in ("dtype", "shape", "nbytes")}
+                if isinstance(entry, dict) else entry, where)
+        except SafeCodecError as error:
+            raise CheckpointCorruptError(f"{path}: header {error}; delete it or load another checkpoint") from None
+        if set(entry) != {"dtype", "shape", "offset", "nbytes", "sha256"}:
+            raise _field_error(path, where, sorted(entry), "keys dtype, shape, offset, nbytes, sha256")
+        if not _is_sha256(entry["sha256"]):
+            raise _field_error(path, f"{where}.sha256", entry["sha256"], "64 hex digits")
+        regions.append((where, entry["offset"], nbytes))
+    metadata = header["metadata"]
+    if not isinstance(metadata, dict) or set(metadata) != {"encoding", "offset", "nbytes", "sha256"}:
+        raise _field_error(path, "metadata", metadata, "keys encoding, offset, nbytes, sha256")
+    if metadata["encoding"] != "json":
+        raise _field_error(path, "metadata.encoding", metadata["encoding"], "'json'")
+    if not _is_sha256(metadata["sha256"]):
+        raise _field_error(path, "metadata.sha256", metadata["sha256"], "64 hex digits")
+    if not _is_count(metadata["nbytes"]):
+        raise _field_error(path, "metadata.nbytes", metadata["nbytes"], "an integer >= 0")
+    regions.append(("metadata", metadata["offset"], metadata["nbytes"]))
+    for where, offset, nbytes in regions:
+        if not _is_count(offset) or offset < payload_start or offset + nbytes > file_nbytes:
+            raise _field_error(
+                path, f"{where}.offset" if where != "metadata" else "metadata.offset", offset,
+                f"an offset whose {nbytes} bytes lie inside the file ({file_nbytes} bytes)",
+            )
 
 
 def _read_exact(file: Any, path: Path, offset: int, nbytes: int) -> bytearray:
@@ -279,15 +348,25 @@ def _read_exact(file: Any, path: Path, offset: int, nbytes: int) -> bytearray:
         count = file.readinto(view[done : min(nbytes, done + IO_PIECE_BYTES)])
         if not count:
             raise CheckpointCorruptError(
-                f"{path}: truncated at byte {offset + done}; delete it or load another level"
+                f"{path}: truncated at byte {offset + done}; delete it or load another checkpoint"
             )
         done += count
     return buffer
 
 
-def read_data_file(path: Path) -> tuple[int, dict[str, Any]]:
-    """(iteration, state) from data file `path`, every checksum verified; tensors on the CPU."""
-    header, _ = read_header(path)
+def read_data_file(
+    path: Path, *, header_sha256: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(header, state) from data file `path`, every field and checksum verified; tensors on the CPU.
+
+    `header_sha256` (the manifest's) must match the header as read here, when given.
+    """
+    header, header_bytes = read_header(path)
+    if header_sha256 is not None and hashlib.sha256(header_bytes).hexdigest() != header_sha256:
+        raise CheckpointCorruptError(
+            f"{path}: header checksum differs from its manifest's header_sha256 (replaced or damaged);"
+            " load another checkpoint"
+        )
     state: dict[str, Any] = {}
     with open(path, "rb") as file:
         for key, entry in header["tensors"].items():
@@ -296,19 +375,26 @@ def read_data_file(path: Path) -> tuple[int, dict[str, Any]]:
             if actual != entry["sha256"]:
                 raise CheckpointCorruptError(
                     f"{path}: checksum mismatch for tensor '{key}' (expected {entry['sha256'][:12]}…,"
-                    f" got {actual[:12]}…); delete it or load another level"
+                    f" got {actual[:12]}…); delete it or load another checkpoint"
                 )
-            dtype = getattr(torch, entry["dtype"])
-            shape = tuple(entry["shape"])
-            if entry["nbytes"] == 0:
-                state[key] = torch.empty(shape, dtype=dtype)
-            else:
-                state[key] = torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+            dtype, shape, _ = check_tensor_entry(
+                {k: entry[k] for k in ("dtype", "shape", "nbytes")}, f"tensors.{key}"
+            )
+            state[key] = tensor_from_bytes(buffer, dtype, shape)
         meta = header["metadata"]
         meta_bytes = _read_exact(file, path, meta["offset"], meta["nbytes"])
     if hashlib.sha256(meta_bytes).hexdigest() != meta["sha256"]:
         raise CheckpointCorruptError(
-            f"{path}: checksum mismatch for the metadata; delete it or load another level"
+            f"{path}: checksum mismatch for the metadata; delete it or load another checkpoint"
         )
-    state.update(pickle.loads(meta_bytes))  # our own file, checksummed: trusted like torch.load
-    return int(header["iteration"]), state
+    try:
+        metadata = from_json_tree(parse_json(meta_bytes, "metadata"), where="metadata")
+    except SafeCodecError as error:
+        raise CheckpointCorruptError(f"{path}: {error}; delete it or load another checkpoint") from None
+    if not isinstance(metadata, dict) or set(metadata) & set(state):
+        raise CheckpointCorruptError(
+            f"{path}: metadata is not an object of keys distinct from the tensors'; delete it or load"
+            " another checkpoint"
+        )
+    state.update(metadata)
+    return header, state

@@ -1,7 +1,7 @@
 """Lazy asynchronous multi-level checkpointing after DataStates-LLM (Maurya et al., HPDC'24).
 
 Per save (checkpoint after update i), following reference §2 and §8:
-1. `save()` records the live tensors, pickles the small metadata by value and, on CUDA, records an
+1. `save()` records the live tensors, encodes the small metadata by value (JSON) and, on CUDA, records an
    event on the current (training) stream; it returns at once.
 2. A copy thread copies the tensors, in chunks of at most `chunk_bytes`, into regions of a
    preallocated host pool (pinned on CUDA): on a side stream that first waits on the recorded event,
@@ -37,8 +37,8 @@ import torch
 
 from churnsim.calibration.errors import InputError
 
-from .engine import CheckpointEngine, CheckpointEngineFailed, SpanCallback, check_state
-from .format import plan_layout, split_state
+from .engine import CheckpointEngine, CheckpointEngineFailed, SpanCallback, check_binding_arguments, check_state
+from .format import DEFAULT_RUN_ID, plan_layout, split_state
 from .host_pool import ALIGNMENT_BYTES, HostPool, PoolStopped, Region
 from .levels import DataFileWriter, LevelDirectory, copy_data_file
 from .snapshot import Begin, Chunk, End, Snapshot, copy_to_host_pool
@@ -87,6 +87,8 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         record_span: SpanCallback | None = None,
         throttle_local_bytes_per_s: float | None = None,
         throttle_remote_bytes_per_s: float | None = None,
+        run_id: str = DEFAULT_RUN_ID,
+        stage: int = 0,
     ) -> None:
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
@@ -100,11 +102,14 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
                            ("throttle_remote_bytes_per_s", throttle_remote_bytes_per_s)):
             if rate is not None and rate <= 0:
                 raise InputError(f"{name} = {rate}; use a positive rate or None")
+        check_binding_arguments(run_id, stage)
         self._local = LevelDirectory(
-            local_directory, name=LOCAL_LEVEL, survives_node_loss=False, keep_last=keep_last
+            local_directory, name=LOCAL_LEVEL, survives_node_loss=False, keep_last=keep_last,
+            run_id=run_id, stage=stage,
         )
         self._remote = LevelDirectory(
-            remote_directory, name=REMOTE_LEVEL, survives_node_loss=True, keep_last=keep_last
+            remote_directory, name=REMOTE_LEVEL, survives_node_loss=True, keep_last=keep_last,
+            run_id=run_id, stage=stage,
         )
         super().__init__([self._local, self._remote], record_span)
         self._pool = HostPool(host_buffer_bytes, pin_memory=self._cuda)
@@ -141,13 +146,14 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
                     f"checkpoint tensor '{key}' is on {tensor.device}, the engine on "
                     f"{self._device}; build the engine with device='{tensor.device}'"
                 )
-        layout = plan_layout(iteration, tensors, len(metadata_bytes))
+        sequence = self._next_sequence()
+        layout = plan_layout(iteration, tensors, len(metadata_bytes), run_id=self.run_id,
+                             stage=self.stage)
         ready_event = None
         if self._cuda:
             # The copy stream must not read before the training stream produced these values.
             ready_event = torch.cuda.Event()
             ready_event.record(torch.cuda.current_stream(self._device))
-        sequence = self._next_sequence()
         snapshot = Snapshot(
             sequence=sequence, iteration=iteration, stem=self._local.stem(iteration, sequence),
             layout=layout, tensors=tensors, metadata_bytes=metadata_bytes,

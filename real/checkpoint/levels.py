@@ -11,6 +11,11 @@ deletion is made durable by the next commit's first directory fsync: a crash bef
 complete older checkpoint, which the next purge removes. A crash at any point leaves `latest` naming
 a complete, checksummed checkpoint (or no `latest` at all). Leftover temp files are deleted when a
 level is opened; one engine owns a directory.
+
+Reading never trusts `latest` (a hint for people and tools): the newest checkpoint is found by
+scanning the manifests, each checked against its data file and against this level's run and stage
+(manifest.py). A damaged, foreign or half-deleted checkpoint is skipped and reported
+(`LevelDirectory.scan`), so a lost `latest` hides nothing and a broken old manifest blocks nothing.
 """
 
 from __future__ import annotations
@@ -21,37 +26,25 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .format import (
-    IO_PIECE_BYTES,
-    CheckpointCorruptError,
-    Layout,
-    encode_header,
-    fsync_directory,
-    pwrite_all,
-    read_header,
-    write_durable_temporary,
+from .durable import IO_PIECE_BYTES, fsync_directory, pwrite_all, write_durable_temporary
+from .format import DEFAULT_RUN_ID, CheckpointCorruptError, Layout, encode_header
+from .manifest import (
+    DATA_SUFFIX,
+    MANIFEST_SUFFIX,
+    CheckpointInfo,
+    check_binding,
+    manifest_bytes,
+    read_manifest,
+    stem_for,
+    verify_data_file,
 )
 
 LATEST_FILE = "latest"
-_MANIFEST_SUFFIX = ".manifest.json"
-_DATA_SUFFIX = ".ckpt"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointInfo:
-    """A checkpoint that is durable at one level."""
-
-    iteration: int
-    level: str
-    sequence: int
-    """Save order (nanosecond clock at save(), strictly increasing per engine): newest = largest."""
-    manifest_path: Path
-    data_path: Path
-    file_nbytes: int
+_MANIFEST_SUFFIX = MANIFEST_SUFFIX
+_DATA_SUFFIX = DATA_SUFFIX
 
 
 # A piece at least this large is hashed on the engine's hash thread while this thread writes it
@@ -163,22 +156,24 @@ class DataFileWriter:
 
 
 class LevelDirectory:
-    """A directory holding the checkpoints of one engine at one storage level."""
+    """A directory holding the checkpoints of one engine (one run, one stage) at one storage level."""
 
     def __init__(
-        self, path: Path | str, *, name: str, survives_node_loss: bool, keep_last: int
+        self, path: Path | str, *, name: str, survives_node_loss: bool, keep_last: int,
+        run_id: str = DEFAULT_RUN_ID, stage: int = 0,
     ) -> None:
         self.path = Path(path)
         self.name = name
         self.survives_node_loss = survives_node_loss
         self.keep_last = keep_last
+        self.run_id = run_id
+        self.stage = stage
         self.path.mkdir(parents=True, exist_ok=True)
         self.remove_temporary_files()
         self._committed: list[CheckpointInfo] | None = None  # known committed checkpoints
 
     def stem(self, iteration: int, sequence: int) -> str:
-        # The sequence makes a re-save of the same iteration (after a rollback) a distinct file.
-        return f"iter{iteration:010d}-{sequence:020d}"
+        return stem_for(iteration, sequence)
 
     def data_path(self, stem: str) -> Path:
         return self.path / f"{stem}{_DATA_SUFFIX}"
@@ -197,19 +192,11 @@ class LevelDirectory:
         The data file must be fsync'ed and renamed to its final name; the first directory fsync
         here makes that rename durable before the manifest appears.
         """
-        manifest = {
-            "format_version": 1,
-            "iteration": iteration,
-            "sequence": sequence,
-            "data_file": self.data_path(stem).name,
-            "data_file_nbytes": file_nbytes,
-            "header_sha256": hashlib.sha256(header).hexdigest(),
-            "committed_unix_s": time.time(),
-        }
         manifest_path = self.manifest_path(stem)
-        manifest_temporary = write_durable_temporary(
-            manifest_path, json.dumps(manifest, indent=1).encode()
-        )
+        manifest_temporary = write_durable_temporary(manifest_path, manifest_bytes(
+            run_id=self.run_id, stage=self.stage, iteration=iteration, sequence=sequence,
+            data_file_nbytes=file_nbytes, header=header, committed_unix_s=time.time(),
+        ))
         fsync_directory(self.path)
         os.replace(manifest_temporary, manifest_path)
         latest_path = self.path / LATEST_FILE
@@ -217,59 +204,56 @@ class LevelDirectory:
         latest_temporary = write_durable_temporary(latest_path, json.dumps(latest).encode())
         fsync_directory(self.path)
         os.replace(latest_temporary, latest_path)
-        info = self._info(manifest_path, manifest)
+        info = CheckpointInfo(
+            iteration=iteration, level=self.name, sequence=sequence, manifest_path=manifest_path,
+            data_path=self.data_path(stem), file_nbytes=file_nbytes, run_id=self.run_id,
+            stage=self.stage, header_sha256=hashlib.sha256(header).hexdigest(),
+        )
         if self._committed is not None:
             self._committed.append(info)
         self.purge(protected_stems | {stem})
         return info
 
-    def _info(self, manifest_path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
-        return CheckpointInfo(
-            iteration=int(manifest["iteration"]), level=self.name,
-            sequence=int(manifest["sequence"]), manifest_path=manifest_path,
-            data_path=self.path / manifest["data_file"],
-            file_nbytes=int(manifest["data_file_nbytes"]),
-        )
+    def verify(self, manifest_path: Path) -> CheckpointInfo:
+        """The checkpoint `manifest_path` commits, once manifest, binding and data file header check out.
 
-    def read_manifest(self, manifest_path: Path) -> CheckpointInfo:
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except FileNotFoundError:
-            raise CheckpointCorruptError(
-                f"{manifest_path}: manifest is missing; this level's checkpoint was purged or lost"
-            ) from None
-        except ValueError as error:
-            raise CheckpointCorruptError(
-                f"{manifest_path}: manifest is not valid JSON ({error}); delete it"
-            ) from error
-        return self._info(manifest_path, manifest)
+        Raises CheckpointCorruptError naming the file and the field; the tensors' checksums are
+        verified when the data are read.
+        """
+        info = read_manifest(manifest_path, level=self.name)
+        check_binding(info, run_id=self.run_id, stage=self.stage)
+        verify_data_file(info)
+        return info
 
-    def latest(self) -> CheckpointInfo | None:
-        """The checkpoint `latest` names, or None when this level holds none."""
-        for attempt in range(3):
+    def scan(self) -> tuple[list[CheckpointInfo], list[str]]:
+        """(this run's and stage's intact checkpoints, oldest first; one line per file skipped)."""
+        infos, skipped = [], []
+        manifests = sorted(self.path.glob(f"*{_MANIFEST_SUFFIX}"))
+        for path in manifests:
             try:
-                pointer = json.loads((self.path / LATEST_FILE).read_text())
-            except FileNotFoundError:
-                return None
-            manifest_path = self.path / pointer["manifest"]
-            # A concurrent commit may move `latest` and purge what we just read: read again.
-            if manifest_path.exists() or attempt == 2:
-                return self.read_manifest(manifest_path)
-        raise AssertionError("unreachable")
+                infos.append(self.verify(path))
+            except CheckpointCorruptError as error:
+                if path.exists():  # a concurrent purge (manifest first, then data) is not damage
+                    skipped.append(str(error))
+        named = {path.name.removesuffix(_MANIFEST_SUFFIX) for path in manifests}
+        for data_path in sorted(self.path.glob(f"*{_DATA_SUFFIX}")):
+            stem = data_path.name.removesuffix(_DATA_SUFFIX)
+            if stem not in named and not self.manifest_path(stem).exists():
+                skipped.append(f"{data_path}: data file without a manifest (deleted manifest or"
+                               " interrupted commit); ignored, delete it")
+        return sorted(infos, key=lambda info: info.sequence), skipped
 
     def checkpoints(self) -> list[CheckpointInfo]:
-        """Every committed checkpoint at this level, oldest first."""
-        infos = []
-        for path in self.path.glob(f"*{_MANIFEST_SUFFIX}"):
-            try:
-                infos.append(self.read_manifest(path))
-            except CheckpointCorruptError:
-                if path.exists():  # a concurrent purge is not corruption; a bad manifest is
-                    raise
-        return sorted(infos, key=lambda info: info.sequence)
+        """Every intact committed checkpoint of this run and stage at this level, oldest first."""
+        return self.scan()[0]
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest intact checkpoint at this level (found by its manifest, not by `latest`)."""
+        infos = self.checkpoints()
+        return infos[-1] if infos else None
 
     def purge(self, protected_stems: frozenset[str]) -> list[CheckpointInfo]:
-        """Delete all but the newest keep_last checkpoints (never a protected one)."""
+        """Delete all but the newest keep_last checkpoints (never a protected one, never a foreign one)."""
         if self._committed is None:
             # Scanned once; afterwards this engine's own commits keep the list (it owns the
             # directory), so a commit does not re-read every manifest.
@@ -351,25 +335,3 @@ def copy_data_file(
     os.close(fd)
     os.replace(temporary, final_path)
     return final_path, copied
-
-
-def verify_against_manifest(info: CheckpointInfo) -> None:
-    """Raise CheckpointCorruptError naming the file unless size and header match the manifest."""
-    if not info.data_path.exists():
-        raise CheckpointCorruptError(
-            f"{info.data_path}: data file named by {info.manifest_path.name} is missing;"
-            " load another level"
-        )
-    size = info.data_path.stat().st_size
-    if size != info.file_nbytes:
-        raise CheckpointCorruptError(
-            f"{info.data_path}: size {size} bytes differs from the manifest's {info.file_nbytes};"
-            " delete it or load another level"
-        )
-    manifest = json.loads(info.manifest_path.read_text())
-    _, header_bytes = read_header(info.data_path)
-    if hashlib.sha256(header_bytes).hexdigest() != manifest["header_sha256"]:
-        raise CheckpointCorruptError(
-            f"{info.data_path}: header checksum differs from {info.manifest_path.name};"
-            " delete it or load another level"
-        )

@@ -33,6 +33,7 @@ import torch
 from churnsim.calibration.pipeline_schedule import Hop
 from churnsim.calibration.rebuild_plan import reliable_stages
 
+from ..checkpoint.format import DEFAULT_RUN_ID
 from ..distributed import Communicator
 from ..model import ModelConfig, StageModule
 from ..spans import SpanRecorder
@@ -68,6 +69,10 @@ class MethodContext:
     """Record timed work with `spans.span("recovery.transfer")`: the recorder stamps the current step."""
     seed: int
     num_iterations: int
+    run_id: str = DEFAULT_RUN_ID
+    """The run this rank belongs to: checkpoints are bound to it (and to the stage) and refused otherwise."""
+    resume: bool = False
+    """This run continues an earlier attempt of `run_id` from its durable checkpoints (`RecoveryMethod.resume`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +149,15 @@ class RecoveryMethod(ABC):
     @abstractmethod
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         """Collective: every rank calls it with the same arguments after the failed stages were reset."""
+
+    resumable: ClassVar[bool] = False
+    """Whether `resume` can continue a failed run: the method keeps durable checkpoints of every stage."""
+
+    def resume(self) -> RecoveryOutcome:
+        """Collective, before the first iteration of a resumed run (`context.resume`): restore every
+        stage from the newest checkpoint all stages hold durably; `resume_iteration` is where training
+        continues. Only methods with `resumable = True` implement it."""
+        raise NotImplementedError(f"method {self.name!r} keeps no checkpoints of every stage and cannot resume a run")
 
     def close(self) -> None:
         """End of run: finish background work, release resources."""

@@ -23,8 +23,17 @@ reuses for its fallback:
 - Rollback `stage`: only the failed stage loads its newest surviving checkpoint; no rewind.
 
 After a rollback to tag k, checkpoints of tags > k saved before the rollback belong to the
-abandoned timeline and are never loaded (`_is_current`); so are checkpoints left in the directory
-by an earlier run.
+abandoned timeline and are never loaded (`_is_current`); checkpoints of another run (run id) or
+stage are never listed (the engines bind them), and a fresh run ignores what an earlier one left.
+
+Robust reads: a failed stage reads only levels that survive node loss, whatever its node-local
+directories still hold. The ranks agree on a tag from the checkpoints that pass the cheap checks
+(manifest, binding, data file header); when a stage then finds that checkpoint damaged while loading
+it (tensor checksums), it tries the same tag at its other levels, and failing that, every stage
+agrees again without that tag. Tag 0 (the initial weights) always loads, so recovery always ends.
+
+Resume (`resume`, a run continued with `--resume` after it failed or was killed): every stage
+restores, the same agreement, the newest tag all stages hold at levels that survive node loss.
 """
 
 from __future__ import annotations
@@ -40,7 +49,13 @@ import torch
 
 from churnsim.calibration.errors import InputError
 
-from ..checkpoint import CheckpointEngine, CheckpointInfo, LazyAsyncCheckpointEngine, SynchronousCheckpointEngine
+from ..checkpoint import (
+    CheckpointCorruptError,
+    CheckpointEngine,
+    CheckpointInfo,
+    LazyAsyncCheckpointEngine,
+    SynchronousCheckpointEngine,
+)
 from ..spans import SpanRecorder
 from .base import MethodContext, RecoveryMethod, RecoveryOutcome
 from .stage_state import capture_stage_state, restore_stage_state, state_nbytes
@@ -100,7 +115,13 @@ def synchronous_engine(
     else:
         raise InputError(f"checkpoint tier {tier!r} does not exist in real runs: use 'remote' or 'local_disk'")
     return SynchronousCheckpointEngine(
-        directory, level=tier, survives_node_loss=survives, keep_last=keep_last, record_span=EngineSpans(context.spans)
+        directory,
+        level=tier,
+        survives_node_loss=survives,
+        keep_last=keep_last,
+        record_span=EngineSpans(context.spans),
+        run_id=context.run_id,
+        stage=context.stage,
     )
 
 
@@ -124,8 +145,9 @@ class CheckpointKeeper:
         self.interval_iterations = interval_iterations
         self.rollback = rollback
         # (tag k, time): checkpoints of tags > k saved before that time are from an abandoned timeline.
-        # The first entry discards everything an earlier run left in the same directories.
-        self._abandoned: list[tuple[int, int]] = [(-1, time.time_ns())]
+        # The first entry discards everything an earlier run of the same run id left in the same
+        # directories, unless this run resumes that one (`resume` then abandons beyond its tag).
+        self._abandoned: list[tuple[int, int]] = [] if context.resume else [(-1, time.time_ns())]
 
     # -- steady state ---------------------------------------------------------------------------
 
@@ -155,11 +177,15 @@ class CheckpointKeeper:
     def _is_current(self, info: CheckpointInfo) -> bool:
         return not any(info.iteration > tag and info.sequence < abandoned_ns for tag, abandoned_ns in self._abandoned)
 
-    def available_tags(self) -> set[int]:
-        """Tags this stage can restore now (0 = the initial weights, always available)."""
-        return {info.iteration for info in self.engine.list_durable() if self._is_current(info)} | {0}
+    def available_tags(self, *, surviving_node_loss: bool = False) -> set[int]:
+        """Tags this stage can restore now (0 = the initial weights, always available).
 
-    def _restore(self, tag: int) -> None:
+        `surviving_node_loss=True`: only from levels that survive node loss (this stage's node died)."""
+        infos = self.engine.list_durable(surviving_node_loss=surviving_node_loss)
+        return {info.iteration for info in infos if self._is_current(info)} | {0}
+
+    def _try_restore(self, tag: int, *, surviving_node_loss: bool) -> str | None:
+        """Restore tag `tag` from the newest intact copy at any readable level; None, or why it failed."""
         context = self.context
         runtime = context.runtime
         with context.spans.span("recovery.load"):
@@ -168,12 +194,42 @@ class CheckpointKeeper:
                 runtime.module.reset_parameters(context.seed)
                 runtime.optimizer = context.make_optimizer(1.0)
                 runtime.lr_scale = 1.0
-                return
-            candidates = [info for info in self.engine.list_durable() if info.iteration == tag and self._is_current(info)]
-            assert candidates, f"stage {context.stage} agreed on tag {tag} it does not hold"
-            state = self.engine.load(max(candidates, key=lambda info: info.sequence))
-            torch.set_rng_state(state.pop(RNG_KEY))
-            restore_stage_state(runtime, context.make_optimizer, state)
+                return None
+            infos = self.engine.list_durable(surviving_node_loss=surviving_node_loss)
+            candidates = [info for info in infos if info.iteration == tag and self._is_current(info)]
+            problem = f"no checkpoint of iteration {tag} left"
+            for info in sorted(candidates, key=lambda info: -info.sequence):  # newest first, fastest level on ties
+                try:
+                    state = self.engine.load(info)  # every checksum verified before anything changes
+                except CheckpointCorruptError as error:
+                    problem = str(error)
+                    continue
+                torch.set_rng_state(state.pop(RNG_KEY))
+                restore_stage_state(runtime, context.make_optimizer, state)
+                return None
+            return problem
+
+    def _restore_agreed(self, *, surviving_node_loss: bool) -> tuple[int, list[str]]:
+        """Collective: every stage restores the newest tag all stages can load; (tag, notes on skipped checkpoints)."""
+        communicator = self.context.communicator
+        refused: set[int] = set()
+        skipped = self.engine.skipped(surviving_node_loss=surviving_node_loss)
+        notes = [  # damaged or foreign files the listings passed over: why a rollback may go further back
+            f"stage {stage}: {count} checkpoint file(s) skipped, e.g. {first}"
+            for stage, (count, first) in enumerate(communicator.all_gather_objects([len(skipped), skipped[:1]]))
+            for first in first
+        ]
+        while True:
+            tags = self.available_tags(surviving_node_loss=surviving_node_loss) - refused
+            gathered = communicator.all_gather_objects(sorted(tags))
+            tag = max(set.intersection(*(set(each) for each in gathered)))
+            problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
+            if problem is not None:
+                refused.add(tag)
+            problems = communicator.all_gather_objects(problem)
+            notes.extend(f"stage {stage}: iteration {tag} not loadable, skipped ({text})" for stage, text in enumerate(problems) if text)
+            if not any(problems):
+                return tag, notes
 
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         # No background copy may read tensors we are about to overwrite.
@@ -186,12 +242,10 @@ class CheckpointKeeper:
         context = self.context
         if context.stage not in failed_stages:
             self.engine.wait_until_durable()  # in-flight saves land (and purge) before we list and read
-        gathered = context.communicator.all_gather_objects(sorted(self.available_tags()))
-        tag = max(set.intersection(*(set(tags) for tags in gathered)))
-        self._restore(tag)
+        tag, skipped = self._restore_agreed(surviving_node_loss=context.stage in failed_stages)
         self._abandoned.append((tag, time.time_ns()))
         source = f"checkpoint(iteration {tag})" if tag > 0 else f"{INITIAL_WEIGHTS} (no checkpoint yet)"
-        notes = [f"rollback all: every stage restored to iteration {tag}, {iteration - tag} iteration(s) replayed"]
+        notes = [f"rollback all: every stage restored to iteration {tag}, {iteration - tag} iteration(s) replayed", *skipped]
         if tag == 0:
             notes.append("no checkpoint held by every stage yet: all stages restart from the initial weights at iteration 0")
         return RecoveryOutcome(
@@ -201,14 +255,33 @@ class CheckpointKeeper:
             notes=tuple(notes),
         )
 
-    def restore_newest(self) -> int:
+    def restore_newest(self, *, surviving_node_loss: bool = True) -> int:
         """Load this stage's newest checkpoint it can still read (tag 0: the initial weights); returns the tag.
 
-        Local to this rank: the stage-local rollback of `rollback = "stage"` and CheckFree's edge checkpoints."""
+        Local to this rank, after this stage's node died (so by default only levels that survive node
+        loss are read): the stage-local rollback of `rollback = "stage"` and CheckFree's edge checkpoints.
+        A damaged checkpoint is skipped for the next older one."""
         self.engine.wait_before_optimizer_step()  # no background copy may read what we overwrite
-        tag = max(self.available_tags())
-        self._restore(tag)
-        return tag
+        for tag in sorted(self.available_tags(surviving_node_loss=surviving_node_loss), reverse=True):
+            if self._try_restore(tag, surviving_node_loss=surviving_node_loss) is None:
+                return tag
+        raise AssertionError("tag 0, the initial weights, always restores")
+
+    def resume(self) -> RecoveryOutcome:
+        """Collective, at the start of a resumed run: every stage restores the newest tag all stages
+        hold at levels that survive node loss (the earlier attempt's nodes are gone)."""
+        context = self.context
+        self.engine.wait_before_optimizer_step()
+        tag, skipped = self._restore_agreed(surviving_node_loss=True)
+        self._abandoned.append((tag, time.time_ns()))  # tags beyond it belong to the failed attempt
+        stages = frozenset(range(context.num_stages))
+        source = f"checkpoint(iteration {tag})" if tag > 0 else f"{INITIAL_WEIGHTS} (no durable checkpoint held by every stage)"
+        return RecoveryOutcome(
+            failed_stages=stages,
+            resume_iteration=tag,
+            rebuilt_from={stage: source for stage in stages},
+            notes=(f"resumed run {context.run_id} at iteration {tag} from its durable checkpoints", *skipped),
+        )
 
     def _rollback_stage(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         context = self.context
@@ -226,6 +299,8 @@ class CheckpointKeeper:
 
 class CheckpointingMethod(RecoveryMethod):
     """Shared hooks of the two checkpoint methods; subclasses only build their engine."""
+
+    resumable: ClassVar[bool] = True
 
     def __init__(self, config: Any, context: MethodContext) -> None:
         super().__init__(config, context)
@@ -252,6 +327,9 @@ class CheckpointingMethod(RecoveryMethod):
 
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         return self.keeper.recover(failed_stages, iteration)
+
+    def resume(self) -> RecoveryOutcome:
+        return self.keeper.resume()
 
     def close(self) -> None:
         self.keeper.close()
@@ -296,5 +374,7 @@ class AsyncCheckpointMethod(CheckpointingMethod):
             # level, and the agreed rollback point must still be on every survivor.
             keep_last=config.keep_per_level + 2,
             record_span=EngineSpans(self.context.spans),
+            run_id=self.context.run_id,
+            stage=self.context.stage,
         )
 

@@ -51,17 +51,37 @@ def gradient_weight(gradient_norm: float, weighting: str) -> float:
     return 1.0
 
 
-def _flatten(parameters: dict[str, torch.nn.Parameter]) -> torch.Tensor:
+def flatten_parameters(parameters: dict[str, torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in parameters.values()])
 
 
-def _load_flat(parameters: dict[str, torch.nn.Parameter], flat: torch.Tensor) -> None:
+def load_flat_parameters(parameters: dict[str, torch.nn.Parameter], flat: torch.Tensor) -> None:
     offset = 0
     with torch.no_grad():
         for parameter in parameters.values():
             parameter.copy_(flat[offset : offset + parameter.numel()].view_as(parameter))
             offset += parameter.numel()
     assert offset == flat.numel()
+
+
+def combine_blocks(
+    plan: RebuildPlan, received: dict[int, tuple[torch.Tensor, float]], weighting: str
+) -> tuple[torch.Tensor, str | None]:
+    """Σ ω_i W_i / Σ ω_i over the plan's sources' flat block weights (`received`: source → (flat
+    weights, last gradient norm)), and a note when the gradient weights were unusable. Shared by
+    real runs and the convergence lab (real/convergence_lab.py)."""
+    note = None
+    if plan.weighting == "gradient":
+        weights = [gradient_weight(received[source][1], weighting) for source in plan.sources]
+        if not all(math.isfinite(w) for w in weights) or sum(weights) <= 0.0:
+            note = f"stage {plan.stage}: gradient weights {weights} unusable, averaged uniformly"
+            weights = [1.0] * len(plan.sources)
+    else:
+        weights = [1.0] * len(plan.sources)
+    total = sum(weights)
+    combined = sum(received[source][0].double() * (weight / total) for source, weight in zip(plan.sources, weights))
+    assert isinstance(combined, torch.Tensor)
+    return combined.float(), note
 
 
 class NeighbourRebuildMethod(RecoveryMethod):
@@ -187,7 +207,7 @@ class NeighbourRebuildMethod(RecoveryMethod):
         pending = []
         for plan in plans:
             if context.stage in plan.sources:
-                flat = _flatten(blocks).to(context.device)
+                flat = flatten_parameters(blocks).to(context.device)
                 norm = torch.tensor([self.last_gradient_norm], dtype=torch.float64, device=context.device)
                 pending.append((communicator.isend(flat, plan.stage, self._tag(plan.stage, context.stage, 0)), flat))
                 pending.append((communicator.isend(norm, plan.stage, self._tag(plan.stage, context.stage, 1)), norm))
@@ -206,18 +226,8 @@ class NeighbourRebuildMethod(RecoveryMethod):
 
     def _combine(self, plan: RebuildPlan, received: dict[int, tuple[torch.Tensor, float]]) -> str | None:
         """Load Σ ω_i W_i / Σ ω_i into this stage's blocks; returns a note if weights degenerated."""
-        note = None
-        if plan.weighting == "gradient":
-            weights = [gradient_weight(received[source][1], self.weighting) for source in plan.sources]
-            if not all(math.isfinite(w) for w in weights) or sum(weights) <= 0.0:
-                note = f"stage {plan.stage}: gradient weights {weights} unusable, averaged uniformly"
-                weights = [1.0] * len(plan.sources)
-        else:
-            weights = [1.0] * len(plan.sources)
-        total = sum(weights)
-        combined = sum(received[source][0].double() * (weight / total) for source, weight in zip(plan.sources, weights))
-        assert isinstance(combined, torch.Tensor)
-        _load_flat(self.context.runtime.module.part_parameters("blocks"), combined.float())
+        combined, note = combine_blocks(plan, received, self.weighting)
+        load_flat_parameters(self.context.runtime.module.part_parameters("blocks"), combined)
         return note
 
 
@@ -290,7 +300,7 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
         context = self.context
         tag = self._REPLICA_TAG + (0 if part == "embedding" else 2)
         if context.stage == owner:
-            context.communicator.send(_flatten(context.runtime.module.part_parameters(part)), holder, tag)
+            context.communicator.send(flatten_parameters(context.runtime.module.part_parameters(part)), holder, tag)
         elif context.stage == holder:
             self.replicas[part] = context.communicator.recv((self._part_numel(part),), torch.float32, owner, tag)
         self.replica_valid[part] = True
@@ -316,7 +326,7 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
                     context.communicator.send(self.replicas[part], owner, tag)
                 elif context.stage == owner:
                     flat = context.communicator.recv((self._part_numel(part),), torch.float32, holder, tag)
-                    _load_flat(context.runtime.module.part_parameters(part), flat)
+                    load_flat_parameters(context.runtime.module.part_parameters(part), flat)
         # Replicas whose owner or holder was replaced are re-sent now, so both sides agree again.
         with context.spans.span("recovery.transfer"):
             for part, (owner, holder) in self.replica_placement.items():

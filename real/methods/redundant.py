@@ -46,6 +46,7 @@ def is_fatal(failed_stages: frozenset[int]) -> bool:
 
 class RedundantMethod(RecoveryMethod):
     name: ClassVar[str] = "redundant"
+    resumable: ClassVar[bool] = True  # its fallback checkpoints hold every stage
 
     def __init__(self, config: Any, context: MethodContext) -> None:
         super().__init__(config, context)
@@ -139,6 +140,13 @@ class RedundantMethod(RecoveryMethod):
             failed_stages=failed_stages,
             rebuilt_from={stage: f"replica on stage {stage - 1}" for stage in failed_stages},
         )
+
+    def resume(self) -> RecoveryOutcome:
+        """A resumed run starts from the fallback checkpoints; every replica is refreshed from them."""
+        outcome = self.fallback.resume()
+        with self.context.spans.span("recovery.transfer"):
+            self._refresh_replicas(range(self.context.num_stages))
+        return outcome
 
     def _fall_back(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         outcome = self.fallback.recover(failed_stages, iteration)

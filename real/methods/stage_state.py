@@ -1,7 +1,7 @@
 """A stage's full training state as one flat dict, and its transfer as bytes over the process group.
 
 The flat form is what the checkpoint engines save (tensors at the top level, everything else small
-and picklable) and what `redundant` sends to a replica holder:
+and JSON-encodable: numbers, strings, lists, tuples, dicts) and what `redundant` sends to a replica holder:
 
     module.<name>               every weight of the stage (module.state_dict(); RoPE tables are not
                                 persistent, so only weights)
@@ -15,13 +15,13 @@ are exactly the saved ones and the optimizer built over `module.parameters()` st
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..distributed import Communicator
+from ..safe_codec import dtype_from_name, dtype_name, from_json_tree, json_bytes, parse_json, to_json_tree
 from .base import StageRuntime
 
 MODULE_PREFIX = "module."
@@ -77,27 +77,32 @@ def state_nbytes(state: dict[str, Any]) -> int:
 
 
 def _pack(state: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(layout as pickled bytes, all tensors' bytes concatenated) — both uint8 tensors on `device`."""
-    layout: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+    """(layout as JSON bytes, all tensors' bytes concatenated) — both uint8 tensors on `device`.
+
+    No pickle: the receiver decodes data (names, dtypes, shapes, the metadata's JSON tree), never code."""
+    layout: list[tuple[str, str, list[int]]] = []
     metadata: dict[str, Any] = {}
     pieces: list[torch.Tensor] = []
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
-            layout.append((key, value.dtype, tuple(value.shape)))
+            layout.append((key, dtype_name(value.dtype), list(value.shape)))
             pieces.append(value.detach().contiguous().reshape(-1).view(torch.uint8).to(device))
         else:
             metadata[key] = value
-    header = torch.frombuffer(bytearray(pickle.dumps((layout, metadata))), dtype=torch.uint8).to(device)
+    encoded = json_bytes({"layout": layout, "metadata": to_json_tree(metadata, where="state metadata")})
+    header = torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device)
     payload = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8, device=device)
     return header, payload
 
 
 def _unpack(header: torch.Tensor, payload: torch.Tensor) -> dict[str, Any]:
-    layout, metadata = pickle.loads(header.cpu().numpy().tobytes())
+    decoded = parse_json(header.cpu().numpy().tobytes(), "received state header")
+    layout, metadata = decoded["layout"], from_json_tree(decoded["metadata"], where="received state metadata")
     state: dict[str, Any] = {}
     offset = 0
-    for key, dtype, shape in layout:
-        element_size = torch.empty(0, dtype=dtype).element_size()
+    for key, name, shape in layout:
+        dtype = dtype_from_name(name, f"received tensor {key!r} dtype")
+        element_size = dtype.itemsize
         nbytes = element_size * int(torch.Size(shape).numel())
         # clone first: a fresh storage starts aligned for any dtype
         state[key] = payload[offset : offset + nbytes].clone().view(dtype).reshape(shape)

@@ -52,8 +52,9 @@ def test_paper_presets_take_only_setbacks_measured_on_enough_rebuilds():
             assert scenario.convergence.setbacks[method].for_position(position) == expected, (method, position)
             transferred += spec.num_samples >= MINIMUM_SETBACK_SAMPLES_TO_TRANSFER
     assert scenario.convergence.calibrated == (transferred > 0)
+    assert scenario.convergence.setback_source == ("measured" if transferred else "paper_fitted")
     if not transferred:
-        assert "uncalibrated" in scenario.description.lower()
+        assert "uncalibrated" in scenario.description.lower() and "CheckFree paper's ablation" in scenario.description
 
 
 def test_presets_fall_back_to_defaults_and_say_so_without_the_file(no_builtin_calibrations):

@@ -289,7 +289,7 @@ def test_make_all_figures_writes_pngs_and_skips_missing_inputs(tables, tmp_path)
     )
     assert all(path.parent == tmp_path / "figures" and path.read_bytes()[:4] == b"\x89PNG" for path in written)
     skipped = dict(make_figures(tmp_path, tmp_path / "again").skipped)
-    assert set(skipped) == {"checkpoint_interval", "optimal_interval", "validation"}
+    assert set(skipped) == {"checkpoint_interval", "optimal_interval", "validation", "setback_sensitivity"}
 
 
 def test_make_all_figures_skips_an_empty_interval_table(tables, tmp_path):

@@ -1,0 +1,156 @@
+"""The Python API: the main jobs of the command line as functions that return pandas DataFrames and
+write nothing (for notebooks and scripts).
+
+    from churnsim import api
+
+    result = api.whatif("checkfree-124m-geo-10pct", failure_rates=[0.1, 0.33], replications=3)
+    result.summary                    # one row per failure rate × method, 95 % intervals
+    result.verdict.points[-1].winner  # 'checkfree'
+
+Every function takes a scenario as a `Scenario`, a preset name (`churnsim presets`) or the path of a
+scenario JSON file; bad input raises `churnsim.calibration.errors.InputError` with the one-line
+message the CLI prints. torch is never imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from churnsim.calibration.base import validate_model
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.presets import PRESETS, preset
+from churnsim.calibration.scenario import Scenario, load_scenario
+from churnsim.calibration.scenario_overrides import apply_settings
+from churnsim.sim.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class Results:
+    """What a job found: the tables `churnsim` writes as CSV, the verdict, and its caveats."""
+
+    runs: pd.DataFrame
+    """One row per run (runs.csv)."""
+    summary: pd.DataFrame
+    """One row per scenario × failure rate × method, with 95 % intervals and paired speed-ups (summary.csv)."""
+    trajectories: pd.DataFrame
+    """Loss against wall-clock, first replication of each method (trajectories.csv)."""
+    verdict: Verdict
+    """The answer at each failure rate (and grid point): winner, speed-ups, ties (`sim/verdict.py`)."""
+    notes: tuple[str, ...] = ()
+    """Caveats that apply to these results."""
+    intervals: pd.DataFrame | None = field(default=None)
+    """whatif only: the checkpoint-interval study (checkpoint_intervals.csv)."""
+
+
+def scenario_of(scenario: Scenario | str | Path) -> Scenario:
+    """A Scenario from a Scenario, a preset name or a scenario file path."""
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, str) and scenario in PRESETS:
+        return preset(scenario)
+    if Path(scenario).is_file():
+        return load_scenario(str(scenario))
+    raise InputError(f"{scenario!r} is neither a preset (`churnsim presets`) nor a scenario file")
+
+
+def _configured(
+    scenario: Scenario | str | Path,
+    *,
+    methods: Sequence[str] | None = None,
+    replications: int | None = None,
+    seed: int | None = None,
+    settings: Mapping[str, object] | None = None,
+) -> Scenario:
+    base = scenario_of(scenario)
+    data = base.model_dump()
+    if methods is not None:
+        by_name = {method.name: method for method in base.methods}
+        data["methods"] = [(by_name.get(name) or method_from_name(name)).model_dump() for name in methods]
+    if replications is not None:
+        data["replications"] = replications
+    if seed is not None:
+        data["seed"] = seed
+    configured = validate_model(Scenario, data, f"scenario {base.name}")
+    return apply_settings(configured, dict(settings)) if settings else configured
+
+
+def simulate(
+    scenario: Scenario | str | Path,
+    *,
+    methods: Sequence[str] | None = None,
+    replications: int | None = None,
+    seed: int | None = None,
+    settings: Mapping[str, object] | None = None,
+) -> Results:
+    """`churnsim simulate`: every method of one scenario over its replications (common random numbers).
+
+    `settings` overrides fields by dotted path, e.g. `{"pipeline.num_microbatches": 8}`.
+    """
+    from churnsim.sim.simulate import simulate_tables
+
+    output = simulate_tables(_configured(scenario, methods=methods, replications=replications, seed=seed, settings=settings))
+    return Results(runs=output.runs, summary=output.summary, trajectories=output.trajectories, verdict=output.verdict, notes=output.notes)
+
+
+def whatif(
+    scenario: Scenario | str | Path = "checkfree-500m-geo-10pct",
+    *,
+    failure_rates: Sequence[float] | None = None,
+    methods: Sequence[str] | None = None,
+    replications: int = 10,
+    interval_study: bool = True,
+    workers: int = 1,
+) -> Results:
+    """`churnsim whatif`: failure rates (per stage-hour) × methods, with the checkpoint-interval study.
+
+    `workers=1` runs in this process; more use a local process pool (same numbers, faster).
+    """
+    from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, compute_whatif
+
+    if replications < 2:
+        raise InputError(f"replications = {replications}: confidence intervals need at least 2")
+    base = scenario_of(scenario)
+    chosen = _configured(base, methods=methods).methods if methods is not None else ()
+    plan = WhatIfPlan(
+        scenario=base,
+        failure_rates=tuple(failure_rates) if failure_rates is not None else WHATIF_FAILURE_RATES,
+        methods=chosen,
+        replications=replications,
+        interval_study_rate=0.10 if interval_study else None,
+    )
+    result = compute_whatif(plan, workers=workers)
+    return Results(
+        runs=result.sweep.runs,
+        summary=result.sweep.summary,
+        trajectories=result.sweep.trajectories,
+        verdict=result.verdict,
+        notes=result.notes,
+        intervals=result.intervals,
+    )
+
+
+def sweep(
+    scenario: Scenario | str | Path,
+    grid: Mapping[str, Sequence[object]],
+    *,
+    methods: Sequence[str] | None = None,
+    replications: int | None = None,
+    seed: int | None = None,
+    workers: int = 1,
+) -> Results:
+    """`churnsim sweep`: the Cartesian product of `grid` ({dotted field path: values}); the tables get
+    one column per swept field, and the verdict one point per grid point and failure rate."""
+    from churnsim.sim.sweep import build_tasks, run_sweep, sweep_verdict
+
+    base = _configured(scenario, methods=methods, replications=replications, seed=seed)
+    result = run_sweep(build_tasks(base, [(path, tuple(values)) for path, values in grid.items()]), workers=workers)
+    verdict = sweep_verdict(result, base)
+    return Results(runs=result.runs, summary=result.summary, trajectories=result.trajectories, verdict=verdict, notes=verdict.caveats)
+
+
+__all__ = ["Results", "scenario_of", "simulate", "sweep", "whatif"]

@@ -1,0 +1,137 @@
+"""How the commands show a verdict (`churnsim.sim.verdict`): a table per failure rate, one answer line
+each, the caveats; or the same as strict JSON on stdout for scripts (`--json`).
+
+Formatting only: which method wins, by how much and against whom is decided in sim/verdict.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from churnsim.calibration.base import strict_json_dumps
+
+
+def _unit(largest_s: float) -> tuple[str, float]:
+    return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
+
+
+def _duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:
+    """`12.3 [12.1, 12.5]`, the unit (when given as `suffix`) after the mean."""
+    name, seconds = unit
+    if estimate is None or estimate.mean is None:
+        return "—"
+    text = f"{estimate.mean / seconds:.1f}{suffix}"
+    if estimate.ci95_low is not None and estimate.ci95_high is not None and estimate.ci95_low != estimate.ci95_high:
+        text += f" [{estimate.ci95_low / seconds:.1f}, {estimate.ci95_high / seconds:.1f}]"
+    return text
+
+
+def _ratio(estimate, *, suffix: str = "") -> str:
+    if estimate is None or estimate.mean is None:
+        return "—"
+    if estimate.ci95_low is None or estimate.ci95_high is None or estimate.ci95_low == estimate.ci95_high:
+        return f"{estimate.mean:.2f}{suffix}"
+    return f"{estimate.mean:.2f}{suffix} [{estimate.ci95_low:.2f}, {estimate.ci95_high:.2f}]"
+
+
+def point_title(point) -> str:
+    """What a table or an answer line is about: the scenario, the grid point, the failure rate."""
+    where = ", ".join(f"{path} = {value}" for path, value in point.grid.items())
+    base = point.scenario.split("[", 1)[0] if point.grid else point.scenario
+    rate = "" if point.failure_probability_per_stage_hour is None else f"{100 * point.failure_probability_per_stage_hour:.3g} %/h per stage"
+    return ", ".join(part for part in (base, where, f"at {rate}" if rate else "") if part)
+
+
+def _named(method: str, label: str) -> str:
+    """The display label, with the method's name when the label does not already start with it."""
+    return label if label.lower().startswith(method.replace("_", " ")) else f"{label} ({method})"
+
+
+def answer_line(point) -> str:
+    """The one-line answer at one failure rate: winner, speed-ups with 95 % intervals, ties."""
+    lead = point_title(point) + ": "
+    if point.winner is None:
+        return lead + "no method reached the target in any replication; raise target.max_wall_clock_s or lower the failure rate."
+    unit = _unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
+    text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
+    labels = {standing.method: standing.label for standing in point.standings}
+    comparisons = []
+    for baseline, estimate in point.winner_speedup.items():
+        label = labels.get(baseline, baseline)
+        if baseline == point.winner:
+            comparisons.append(f"it is the {label} baseline")
+        elif estimate is not None:
+            comparisons.append(f"speed-up {_ratio(estimate, suffix='×')} over {label}")
+        elif baseline in labels:
+            comparisons.append(f"{label} never reached the target")
+        else:
+            comparisons.append(f"{label} not run")
+    if comparisons:
+        text += "; " + ", ".join(comparisons)
+    if point.cannot_be_told_apart_from:
+        tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
+        text += f"; cannot be told apart from {tied} (95 % intervals overlap)"
+    return lead + text + "."
+
+
+def print_point_table(point, console: Console) -> None:
+    """Real methods (fastest first), the no-failure reference, then the ablations in a section of their own."""
+    baselines = list(point.winner_speedup) or sorted({b for s in point.standings for b in s.speedup})
+    highs = [s.time_to_target_s.ci95_high or s.time_to_target_s.mean for s in point.standings]
+    unit = _unit(max((value for value in highs if value is not None), default=0.0))
+    table = Table(
+        "method", "reached", f"time to target {unit[0]} [95 % CI]", *(f"× vs {baseline} [CI]" for baseline in baselines),
+        title=escape(point_title(point)),
+    )
+    previous_role = None
+    for standing in point.standings:
+        if standing.role == "ablation" and previous_role != "ablation":
+            table.add_section()
+        previous_role = standing.role
+        name = standing.method + {"reference": " (reference)", "ablation": " (ablation)"}.get(standing.role, "")
+        reached = "—" if standing.fraction_reached is None else f"{standing.fraction_reached:.0%}"
+        style = "bold" if standing.method == point.winner else None
+        table.add_row(
+            escape(name), reached, _duration(standing.time_to_target_s, unit),
+            *(_ratio(standing.speedup.get(baseline)) for baseline in baselines),
+            style=style,
+        )
+    console.print(table)
+
+
+def show_verdict(verdict, *, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    """Tables and answer lines (answers on stdout), or with `as_json` only strict JSON on stdout.
+
+    Tables go to stderr under `--json`, so stdout stays parseable while a person still sees them.
+    """
+    tables = Console(stderr=as_json, width=max(Console().width, 110))
+    for point in verdict.points:
+        print_point_table(point, tables)
+    if as_json:
+        data = verdict.to_json()
+        for point, row in zip(verdict.points, data["points"]):
+            row["answer"] = answer_line(point)
+        sys.stdout.write(strict_json_dumps({**(extra or {}), **data}) + "\n")
+        return
+    out = Console(width=max(Console().width, 110), highlight=False)
+    out.print("[bold]Answer[/bold]")
+    for point in verdict.points:
+        out.print(escape(answer_line(point)), soft_wrap=True)
+    caveats = all_caveats(verdict)
+    if caveats:
+        out.print("[bold]Caveats[/bold]")
+    for caveat in caveats:
+        out.print(escape(f"- {caveat}"), soft_wrap=True)
+
+
+def all_caveats(verdict) -> list[str]:
+    """The caveats of the whole answer, then each failure rate's own, named by its title."""
+    return list(verdict.caveats) + [f"{point_title(point)}: {caveat}" for point in verdict.points for caveat in point.caveats]
+
+
+__all__ = ["all_caveats", "answer_line", "point_title", "print_point_table", "show_verdict"]

@@ -1,0 +1,65 @@
+"""`churnsim whatif --setback-sensitivity`: the setback-sensitivity study beside the what-if.
+
+Runs `churnsim.sim.setback_sensitivity.setback_sensitivity` at the what-if's nonzero failure rates
+with its replications and methods, writes setback_sensitivity.csv and setback_crossovers.csv into
+the what-if's directory (the figure is drawn with the others) and prints one short table on stderr,
+so that `--json` keeps stdout to the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from churnsim.calibration.tables import write_table
+
+
+def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console) -> list[Path]:
+    """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`."""
+    from churnsim.sim.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_methods, sensitivity_tasks, setback_sensitivity
+
+    rates = tuple(rate for rate in plan.failure_rates if rate > 0)
+    if not rates:
+        console.print("[yellow]note:[/yellow] --setback-sensitivity skipped: no nonzero failure rate, so setbacks change nothing")
+        return []
+    scenario = plan.scenario.model_copy(update={"methods": plan.chosen_methods()})
+    methods = sensitivity_methods(scenario)
+    total = len(sensitivity_tasks(scenario, scales=SENSITIVITY_SCALES, failure_rates=rates, replications=plan.replications, methods=methods))
+    from churnsim.commands_sim import progress_bar
+
+    with progress_bar(total, f"setback sensitivity on {scenario.name}") as advance:
+        result = setback_sensitivity(
+            scenario, failure_rates=rates, replications=plan.replications, methods=methods, workers=workers, client=client, on_task_done=advance
+        )
+    files = write_table(result.table, out / "setback_sensitivity.csv", parquet=parquet)
+    files += write_table(result.crossovers, out / "setback_crossovers.csv", parquet=parquet)
+    Console(stderr=True, width=max(console.width, 120)).print(sensitivity_table(result, source=scenario.convergence.setback_source or "default"))
+    return files
+
+
+def sensitivity_table(result, *, source: str) -> Table:
+    """Winner per (rate, setback scale) and where it changes."""
+    from churnsim.sim.setback_sensitivity import change_text
+
+    scales = sorted(set(result.table["setback_scale"]))
+    table = Table(
+        "failure rate", *(f"×{scale:g}" for scale in scales), "winner changes",
+        title=f"winner as every setback is scaled (×1 = the scenario's {source.replace('_', '-')} setbacks)",
+    )
+    for rate, rows in result.table.groupby("failure_probability_per_stage_hour", sort=True, dropna=False):
+        winners = rows[rows["winner"]].set_index("setback_scale")["method"]
+        crossovers = result.crossovers
+        at_rate = crossovers[crossovers["failure_probability_per_stage_hour"].isna()] if math.isnan(rate) else crossovers[
+            crossovers["failure_probability_per_stage_hour"] == rate
+        ]
+        changes = [change_text(row) for row in at_rate.itertuples() if row.winner_below != row.winner_above]
+        table.add_row(
+            "—" if math.isnan(rate) else f"{100 * rate:.3g} %/h",
+            *(str(winners.get(scale, "—")) for scale in scales),
+            "; ".join(changes) or "none",
+        )
+    return table

@@ -1,0 +1,152 @@
+"""A finished real run: the per-rank results merged over ranks (`merge_rank_results`) and written as
+a run record (`write_record`, calibration/run_record.py)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .trainer import RankResult, TrainingConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas and the run-record module are imported where used: spawned ranks never need them, and
+# each import costs every rank start-up time.
+FAILURE_TABLE_COLUMNS = ("time_s", "iteration", "stage", "kind")
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """A finished real run, merged over ranks."""
+
+    config: TrainingConfig
+    metrics: pd.DataFrame
+    """step, iteration, wall_time_s, train_loss, eval_loss (+ blocked_s: max over ranks)."""
+    spans: pd.DataFrame
+    failures: pd.DataFrame
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    run_dir: Path | None = None
+
+
+def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> RunResult:
+    """One table per kind: a step ends when its slowest rank ends; losses come from the last stage."""
+    import pandas as pd
+
+    from churnsim.calibration.run_record import SPANS_COLUMNS
+
+    rows = pd.DataFrame([row | {"stage": r.stage} for r in results for row in r.iteration_rows])
+    head = rows[rows["stage"] == config.num_stages - 1].set_index("step")
+    grouped = rows.groupby("step")
+    metrics = pd.DataFrame(
+        {
+            "step": head.index.to_numpy(),
+            "iteration": head["iteration"].to_numpy(),
+            "wall_time_s": grouped["end_s"].max().loc[head.index].to_numpy(),
+            "train_loss": head["train_loss"].to_numpy(),
+            "eval_loss": head["eval_loss"].to_numpy(),
+            "blocked_s": grouped["blocked_s"].max().loc[head.index].to_numpy(),
+        }
+    )
+    spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS))
+    spans = spans.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
+    failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(FAILURE_TABLE_COLUMNS))
+    # Stage 0 records every failure in the order it handed them out (the failure path's order).
+    failures = failures.sort_values(["iteration"], kind="stable").reset_index(drop=True)
+    recoveries = [row for r in results for row in r.recoveries]
+    return RunResult(config=config, metrics=metrics, spans=spans, failures=failures, recoveries=recoveries)
+
+
+def write_record(
+    result: RunResult,
+    run_dir: str | Path,
+    *,
+    run_id: str | None = None,
+    checkpoint_directory: str | None = None,
+    failure_rate_per_stage_hour: float | None = None,
+    scenario: Any = None,
+    replication: int = 0,
+    extra_entries: tuple[str, ...] = (),
+) -> Path:
+    """Write `result` as a run record directory (manifest, metrics, spans, failures); `extra_entries` stay.
+
+    `scenario` (a contract Scenario) is the scenario the run was made from, kept in the manifest so
+    that the simulator can replay the run from the same file.
+    """
+    from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
+    from churnsim.calibration.run_record import (
+        METRICS_COLUMNS,
+        RealRunSettings,
+        RunManifest,
+        make_run_record,
+        provenance_fields,
+        write_run_record,
+    )
+    from churnsim.calibration.scenario import ModelSpec, PipelineSpec
+
+    config = result.config
+    model = config.model
+    settings = RealRunSettings(
+        model=ModelSpec(
+            num_layers=model.num_layers,
+            hidden_size=model.dim,
+            num_heads=model.num_heads,
+            vocab_size=model.vocab_size,
+            sequence_length=model.seq_len,
+            ffn_hidden_size=model.ffn_hidden_dim,
+            weight_bytes_per_parameter=4.0,  # real runs train in fp32
+            activation_bytes_per_element=4.0,
+        ),
+        pipeline=PipelineSpec(
+            num_stages=config.num_stages,
+            schedule=config.schedule,  # type: ignore[arg-type]
+            microbatch_size=config.microbatch_size,
+            num_microbatches=config.num_microbatches,
+        ),
+        method=config.method,
+        num_iterations=config.num_iterations,
+        learning_rate=config.learning_rate,
+        eval_every_iterations=config.eval_interval_iterations or config.num_iterations,
+        device=config.device,  # type: ignore[arg-type]
+        corpus=config.corpus or "python-stdlib",
+        deterministic=config.deterministic,
+        checkpoint_directory=checkpoint_directory,
+        failure_rate_per_stage_hour=failure_rate_per_stage_hour,
+    )
+    manifest = RunManifest(
+        run_id=run_id or uuid.uuid4().hex[:12],
+        source="real",
+        method=config.method.name,
+        seed=config.seed,
+        replication=replication,
+        scenario=scenario,
+        real_settings=settings,
+        **provenance_fields(),
+        notes=tuple(
+            f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
+            + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")
+            for row in result.recoveries
+        ),
+        summary={
+            "num_steps": int(len(result.metrics)),
+            "final_train_loss": _finite_or_none(result.metrics["train_loss"].iloc[-1]),
+            "final_eval_loss": _finite_or_none(result.metrics["eval_loss"].iloc[-1]),
+            "wall_time_s": float(result.metrics["wall_time_s"].iloc[-1]),
+            "num_failures": int(len(result.failures)),
+        },
+    )
+    failures = FailureSchedule(
+        failures=tuple(
+            ScheduledFailure(time_s=float(row.time_s), iteration=int(row.iteration), stage=int(row.stage), kind=str(row.kind))
+            for row in result.failures.itertuples()
+        )
+    )
+    record = make_run_record(manifest, result.metrics.loc[:, list(METRICS_COLUMNS)], result.spans, failures)
+    return write_run_record(record, run_dir, extra_entries=extra_entries)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None

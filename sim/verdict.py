@@ -1,0 +1,263 @@
+"""The answer to "which method reaches the target first, and by how much", as data.
+
+From a summary table (`sim.replicate.summary_table`, one row per scenario × failure rate × method)
+`verdict_from_summary` picks, at each failure rate (and each grid point of a sweep):
+
+- the *winner*: the real method (neither the no-failure reference, trait `ignores_failures`, nor an
+  ablation, trait `ablation`) with the lowest mean time to target, preferring methods that reached
+  the target in every replication (a mean over the replications that happened to finish is biased
+  low);
+- its paired speed-ups over each `speedup_baseline` method (checkpoint, redundant) with their 95 %
+  intervals, read from the summary's `speedup_vs_<baseline>_*` columns;
+- the real methods it *cannot be told apart from*: those whose 95 % time-to-target interval overlaps
+  the winner's. Overlapping marginal intervals is a conservative test (the paired speed-up interval
+  may still exclude 1); it is the one a reader can check against the table.
+
+The CLI formats this; scripts get it as JSON (`Verdict.to_json`), with null where a number is
+missing, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Literal, Sequence
+
+import pandas as pd
+
+from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
+from churnsim.calibration.tables import speedup_columns
+
+Role = Literal["method", "reference", "ablation"]
+RATE_COLUMN = "failure_probability_per_stage_hour"
+
+STEADY_OVERHEAD_NOTE_RATIO = 1.10
+"""A failure-free iteration this much slower than the plain pipeline's is worth a caveat: the method
+pays it on every iteration, whatever the failure rate."""
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, or None (JSON has no NaN)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """A mean over replications and its Student-t 95 % interval; None where there is no number."""
+
+    mean: float | None
+    ci95_low: float | None
+    ci95_high: float | None
+
+    @classmethod
+    def from_row(cls, row: pd.Series, mean: str, low: str, high: str) -> "Estimate":
+        values = [_number(row.get(column)) for column in (mean, low, high)]
+        # One replication has no spread: its interval collapses to the mean rather than vanishing.
+        return cls(mean=values[0], ci95_low=values[1] if values[1] is not None else values[0], ci95_high=values[2] if values[2] is not None else values[0])
+
+    def overlaps(self, other: "Estimate") -> bool:
+        if None in (self.ci95_low, self.ci95_high, other.ci95_low, other.ci95_high):
+            return False
+        return self.ci95_low <= other.ci95_high and other.ci95_low <= self.ci95_high  # type: ignore[operator]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodStanding:
+    """One method at one failure rate."""
+
+    method: str
+    label: str
+    role: Role
+    fraction_reached: float | None
+    time_to_target_s: Estimate
+    speedup: dict[str, Estimate]
+    """Paired speed-up T_baseline / T_method over each speed-up baseline."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointVerdict:
+    """The answer at one failure rate of one scenario (one grid point of a sweep)."""
+
+    scenario: str
+    failure_probability_per_stage_hour: float | None
+    grid: dict[str, Any]
+    """The swept fields' values at this point (empty outside sweeps)."""
+    winner: str | None
+    """None when no real method reached the target."""
+    winner_label: str | None
+    winner_time_to_target_s: Estimate | None
+    winner_speedup: dict[str, Estimate | None]
+    """The winner's speed-up over each baseline; None where the baseline did not run or never reached the target."""
+    cannot_be_told_apart_from: tuple[str, ...]
+    standings: tuple[MethodStanding, ...]
+    """Real methods by mean time to target, then the reference, then the ablations."""
+    caveats: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    points: tuple[PointVerdict, ...]
+    caveats: tuple[str, ...] = field(default_factory=tuple)
+    """Caveats that apply to every point (uncalibrated setbacks, a method's steady overhead, ...)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for `json.dumps(..., allow_nan=False)`: every missing number is None."""
+        return _json_safe(asdict(self))
+
+
+def method_role(method: str) -> Role:
+    traits = METHOD_CONFIGS.get(method)
+    if traits is None:
+        return "method"  # saved results may name a method this installation does not register
+    if traits.ignores_failures:
+        return "reference"
+    return "ablation" if traits.ablation else "method"
+
+
+def method_label(method: str) -> str:
+    traits = METHOD_CONFIGS.get(method)
+    return traits.label if traits is not None else method
+
+
+def _standing(row: pd.Series) -> MethodStanding:
+    method = str(row["method"])
+    return MethodStanding(
+        method=method,
+        label=method_label(method),
+        role=method_role(method),
+        fraction_reached=_number(row.get("fraction_reached")),
+        time_to_target_s=Estimate.from_row(row, "time_to_target_mean_s", "time_to_target_ci95_low_s", "time_to_target_ci95_high_s"),
+        speedup={baseline: Estimate.from_row(row, *speedup_columns(baseline)) for baseline in speedup_baselines() if speedup_columns(baseline)[0] in row},
+    )
+
+
+def _registry_order(method: str) -> int:
+    names = list(METHOD_NAMES)
+    return names.index(method) if method in names else len(names)
+
+
+def _ordered(standings: Iterable[MethodStanding]) -> tuple[MethodStanding, ...]:
+    """Real methods fastest first (unreached last), then the reference, then ablations in registry order."""
+    standings = list(standings)
+
+    def by_time(standing: MethodStanding) -> tuple:
+        mean = standing.time_to_target_s.mean
+        return (mean is None, not _reached_everywhere(standing), mean if mean is not None else 0.0, _registry_order(standing.method))
+
+    real = sorted((s for s in standings if s.role == "method"), key=by_time)
+    reference = [s for s in standings if s.role == "reference"]
+    ablations = sorted((s for s in standings if s.role == "ablation"), key=lambda s: _registry_order(s.method))
+    return tuple(real + reference + ablations)
+
+
+def _reached_everywhere(standing: MethodStanding) -> bool:
+    return standing.fraction_reached is not None and standing.fraction_reached >= 1.0
+
+
+def _point_caveats(standings: Sequence[MethodStanding]) -> list[str]:
+    caveats = []
+    for standing in standings:
+        if standing.role == "ablation" or standing.fraction_reached is None or standing.fraction_reached >= 1.0:
+            continue
+        if standing.time_to_target_s.mean is None:
+            caveats.append(f"{standing.method} never reached the target (target.max_wall_clock_s ends such runs)")
+        else:
+            caveats.append(
+                f"{standing.method} reached the target in {standing.fraction_reached:.0%} of replications; "
+                "its time to target is the mean of those that did, so it is optimistic"
+            )
+    return caveats
+
+
+def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> PointVerdict:
+    """The verdict over the rows of one scenario at one failure rate (one row per method)."""
+    first = rows.iloc[0]
+    standings = _ordered(_standing(row) for _, row in rows.iterrows())
+    candidates = [s for s in standings if s.role == "method" and s.time_to_target_s.mean is not None]
+    winner = candidates[0] if candidates else None
+    tied: tuple[str, ...] = ()
+    speedup: dict[str, Estimate | None] = {}
+    if winner is not None:
+        tied = tuple(s.method for s in candidates[1:] if winner.time_to_target_s.overlaps(s.time_to_target_s))
+        for baseline in speedup_baselines():
+            estimate = winner.speedup.get(baseline)
+            speedup[baseline] = estimate if estimate is not None and estimate.mean is not None else None
+    return PointVerdict(
+        scenario=str(first["scenario"]),
+        failure_probability_per_stage_hour=_number(first.get(RATE_COLUMN)),
+        grid={column: _plain(first[column]) for column in grid_columns if column in rows.columns},
+        winner=winner.method if winner else None,
+        winner_label=winner.label if winner else None,
+        winner_time_to_target_s=winner.time_to_target_s if winner else None,
+        winner_speedup=speedup,
+        cannot_be_told_apart_from=tied,
+        standings=standings,
+        caveats=tuple(_point_caveats(standings)),
+    )
+
+
+def verdict_from_summary(
+    summary: pd.DataFrame,
+    *,
+    grid_columns: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    runs: pd.DataFrame | None = None,
+) -> Verdict:
+    """One `PointVerdict` per (scenario, failure rate), rates ascending within each scenario.
+
+    `notes` are the scenario's caveats (`sim.outputs.scenario_notes`); with `runs` (runs.csv) the
+    methods whose failure-free iteration is markedly slower than the plain pipeline's get one too.
+    """
+    points = []
+    for _, scenario_rows in summary.groupby("scenario", sort=False):
+        rates = scenario_rows[RATE_COLUMN].astype(float)
+        for rate in sorted(set(rates[rates.notna()])) + ([math.nan] if rates.isna().any() else []):
+            rows = scenario_rows[rates.isna()] if math.isnan(rate) else scenario_rows[rates == rate]
+            points.append(point_verdict(rows, grid_columns=grid_columns))
+    caveats = list(notes) + (steady_overhead_caveats(runs) if runs is not None else [])
+    return Verdict(points=tuple(points), caveats=tuple(dict.fromkeys(caveats)))
+
+
+def steady_overhead_caveats(runs: pd.DataFrame) -> list[str]:
+    """Methods whose failure-free iteration takes markedly longer than the no-failure reference's.
+
+    That cost is paid at every failure rate and depends on this scenario's pipeline and links (for
+    example CheckFree+'s swapped microbatches crossing slow links), so an answer that turns on it
+    should be read with it in mind.
+    """
+    if runs.empty or "healthy_iteration_time_s" not in runs:
+        return []
+    iteration_s = runs.groupby("method", sort=False)["healthy_iteration_time_s"].median()
+    reference = reference_method()
+    if reference not in iteration_s or not iteration_s[reference] > 0:
+        return []
+    caveats = []
+    for method, seconds in iteration_s.items():
+        ratio = seconds / iteration_s[reference]
+        if method != reference and method_role(str(method)) != "ablation" and ratio >= STEADY_OVERHEAD_NOTE_RATIO:
+            caveats.append(
+                f"{method}: a failure-free iteration takes {ratio:.2f}× the plain pipeline's "
+                f"({seconds:.3g} s against {iteration_s[reference]:.3g} s), a cost it pays at every failure rate "
+                "(method_overhead_s in runs.csv)"
+            )
+    return caveats
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars → Python scalars, for JSON."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    value = _plain(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

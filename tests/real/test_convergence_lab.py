@@ -1,0 +1,55 @@
+"""The convergence lab forks rebuilds from the no-failure run and measures their setbacks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from churnsim.calibration.methods import method_from_name
+from churnsim.real.convergence_lab import LabPipeline, LabSettings, add_setbacks, run_seed
+from churnsim.real.model import ModelConfig
+
+MODEL = ModelConfig(vocab_size=256, dim=16, num_heads=2, num_layers=4, seq_len=16)
+
+
+def _settings(**overrides) -> LabSettings:
+    base = dict(
+        model=MODEL, num_stages=4, num_microbatches=2, microbatch_size=2, num_iterations=16, failure_iterations=(4, 8),
+        window_iterations=6, early_windows=(2,), num_eval_batches=1, eval_every_iterations=1, corpus_max_bytes=200_000,
+        methods=(method_from_name("checkfree", edge_fallback="copy"), method_from_name("random"), method_from_name("checkfree_plus", replica_refresh_iterations=3)),
+    )  # fmt: skip
+    base.update(overrides)
+    return LabSettings(**base)
+
+
+def test_every_fork_is_paired_with_the_baseline_at_the_same_iteration():
+    rows, curve = run_seed(_settings(), seed=3)
+    # 2 failure points × (interior, edge) × 3 methods × 2 windows
+    assert len(rows) == 24
+    assert set(rows["window_iterations"]) == {2, 6}
+    assert set(rows["position"]) == {"interior", "edge"}
+    checkfree = rows[(rows["method"] == "checkfree") & (rows["position"] == "interior")]
+    assert all(source.startswith("weighted_average(") for source in checkfree["rebuilt_from"])
+    plus_edges = rows[(rows["method"] == "checkfree_plus") & (rows["position"] == "edge")]
+    assert all(source.startswith("copy(") for source in plus_edges["rebuilt_from"])
+    # The baseline loss of a fork is the no-failure run's own held-out loss at that iteration.
+    plain = curve[~curve["swapped"]].set_index("iteration")["held_out_loss"]
+    for row in rows[(rows["method"] == "random")].itertuples():
+        iteration = row.failure_iteration + row.window_iterations
+        if iteration in plain.index:
+            assert math.isclose(row.baseline_loss, plain[iteration])
+    rows, _ = add_setbacks(rows, curve)
+    assert rows["setback_iterations"].notna().all()
+
+
+def test_a_lost_stage_gets_exactly_the_gradient_weighted_average_of_its_neighbours():
+    pipeline = LabPipeline(_settings(), seed=1, swap_odd_microbatches=False)
+    pipeline.gradient_norms = [1.0, 2.0, 3.0, 1.0]
+    before = [torch.cat([p.detach().flatten() for p in stage.part_parameters("blocks").values()]).clone() for stage in pipeline.stages]
+    pipeline.lose_and_rebuild(method_from_name("checkfree", edge_fallback="copy"), 2, failure_iteration=5)
+    after = torch.cat([p.detach().flatten() for p in pipeline.stages[2].part_parameters("blocks").values()])
+    weights = (2.0**2, 1.0**2)  # ω = squared gradient norms of stages 1 and 3
+    expected = (weights[0] * before[1] + weights[1] * before[3]) / sum(weights)
+    torch.testing.assert_close(after, expected)
+    assert pipeline.lr_scales[2] == 1.1

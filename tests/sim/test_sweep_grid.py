@@ -1,0 +1,65 @@
+"""A sweep keeps its grid: one column per swept field, titles that name the point, a figure per point."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from churnsim import api
+from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS
+from churnsim.cli import main
+from churnsim.report import point_title
+
+SWEEP = [
+    "sweep", "--preset", "checkfree-124m-geo-33pct", "--set", "pipeline.num_microbatches=4,8",
+    "--set", "churn.failure_probability_per_stage_hour=0.1,0.33", "--method", "checkpoint", "--method", "checkfree",
+    "--replications", "2", "--workers", "1",
+]
+SWEPT = ["pipeline.num_microbatches", "churn.failure_probability_per_stage_hour"]
+
+
+def test_a_sweeps_tables_have_one_column_per_swept_field(tmp_path):
+    main([*SWEEP, "--out", str(tmp_path / "out")])
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert list(summary.columns) == ["scenario", *SWEPT, *SUMMARY_COLUMNS[1:]]
+    assert list(runs.columns) == ["scenario", *SWEPT, *RUN_COLUMNS[1:]]
+    assert sorted(set(zip(summary["pipeline.num_microbatches"], summary["churn.failure_probability_per_stage_hour"]))) == [
+        (4, 0.1), (4, 0.33), (8, 0.1), (8, 0.33)
+    ]
+    assert (summary["churn.failure_probability_per_stage_hour"] == summary["failure_probability_per_stage_hour"]).all()
+    assert len(summary) == 8 and (summary["num_replications"] == 2).all()
+
+
+def test_plot_on_a_sweep_draws_one_figure_per_grid_point_with_every_rate(tmp_path):
+    out = tmp_path / "out"
+    main([*SWEEP, "--out", str(out)])
+    main(["plot", str(out)])
+    # The swept rate is the x axis; the other swept field splits the figures.
+    folders = sorted(path.name for path in (out / "figures").iterdir())
+    assert folders == ["pipeline.num_microbatches-4", "pipeline.num_microbatches-8"]
+    for folder in folders:
+        assert (out / "figures" / folder / "time_to_target.png").is_file()
+        assert (out / "figures" / folder / "speedup.png").is_file()
+
+
+def test_the_api_sweep_names_each_grid_point_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = api.sweep("checkfree-124m-geo-33pct", {"pipeline.num_microbatches": [4, 8]}, methods=["checkpoint", "checkfree"], replications=2)
+    assert not any(tmp_path.iterdir())
+    assert list(result.summary["pipeline.num_microbatches"]) == [4, 4, 8, 8]
+    titles = [point_title(point) for point in result.verdict.points]
+    assert titles == [
+        "checkfree-124m-geo-33pct, pipeline.num_microbatches = 4, at 33 %/h per stage",
+        "checkfree-124m-geo-33pct, pipeline.num_microbatches = 8, at 33 %/h per stage",
+    ]
+
+
+def test_the_api_returns_dataframes_without_writing_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    simulated = api.simulate("checkfree-124m-geo-33pct", methods=["checkpoint", "checkfree"], replications=2)
+    assert list(simulated.summary.columns) == list(SUMMARY_COLUMNS) and set(simulated.summary["method"]) == {"checkpoint", "checkfree"}
+    assert simulated.verdict.points[0].winner in {"checkpoint", "checkfree"}
+    whatif = api.whatif("checkfree-124m-geo-10pct", failure_rates=[0.0, 0.33], methods=["checkpoint", "checkfree"], replications=2, interval_study=False)
+    assert sorted(whatif.summary["failure_probability_per_stage_hour"].unique()) == [0.0, 0.33]
+    assert [point.failure_probability_per_stage_hour for point in whatif.verdict.points] == [0.0, 0.33]
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,120 @@
+"""The verdict: which real method reaches the target first, by how much, and whom it cannot be told apart from."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from churnsim.calibration.base import strict_json_loads
+from churnsim.calibration.tables import SUMMARY_COLUMNS
+from churnsim.sim.verdict import steady_overhead_caveats, verdict_from_summary
+
+
+def summary_row(method: str, mean_h: float, half_width_h: float, *, rate: float = 0.1, reached: float = 1.0, **speedups) -> dict:
+    row = {column: math.nan for column in SUMMARY_COLUMNS}
+    row.update(
+        scenario="s",
+        failure_probability_per_stage_hour=rate,
+        method=method,
+        num_replications=5,
+        fraction_reached=reached,
+        time_to_target_mean_s=3600.0 * mean_h,
+        time_to_target_ci95_low_s=3600.0 * (mean_h - half_width_h),
+        time_to_target_ci95_high_s=3600.0 * (mean_h + half_width_h),
+        setbacks_calibrated=False,
+    )
+    for baseline, (mean, low, high) in speedups.items():
+        row.update({f"speedup_vs_{baseline}_mean": mean, f"speedup_vs_{baseline}_ci95_low": low, f"speedup_vs_{baseline}_ci95_high": high})
+    return row
+
+
+def frame(*rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=list(SUMMARY_COLUMNS))
+
+
+def test_the_winner_is_the_real_method_with_the_lowest_mean_time_and_carries_its_paired_speedups():
+    summary = frame(
+        summary_row("checkpoint", 260.0, 2.0, checkpoint=(1.0, 1.0, 1.0), redundant=(0.77, 0.76, 0.78)),
+        summary_row("redundant", 203.0, 2.0, checkpoint=(1.29, 1.28, 1.31), redundant=(1.0, 1.0, 1.0)),
+        summary_row("checkfree", 194.5, 1.0, checkpoint=(1.35, 1.34, 1.36), redundant=(1.05, 1.04, 1.05)),
+        summary_row("checkfree_plus", 284.0, 1.0),
+    )
+    (point,) = verdict_from_summary(summary).points
+    assert point.winner == "checkfree"
+    assert point.winner_time_to_target_s.mean == pytest.approx(3600.0 * 194.5)
+    assert point.winner_speedup["checkpoint"].mean == pytest.approx(1.35)
+    assert (point.winner_speedup["redundant"].ci95_low, point.winner_speedup["redundant"].ci95_high) == (1.04, 1.05)
+    assert point.cannot_be_told_apart_from == ()
+    assert [s.method for s in point.standings] == ["checkfree", "redundant", "checkpoint", "checkfree_plus"]
+
+
+def test_overlapping_intervals_are_reported_as_cannot_be_told_apart():
+    summary = frame(
+        summary_row("checkpoint", 100.0, 1.0),
+        summary_row("async_checkpoint", 59.9, 0.4),
+        summary_row("checkfree", 60.2, 0.3),  # [59.9, 60.5] overlaps [59.5, 60.3]
+        summary_row("redundant", 62.5, 0.5),  # [62.0, 63.0] does not
+    )
+    (point,) = verdict_from_summary(summary).points
+    assert point.winner == "async_checkpoint"
+    assert point.cannot_be_told_apart_from == ("checkfree",)
+
+
+def test_the_reference_and_ablations_never_win_and_are_listed_after_the_real_methods():
+    summary = frame(
+        summary_row("uniform", 50.0, 0.1),
+        summary_row("none", 40.0, 0.1),
+        summary_row("checkpoint", 70.0, 0.1),
+        summary_row("checkfree", 60.0, 0.1),
+        summary_row("random", 90.0, 0.1),
+    )
+    (point,) = verdict_from_summary(summary).points
+    assert point.winner == "checkfree"
+    assert point.cannot_be_told_apart_from == ()  # the reference and the ablations are not competitors
+    assert [(s.method, s.role) for s in point.standings] == [
+        ("checkfree", "method"), ("checkpoint", "method"), ("none", "reference"), ("uniform", "ablation"), ("random", "ablation"),
+    ]
+
+
+def test_a_method_that_missed_the_target_in_some_replications_does_not_win_on_its_biased_mean():
+    summary = frame(summary_row("checkfree", 50.0, 1.0, reached=0.6), summary_row("checkpoint", 80.0, 1.0))
+    (point,) = verdict_from_summary(summary).points
+    assert point.winner == "checkpoint"
+    assert any("checkfree reached the target in 60% of replications" in caveat for caveat in point.caveats)
+
+
+def test_no_winner_when_no_real_method_reached_the_target():
+    row = summary_row("checkpoint", 1.0, 0.0, reached=0.0)
+    row.update(time_to_target_mean_s=math.nan, time_to_target_ci95_low_s=math.nan, time_to_target_ci95_high_s=math.nan)
+    (point,) = verdict_from_summary(frame(row, summary_row("none", 10.0, 0.0))).points
+    assert point.winner is None and point.winner_speedup == {}
+
+
+def test_one_point_per_failure_rate_in_ascending_order_with_the_swept_fields():
+    summary = frame(summary_row("checkfree", 60.0, 1.0, rate=0.33), summary_row("checkfree", 50.0, 1.0, rate=0.0))
+    summary.insert(1, "pipeline.num_microbatches", 8)
+    verdict = verdict_from_summary(summary, grid_columns=["pipeline.num_microbatches"], notes=["a caveat"])
+    assert [p.failure_probability_per_stage_hour for p in verdict.points] == [0.0, 0.33]
+    assert verdict.points[0].grid == {"pipeline.num_microbatches": 8}
+    assert verdict.caveats == ("a caveat",)
+
+
+def test_the_json_form_is_strict_json_with_null_for_missing_numbers():
+    summary = frame(summary_row("checkfree", 60.0, 1.0), summary_row("checkpoint", 70.0, 1.0))  # no speed-up columns filled
+    text = json.dumps(verdict_from_summary(summary).to_json(), allow_nan=False)
+    data = strict_json_loads(text)
+    assert data["points"][0]["winner"] == "checkfree"
+    assert data["points"][0]["winner_speedup"] == {"checkpoint": None, "redundant": None}
+    with pytest.raises(ValueError):
+        strict_json_loads('{"x": NaN}')
+
+
+def test_a_method_with_a_markedly_slower_healthy_iteration_gets_a_caveat():
+    runs = pd.DataFrame(
+        {"method": ["none", "checkfree", "checkfree_plus", "random"], "healthy_iteration_time_s": [20.0, 20.5, 35.0, 40.0]}
+    )
+    caveats = steady_overhead_caveats(runs)
+    assert len(caveats) == 1 and caveats[0].startswith("checkfree_plus: a failure-free iteration takes 1.75×")

@@ -1,0 +1,104 @@
+"""What the commands end with: one answer line per failure rate, its caveats, and the same as strict JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pandas as pd
+
+from churnsim.calibration.base import strict_json_loads
+from churnsim.calibration.presets import preset
+from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.tables import SUMMARY_COLUMNS
+from churnsim.report import answer_line
+from churnsim.sim.route_notes import swapped_route_notes
+from churnsim.sim.verdict import verdict_from_summary
+
+
+
+def quick_whatif(preset_name: str = "checkfree-124m-geo-10pct") -> list[str]:
+    return [
+        "whatif", "--quick", "--preset", preset_name, "--workers", "1", "--no-figures",
+        "--method", "checkpoint", "--method", "redundant", "--method", "checkfree", "--method", "none",
+    ]
+
+
+def run_cli(arguments: list[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_the_answer_line_names_winner_speedups_and_ties():
+    rows = []
+    for method, mean_h, speedups in (("checkpoint", 62.6, (1.0, 0.97)), ("redundant", 61.0, (1.03, 1.0)), ("checkfree", 60.8, (1.05, 1.03))):
+        row = {column: math.nan for column in SUMMARY_COLUMNS}
+        row.update(
+            scenario="geo", failure_probability_per_stage_hour=0.1, method=method, fraction_reached=1.0,
+            time_to_target_mean_s=3600 * mean_h, time_to_target_ci95_low_s=3600 * (mean_h - 0.5), time_to_target_ci95_high_s=3600 * (mean_h + 0.5),
+            speedup_vs_checkpoint_mean=speedups[0], speedup_vs_checkpoint_ci95_low=speedups[0] - 0.01, speedup_vs_checkpoint_ci95_high=speedups[0] + 0.01,
+            speedup_vs_redundant_mean=speedups[1], speedup_vs_redundant_ci95_low=speedups[1] - 0.01, speedup_vs_redundant_ci95_high=speedups[1] + 0.01,
+        )
+        rows.append(row)
+    (point,) = verdict_from_summary(pd.DataFrame(rows)).points
+    line = answer_line(point)
+    assert line.startswith("geo, at 10 %/h per stage: CheckFree reaches the target first, in 60.8 h [60.3, 61.3]")
+    assert "speed-up 1.05× [1.04, 1.06] over checkpoint (sync)" in line
+    assert "speed-up 1.03× [1.02, 1.04] over redundant (Bamboo)" in line
+    assert line.endswith("cannot be told apart from redundant (Bamboo) (95 % intervals overlap).")
+
+
+def test_whatif_json_is_strict_json_alone_on_stdout(tmp_path):
+    result = run_cli([*quick_whatif(), "--out", "out", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    answer = strict_json_loads(result.stdout)  # the whole of stdout, nothing else
+    assert answer["command"] == "whatif"
+    assert [point["failure_probability_per_stage_hour"] for point in answer["points"]] == [0.0, 0.1, 0.33]
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    for point in answer["points"]:
+        rows = summary[(summary["failure_probability_per_stage_hour"] == point["failure_probability_per_stage_hour"]) & (summary["method"] != "none")]
+        assert point["winner"] == rows.loc[rows["time_to_target_mean_s"].idxmin(), "method"]
+        assert point["answer"].startswith("checkfree-124m-geo, at ")
+        assert set(point["winner_speedup"]) == {"checkpoint", "redundant"}
+    assert any(caveat.startswith("convergence setbacks") for caveat in answer["caveats"])
+
+
+def test_whatif_ends_with_one_answer_line_per_rate_and_the_caveats(tmp_path):
+    result = run_cli([*quick_whatif(), "--out", "out"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    answers = lines[lines.index("Answer") + 1 : lines.index("Caveats")]
+    assert len(answers) == 3 and all("reaches the target first" in line for line in answers)
+    assert any(line.startswith("- convergence setbacks") for line in lines[lines.index("Caveats") :])
+
+
+def test_the_whatif_manifest_is_strict_json_and_its_scenario_reads_back(tmp_path):
+    result = run_cli([*quick_whatif("checkfree-500m-geo-10pct"), "--out", "out"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    manifest = strict_json_loads((tmp_path / "out" / "manifest.json").read_text())
+    scenario = Scenario.model_validate(manifest["scenario"])
+    assert scenario == preset("checkfree-500m-geo-10pct")  # infinite bandwidths included
+    assert manifest["verdict"]["points"][0]["winner"] in {"checkpoint", "redundant", "checkfree"}
+
+
+def test_checkfree_plus_on_the_geo_testbed_names_its_extra_links():
+    (note,) = swapped_route_notes(preset("checkfree-500m-geo-10pct"))
+    assert note.startswith("checkfree_plus: odd microbatches take the swapped route")
+    assert "stage 0 (Australia)" in note
+    assert swapped_route_notes(preset("spot-p3-trace")) == ()  # uniform links: no such caveat
+
+
+def test_simulate_writes_a_manifest_and_its_json_answer(tmp_path):
+    result = run_cli(
+        ["simulate", "--preset", "checkfree-124m-geo-33pct", "--method", "checkpoint", "--method", "checkfree",
+         "--replications", "2", "--out", "out", "--json"],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    answer = strict_json_loads(result.stdout)
+    manifest = strict_json_loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["command"] == "simulate" and manifest["scenario"]["name"] == "checkfree-124m-geo-33pct"
+    assert manifest["methods"] == ["checkpoint", "checkfree"] and manifest["git_revision"]
+    assert answer["points"][0]["winner"] == manifest["verdict"]["points"][0]["winner"]
+    json.dumps(manifest, allow_nan=False)
