@@ -57,6 +57,18 @@ class SetbackSpec(StrictModel):
     ci95_low_iterations: float | None = Field(None, ge=0)
     ci95_high_iterations: float | None = Field(None, ge=0)
     num_samples: int = Field(0, ge=0)
+    per_progress_iteration: float = Field(0.0, ge=0)
+    """A setback that grows with training progress, as the convergence lab measures it: a rebuild at
+    progress p costs mean_iterations + per_progress_iteration × max(0, p − progress_offset_iterations)."""
+    per_progress_ci95_low: float | None = Field(None, ge=0)
+    per_progress_ci95_high: float | None = Field(None, ge=0)
+    progress_offset_iterations: float = Field(0.0, ge=0)
+    """Progress below which a rebuild costs only `mean_iterations` (early in training a rebuilt stage
+    re-learns within the lab's window)."""
+
+    def at_progress(self, progress_iterations: float) -> float:
+        """Baseline iterations one rebuild at this much training progress costs."""
+        return self.mean_iterations + self.per_progress_iteration * max(0.0, progress_iterations - self.progress_offset_iterations)
 
 
 class MethodSetbacks(StrictModel):
@@ -122,12 +134,13 @@ class ConvergenceSpec(StrictModel):
             raise ValueError(f"setbacks name unknown methods {unknown}; use method names from {list(METHOD_NAMES)}")
         return self
 
-    def setback_iterations(self, method: str, position: StagePosition) -> float:
-        """Mean setback in baseline iterations for one rebuild; 0 for methods that lose no progress this way."""
+    def setback_iterations(self, method: str, position: StagePosition, progress_iterations: float = 0.0) -> float:
+        """Mean setback in baseline iterations for one rebuild at `progress_iterations` of training
+        progress; 0 for methods that lose no progress this way."""
         setbacks = self.setbacks.get(method)
         if setbacks is None:
             return 0.0
-        return setbacks.for_position(position).mean_iterations * self.setback_scale
+        return setbacks.for_position(position).at_progress(progress_iterations) * self.setback_scale
 
 
 def stage_position(stage: int, num_stages: int) -> StagePosition:

@@ -50,16 +50,40 @@ def setback_spec_of(values: Sequence[float]) -> SetbackSpec:
     )
 
 
+def progress_setback_spec(failure_iterations: Sequence[float], setbacks: Sequence[float]) -> SetbackSpec:
+    """The setback as a function of training progress p: per_progress · max(0, p − offset), fitted by
+    least squares (the line's slope, with its 95 % interval, and where it crosses 0). When the slope is
+    not clearly positive (its interval holds 0), a constant: the mean and its interval."""
+    from scipy import stats
+
+    x = pd.Series(failure_iterations, dtype=float).to_numpy()
+    y = pd.Series(setbacks, dtype=float).to_numpy()
+    if len(y) >= 3 and len(set(x.tolist())) >= 2:
+        fit = stats.linregress(x, y)
+        half = float(stats.t.ppf(0.975, len(y) - 2)) * fit.stderr
+        if fit.slope - half > 0:
+            return SetbackSpec(
+                mean_iterations=0.0,
+                num_samples=len(y),
+                per_progress_iteration=float(fit.slope),
+                per_progress_ci95_low=float(fit.slope - half),
+                per_progress_ci95_high=float(fit.slope + half),
+                progress_offset_iterations=max(0.0, -float(fit.intercept) / float(fit.slope)),
+            )
+    return setback_spec_of(y.tolist())
+
+
 def lab_setbacks(rows: pd.DataFrame, *, source: str = "setback table") -> dict[str, MethodSetbacks]:
-    """Per method, interior and edge setbacks of the kept window."""
+    """Per method, interior and edge setbacks of the kept window, as functions of training progress."""
     _check(rows, source)
     kept = kept_window(rows)
     result = {}
     for method, frame in kept.groupby("method", sort=False):
-        by_position = {position: frame.loc[frame["position"] == position, "setback_iterations"] for position in ("interior", "edge")}
-        result[str(method)] = MethodSetbacks(
-            interior=setback_spec_of(by_position["interior"].tolist()), edge=setback_spec_of(by_position["edge"].tolist())
-        )
+        specs = {}
+        for position in ("interior", "edge"):
+            mine = frame[frame["position"] == position]
+            specs[position] = progress_setback_spec(mine["failure_iteration"].tolist(), mine["setback_iterations"].tolist())
+        result[str(method)] = MethodSetbacks(**specs)
     return result
 
 

@@ -41,17 +41,34 @@ def setback_normal_draw(*, seed: int, replication: int, method: str, position: S
 
 def has_interval(spec: SetbackSpec) -> bool:
     low, high = spec.ci95_low_iterations, spec.ci95_high_iterations
+    return (low is not None and high is not None and high > low) or _has_progress_interval(spec)
+
+
+def _has_progress_interval(spec: SetbackSpec) -> bool:
+    low, high = spec.per_progress_ci95_low, spec.per_progress_ci95_high
     return low is not None and high is not None and high > low
+
+
+def _two_piece(mean: float, low: float | None, high: float | None, z: float) -> float:
+    if low is None or high is None or not high > low:
+        return mean
+    half_width = (mean - low) if z < 0 else (high - mean)
+    return max(0.0, mean + z * max(half_width, 0.0) / Z_95)
 
 
 def setback_at(spec: SetbackSpec, z: float) -> float:
     """The setback at standard-normal quantile `z` of `spec`'s two-piece normal (module docstring)."""
-    if not has_interval(spec):
-        return spec.mean_iterations
-    mean = spec.mean_iterations
-    low, high = spec.ci95_low_iterations, spec.ci95_high_iterations
-    half_width = (mean - low) if z < 0 else (high - mean)  # type: ignore[operator]
-    return max(0.0, mean + z * max(half_width, 0.0) / Z_95)
+    return _two_piece(spec.mean_iterations, spec.ci95_low_iterations, spec.ci95_high_iterations, z)
+
+
+def spec_at(spec: SetbackSpec, z: float) -> SetbackSpec:
+    """`spec` with its mean and its growth with progress both at quantile `z` (one draw moves both)."""
+    return spec.model_copy(
+        update={
+            "mean_iterations": setback_at(spec, z),
+            "per_progress_iteration": _two_piece(spec.per_progress_iteration, spec.per_progress_ci95_low, spec.per_progress_ci95_high, z),
+        }
+    )
 
 
 def is_uncertain(convergence: ConvergenceSpec) -> bool:
@@ -71,7 +88,7 @@ def replication_convergence(convergence: ConvergenceSpec, *, seed: int, replicat
         for position in POSITIONS:
             spec = setbacks.for_position(position)
             z = setback_normal_draw(seed=seed, replication=replication, method=method, position=position)
-            specs[position] = spec.model_copy(update={"mean_iterations": setback_at(spec, z)})
+            specs[position] = spec_at(spec, z)
         drawn[method] = MethodSetbacks(**specs)
     return convergence.model_copy(update={"setbacks": drawn})
 

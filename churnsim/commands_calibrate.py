@@ -86,6 +86,7 @@ def calibrate_command(
     seeds: str = typer.Option("0,1", "--seeds", help="With --convergence: seeds of the paired no-failure runs, comma-separated (one process each)."),
     lab_iterations: int = typer.Option(1000, "--lab-iterations", help="With --convergence: length of each no-failure run; failures strike from 10 % of it on."),
     failure_points: int = typer.Option(16, "--failure-points", help="With --convergence: failure iterations per seed (each forks an interior and an edge stage)."),
+    setback_table: Optional[Path] = typer.Option(None, "--setback-table", help="With --convergence: fit an existing lab table (a *-setbacks.csv) instead of running the lab."),
 ) -> None:
     """Short real runs on this machine (or existing run records) → a calibration file."""
     import pandas as pd
@@ -103,7 +104,9 @@ def calibrate_command(
     if convergence:
         if runs or quick or methods:
             raise InputError("--convergence runs the convergence lab: drop --runs, --quick and --method")
-        calibrate_convergence(out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points)
+        calibrate_convergence(
+            out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points, table=setback_table
+        )
         return
     started = time.perf_counter()
     if runs:
@@ -166,7 +169,9 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def calibrate_convergence(out: Path, *, base: str, seeds: tuple[int, ...], num_iterations: int, num_failure_points: int) -> None:
+def calibrate_convergence(
+    out: Path, *, base: str, seeds: tuple[int, ...], num_iterations: int, num_failure_points: int, table: Path | None = None
+) -> None:
     """`calibrate --convergence`: the lab's per-rebuild table beside OUT, and OUT = BASE with measured setbacks."""
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.calibration_file import save_calibration
@@ -177,29 +182,41 @@ def calibrate_convergence(out: Path, *, base: str, seeds: tuple[int, ...], num_i
     if num_iterations < 50 or num_failure_points < 1:
         raise InputError("--lab-iterations must be >= 50 and --failure-points >= 1")
     calibration = resolve_calibration(base)
-    require_torch("the convergence lab")
-    from churnsim.real.convergence_lab import lab_settings, measure_setbacks
-    from churnsim.real.scenario_run import model_config
-
-    settings = lab_settings(
-        model_config(calibration.model),
-        num_stages=calibration.pipeline.num_stages,
-        num_microbatches=calibration.pipeline.num_microbatches,
-        microbatch_size=calibration.pipeline.microbatch_size,
-        num_iterations=num_iterations,
-        num_failure_points=num_failure_points,
-    )
     started = time.perf_counter()
-    console.print(
-        f"convergence lab: {len(seeds)} seed(s) × {num_iterations} iterations, {num_failure_points} failure points × "
-        f"{len(settings.methods)} methods × 2 positions, window {settings.window_iterations} iterations ..."
-    )
-    rows, curve, _ = measure_setbacks(settings, seeds, workers=min(len(seeds), os.cpu_count() or 1))
     table_path = out.with_name(f"{out.stem}-setbacks.csv")
+    if table is not None:
+        import pandas as pd
+
+        try:
+            rows = pd.read_csv(table)
+        except (OSError, ValueError) as error:
+            raise InputError(f"--setback-table {table}: cannot read it as CSV ({error.__class__.__name__}); give a lab table") from None
+        seeds = tuple(sorted(int(seed) for seed in rows["seed"].unique())) if "seed" in rows.columns else seeds
+        num_iterations = int(rows["failure_iteration"].max() + rows["window_iterations"].max()) if "failure_iteration" in rows.columns else 0
+        description = f"{calibration.name} model, lab table {table.name}, seeds {','.join(map(str, seeds))}"
+    else:
+        require_torch("the convergence lab")
+        from churnsim.real.convergence_lab import lab_settings, measure_setbacks
+        from churnsim.real.scenario_run import model_config
+
+        settings = lab_settings(
+            model_config(calibration.model),
+            num_stages=calibration.pipeline.num_stages,
+            num_microbatches=calibration.pipeline.num_microbatches,
+            microbatch_size=calibration.pipeline.microbatch_size,
+            num_iterations=num_iterations,
+            num_failure_points=num_failure_points,
+        )
+        console.print(
+            f"convergence lab: {len(seeds)} seed(s) × {num_iterations} iterations, {num_failure_points} failure points × "
+            f"{len(settings.methods)} methods × 2 positions, window {settings.window_iterations} iterations ..."
+        )
+        rows, curve, _ = measure_setbacks(settings, seeds, workers=min(len(seeds), os.cpu_count() or 1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        curve.to_csv(out.with_name(f"{out.stem}-lab-curve.csv"), index=False)
+        description = f"{calibration.name} model, seeds {','.join(map(str, seeds))}, {num_iterations}-iteration no-failure runs"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(table_path, index=False)
-    curve.to_csv(out.with_name(f"{out.stem}-lab-curve.csv"), index=False)
-    description = f"{calibration.name} model, seeds {','.join(map(str, seeds))}, {num_iterations}-iteration no-failure runs"
     measured = with_lab_setbacks(calibration, rows, description=description)
     provenance = measured.provenance.model_copy(
         update={**{key: value for key, value in provenance_fields().items() if key in type(measured.provenance).model_fields},

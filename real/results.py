@@ -85,21 +85,14 @@ def write_record(
         provenance_fields,
         write_run_record,
     )
-    from churnsim.calibration.scenario import ModelSpec, PipelineSpec
+    from churnsim.calibration.scenario import PipelineSpec
+
+    from .scenario_run import model_spec
 
     config = result.config
     model = config.model
     settings = RealRunSettings(
-        model=ModelSpec(
-            num_layers=model.num_layers,
-            hidden_size=model.dim,
-            num_heads=model.num_heads,
-            vocab_size=model.vocab_size,
-            sequence_length=model.seq_len,
-            ffn_hidden_size=model.ffn_hidden_dim,
-            weight_bytes_per_parameter=4.0,  # real runs train in fp32
-            activation_bytes_per_element=4.0,
-        ),
+        model=model_spec(model),
         pipeline=PipelineSpec(
             num_stages=config.num_stages,
             schedule=config.schedule,  # type: ignore[arg-type]

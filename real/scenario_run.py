@@ -50,6 +50,20 @@ def model_config(spec: ModelSpec) -> ModelConfig:
     )
 
 
+def model_spec(config: ModelConfig) -> ModelSpec:
+    """The contract model spec of a real model (the inverse of `model_config`; real runs train in fp32)."""
+    return ModelSpec(
+        num_layers=config.num_layers,
+        hidden_size=config.dim,
+        num_heads=config.num_heads,
+        vocab_size=config.vocab_size,
+        sequence_length=config.seq_len,
+        ffn_hidden_size=config.ffn_hidden_dim,
+        weight_bytes_per_parameter=FP32_BYTES,
+        activation_bytes_per_element=FP32_BYTES,
+    )
+
+
 def training_config(scenario: Scenario, method: MethodConfig, *, replication: int = 0) -> TrainingConfig:
     """The real run of `method` on `scenario` (one process per stage), failures from its churn model
     (`Scenario.only_method` picks the method of a scenario that lists several)."""

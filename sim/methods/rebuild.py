@@ -57,10 +57,10 @@ class RebuildPolicy(RecoveryPolicy):
         """What each of the stages lost together starts from (the contract's rule, not a copy of it)."""
         return plan_rebuild(self.config, lost, self.num_stages)
 
-    def setback_iterations(self, plan: RebuildPlan) -> float:
+    def setback_iterations(self, plan: RebuildPlan, progress: float) -> float:
         if plan.setback_method is None:
             return 0.0  # a stale reload, charged as lost work
-        return self.scenario.convergence.setback_iterations(plan.setback_method, plan.setback_position)
+        return self.scenario.convergence.setback_iterations(plan.setback_method, plan.setback_position, progress)
 
     def source_bytes(self, plan: RebuildPlan, source_index: int) -> float:
         """Bytes one source sends: its blocks, plus the CheckFree+ (de)embedding replica it holds."""
@@ -108,7 +108,7 @@ class RebuildPolicy(RecoveryPolicy):
         if restored:
             assert self.edge_checkpointer is not None
             stale_iterations = max(context.progress - self.edge_checkpointer.committed_progress, 0.0)
-        context.apply_setback(sum(self.setback_iterations(plan) for plan in plans.values()))
+        context.apply_setback(sum(self.setback_iterations(plan, context.progress) for plan in plans.values()))
         if restored:
             context.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))
             self.num_edge_restores += len(restored)

@@ -154,8 +154,19 @@ def test_setbacks_mode_takes_only_measured_setbacks_unscaled():
 
 
 def test_setbacks_mode_without_measured_setbacks_raises():
-    with pytest.raises(InputError, match="measured no setback from at least"):
+    with pytest.raises(InputError, match="none measured from at least"):
         apply_calibration(preset("checkfree-500m-geo-10pct"), _calibration(measured=False), mode="setbacks")
+
+
+def test_setbacks_that_grow_with_training_progress_are_not_carried_to_another_model():
+    calibration = _calibration(measured=True)
+    growing = {
+        method: setbacks.model_copy(update={"interior": setbacks.interior.model_copy(update={"per_progress_iteration": 0.4})})
+        for method, setbacks in calibration.convergence.setbacks.items()
+    }
+    calibration = calibration.model_copy(update={"convergence": calibration.convergence.model_copy(update={"setbacks": growing})})
+    with pytest.raises(InputError, match="grow with training progress"):
+        apply_calibration(preset("checkfree-500m-geo-10pct"), calibration, mode="setbacks")
 
 
 def test_unknown_mode_raises():

@@ -30,7 +30,17 @@ def test_known_setbacks_are_recovered_within_their_intervals():
     for (method, position), value in truth.items():
         spec = setbacks[method].for_position(position)
         assert spec.num_samples == 32  # the kept (longest) window only: 2 seeds × 16 failures
+        assert spec.per_progress_iteration == 0.0  # no growth with progress in this table: a constant
         assert spec.ci95_low_iterations <= value <= spec.ci95_high_iterations
+
+
+def test_a_setback_that_grows_with_progress_is_fitted_as_a_line_from_where_it_starts():
+    rows = _synthetic_table({("copy", "interior"): 0.0}, slope=0.3, noise=2.0)
+    # setback = 0.3 · (f − 500) here, so it starts at f = 500 (the table clips nothing: negative early)
+    spec = lab_setbacks(rows)["copy"].interior
+    assert spec.per_progress_ci95_low <= 0.3 <= spec.per_progress_ci95_high
+    assert spec.progress_offset_iterations == pytest.approx(500.0, rel=0.05)
+    assert spec.at_progress(400.0) == 0.0 and spec.at_progress(800.0) == pytest.approx(90.0, rel=0.1)
 
 
 def test_paired_differences_tell_methods_apart_only_when_they_differ():
