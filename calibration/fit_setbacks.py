@@ -16,7 +16,7 @@ import pandas as pd
 
 from .convergence import MethodSetbacks, SetbackSpec
 from .errors import InputError
-from .statistics import mean_with_ci95
+from .statistics import mean_with_ci95, t_quantile_975
 
 LAB_COLUMNS: tuple[str, ...] = (
     "seed", "method", "stage", "position", "failure_iteration", "window_iterations", "setback_iterations",
@@ -60,7 +60,7 @@ def progress_setback_spec(failure_iterations: Sequence[float], setbacks: Sequenc
     y = pd.Series(setbacks, dtype=float).to_numpy()
     if len(y) >= 3 and len(set(x.tolist())) >= 2:
         fit = stats.linregress(x, y)
-        half = float(stats.t.ppf(0.975, len(y) - 2)) * fit.stderr
+        half = t_quantile_975(len(y) - 2) * fit.stderr
         if fit.slope - half > 0:
             return SetbackSpec(
                 mean_iterations=0.0,
@@ -101,7 +101,7 @@ def setback_summary(rows: pd.DataFrame, *, source: str = "setback table") -> pd.
         slope = slope_low = slope_high = math.nan
         if len(values) >= 3 and frame["failure_iteration"].nunique() >= 2:
             fit = stats.linregress(frame["failure_iteration"].to_numpy(dtype=float), values)
-            half = stats.t.ppf(0.975, len(values) - 2) * fit.stderr
+            half = t_quantile_975(len(values) - 2) * fit.stderr
             slope, slope_low, slope_high = fit.slope, fit.slope - half, fit.slope + half
         out.append(
             dict(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
 import numpy as np
-from scipy import stats
 
 
 def mean_with_ci95(values: Iterable[float]) -> tuple[float, float, float]:
@@ -18,5 +18,14 @@ def mean_with_ci95(values: Iterable[float]) -> tuple[float, float, float]:
     mean = float(data.mean())
     if data.size == 1:
         return mean, mean, mean
-    half_width = float(stats.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
+    half_width = float(t_quantile_975(data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
     return mean, mean - half_width, mean + half_width
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile_975(degrees_of_freedom: int) -> float:
+    """The 97.5 % quantile of Student's t. scipy.stats is imported here, on first use: importing it
+    costs most of a second, which every command that never computes an interval would pay."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, degrees_of_freedom))
