@@ -181,8 +181,10 @@ class TrainingSpec(StrictModel):
     """cpu: gloo; cuda: NCCL, one GPU per stage process."""
     deterministic: bool = True
     """torch deterministic algorithms, one thread per stage: a rollback replays bit for bit."""
-    peer_timeout_s: float = Field(120.0, gt=0)
-    """Longest wait for a peer stage; a lost peer ends the run with an error."""
+    peer_timeout_s: float = Field(30.0, gt=0)
+    """Longest wait for a peer stage; a lost peer ends the run with an error. `churnsim real run`'s
+    launcher also ends the run, naming the rank, when a rank's heartbeat is older than half of it
+    (a stopped or frozen process)."""
 
 
 class Scenario(StrictModel):

@@ -153,4 +153,12 @@ def sweep(
     return Results(runs=result.runs, summary=result.summary, trajectories=result.trajectories, verdict=verdict, notes=verdict.caveats)
 
 
-__all__ = ["Results", "scenario_of", "simulate", "sweep", "whatif"]
+def recommend(scenario: Scenario | str | Path, *, replications: int | None = None, workers: int = 1):
+    """`churnsim recommend`: the best method with its knobs, its time to target and how robust the
+    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data)."""
+    from churnsim.sim.recommend import recommend as recommend_scenario
+
+    return recommend_scenario(scenario_of(scenario), replications=replications, workers=workers)
+
+
+__all__ = ["Results", "recommend", "scenario_of", "simulate", "sweep", "whatif"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -95,7 +96,7 @@ def real_run_command(
     from churnsim.extras import require_torch
 
     require_torch("a real run")
-    from churnsim.real.launch import launch_local
+    from churnsim.real.launch import RunAborted, launch_local
     from churnsim.real.scenario_run import check_fits_machine, training_config
 
     check_fits_machine(scenario)
@@ -107,6 +108,7 @@ def real_run_command(
             raise InputError("training.device = 'cuda': CUDA is not available on this machine; use --set training.device=cpu")
     console = Console(stderr=True)
     label = f"{method_config.name} × {config.num_stages} stages"
+    aborted = None
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
@@ -117,5 +119,11 @@ def real_run_command(
                 task, completed=row["iteration"] + 1, description=f"{label}, step {row['step']}, loss {row['train_loss']:.3f}"
             )
 
-        result = launch_local(config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume)
+        try:
+            result = launch_local(config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume)
+        except RunAborted as error:
+            aborted = error
+    if aborted is not None:  # one line, after the progress bar is gone
+        sys.stderr.write(f"churnsim: error: {aborted}\n")
+        raise typer.Exit(1)
     Console().print(summary_paragraph(result, out=out), soft_wrap=True)

@@ -183,6 +183,29 @@ def whatif_command(
     finish(out, result.notes if as_json else (), draw_figures=figures)
 
 
+@app.command("recommend")
+def recommend_command(
+    scenario_path: Optional[Path] = typer.Argument(None, metavar="[SCENARIO]", help="Scenario JSON file."),
+    preset_name: Optional[str] = typer.Option(None, "--preset", help="A built-in scenario (see `churnsim presets`)."),
+    replications: Optional[int] = typer.Option(None, "--replications", help="Replications per variant (default: the scenario's)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recommendation as strict JSON on stdout, for scripts."),
+) -> None:
+    """What to use: the best method and its knobs (checkpoint interval against Young/Daly, CheckFree's
+    edge fallback), its time to target, and whether the winner changes with the setbacks or the failure rate."""
+    from churnsim.recommend_report import show_recommendation
+    from churnsim.sim.recommend import recommend
+
+    scenario = load_scenario_argument(scenario_path, preset_name)
+    if replications is not None and replications < 1:
+        from churnsim.calibration.errors import InputError
+
+        raise InputError(f"--replications {replications}: must be >= 1")
+    console.print(f"recommending for {scenario.name} (methods, interval grids, then robustness cases)")
+    result = recommend(scenario, replications=replications, workers=workers, on_pass_done=lambda name: console.print(f"  done: {name}"))
+    show_recommendation(result, as_json=as_json)
+
+
 def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
     from churnsim.calibration.errors import InputError
 

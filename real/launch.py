@@ -10,13 +10,19 @@ record (calibration/run_record.py) when a run directory is given.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,80 @@ from .trainer import RankResult, TrainingConfig, train_stage
 # -- generic spawning (also used by the tests) ---------------------------------------------------
 
 
+HEARTBEAT_INTERVAL_S = 0.5
+"""How often each worker's heartbeat thread touches its file (launcher-side stall detection)."""
+_MIN_STALL_S = 2.0
+_GRACE_S = 2.0
+
+
+class RunAborted(RuntimeError):
+    """The launcher ended a run: a rank stopped making progress (its message is one line)."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(" ".join(message.split()))
+        self.rank = rank
+
+
+def stall_limit_s(timeout_s: float) -> float:
+    """Heartbeat age after which the launcher declares a rank stalled: half the peer timeout
+    (at least 2 s), so the launcher names the stalled rank before a healthy peer's wait times out."""
+    return max(_MIN_STALL_S, timeout_s / 2)
+
+
+def _heartbeat_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"heartbeat-{rank}")
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this process when its parent exits (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _start_heartbeat(directory: str, rank: int, launcher_pid: int) -> None:
+    """A daemon thread: touch this rank's heartbeat file every HEARTBEAT_INTERVAL_S, and end the
+    process if the launcher is gone (its parent changed or the launcher's pid no longer exists).
+
+    A stopped process (SIGSTOP) runs no threads, so its heartbeat ages: that is how the launcher
+    tells which rank stalled.
+    """
+    path = _heartbeat_path(directory, rank)
+    parent = os.getppid()
+
+    def launcher_alive() -> bool:
+        if os.getppid() != parent:
+            return False
+        try:
+            os.kill(launcher_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    def beat() -> None:
+        while True:
+            if not launcher_alive():
+                shutil.rmtree(directory, ignore_errors=True)  # the launcher cannot clean up any more
+                os.kill(os.getpid(), signal.SIGKILL)
+            try:
+                os.utime(path)
+            except OSError:
+                try:
+                    with open(path, "w") as file:
+                        file.write(str(os.getpid()))  # the file names the rank's process (tests, operators)
+                except OSError:
+                    pass
+            time.sleep(HEARTBEAT_INTERVAL_S)
+
+    threading.Thread(target=beat, name=f"churnsim-heartbeat-{rank}", daemon=True).start()
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -42,8 +122,11 @@ def _worker(
     timeout_s: float,
     function: Callable[..., Any],
     arguments: tuple[Any, ...],
-    result_path: str,
+    directory: str,
+    launcher_pid: int,
 ) -> None:
+    _die_with_parent()
+    _start_heartbeat(directory, rank, launcher_pid)
     communicator = init_process_group(
         rank=rank, world_size=world_size, device=device, timeout_s=timeout_s, master_addr="127.0.0.1", master_port=port
     )
@@ -51,10 +134,72 @@ def _worker(
         value = function(communicator, *arguments)
         gathered = communicator.gather_objects(value, destination=0)
         if rank == 0:
-            with open(result_path, "wb") as file:
+            with open(os.path.join(directory, "results.bin"), "wb") as file:
                 file.write(encode(gathered))  # JSON + raw tensors: reading it back runs no code
     finally:
         destroy_process_group()
+
+
+def _stalled_rank(directory: str, processes: list[Any], limit_s: float) -> tuple[int, float] | None:
+    """The live rank whose heartbeat is oldest, if older than `limit_s` (ranks not started yet and
+    ranks that already exited are skipped; a stopped process is alive)."""
+    now = time.time()
+    oldest: tuple[int, float] | None = None
+    for rank, process in enumerate(processes):
+        if not process.is_alive():
+            continue
+        try:
+            age = now - os.stat(_heartbeat_path(directory, rank)).st_mtime
+        except OSError:
+            continue
+        if age > limit_s and (oldest is None or age > oldest[1]):
+            oldest = (rank, age)
+    return oldest
+
+
+def _stall_error(rank: int, age_s: float) -> RunAborted:
+    return RunAborted(
+        f"stage/rank {rank} made no progress for {age_s:.1f} s (stopped or hung); the launcher ended the run", rank=rank
+    )
+
+
+def _end_processes(processes: list[Any]) -> None:
+    """SIGTERM every live worker, SIGKILL what is left after a grace period (a stopped process
+    ignores SIGTERM until it continues), and reap them all."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + _GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join()
+
+
+class _SignalsEndRun:
+    """While a run is in flight in the main thread, SIGTERM (and SIGHUP) raise SystemExit(128 + n)
+    instead of killing the launcher outright, so the workers are ended and temp files removed;
+    SIGINT already raises KeyboardInterrupt."""
+
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+    def __enter__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for number in self.SIGNALS:
+            if signal.getsignal(number) is signal.SIG_DFL:
+                self.previous[number] = signal.signal(number, self._raise)
+
+    @staticmethod
+    def _raise(number: int, _frame: Any) -> None:
+        raise SystemExit(128 + number)
+
+    def __exit__(self, *_: object) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 def run_distributed(
@@ -72,6 +217,12 @@ def run_distributed(
     server that imported torch and the trainer once (CPU), so later runs in the same interpreter
     start in a fraction of a second; CUDA runs use plain spawn, since forking after CUDA
     initialisation is unsafe. `poll()` is called every `poll_interval_s` while the ranks run (progress).
+
+    Processes and time: every worker touches a heartbeat file from a daemon thread; a rank whose
+    heartbeat is older than `stall_limit_s(timeout_s)` (a stopped or frozen process) ends the run
+    with `RunAborted` naming that rank. Workers die with the launcher (PR_SET_PDEATHSIG and a
+    watchdog on the launcher's pid); SIGTERM/SIGINT of the launcher end the workers and remove
+    the temp directory; any exit from here leaves no worker running.
     """
     if device == "cpu":
         start_method = "forkserver"
@@ -79,20 +230,33 @@ def run_distributed(
         multiprocessing.set_forkserver_preload(["torch", "churnsim.real.trainer", "churnsim.real.launch"])
     else:
         start_method = "spawn"
-    with tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
-        result_path = os.path.join(directory, "results.bin")
-        context = multiprocessing.start_processes(
-            _worker,
-            args=(world_size, find_free_port(), device, timeout_s, function, arguments, result_path),
-            nprocs=world_size,
-            join=False,
-            start_method=start_method,
-        )
-        while not context.join(timeout=poll_interval_s):
-            if poll is not None:
-                poll()
-        with open(result_path, "rb") as file:
-            return decode(file.read())
+    limit_s = stall_limit_s(timeout_s)
+    with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+        context = None
+        try:
+            context = multiprocessing.start_processes(
+                _worker,
+                args=(world_size, find_free_port(), device, timeout_s, function, arguments, directory, os.getpid()),
+                nprocs=world_size,
+                join=False,
+                start_method=start_method,
+            )
+            while True:
+                connection.wait([process.sentinel for process in context.processes], timeout=poll_interval_s)
+                # Stalls first: when a healthy peer's wait times out on a stopped rank, blame the stopped one.
+                stalled = _stalled_rank(directory, context.processes, limit_s)
+                if stalled is not None:
+                    context.processes[stalled[0]].kill()  # a stopped process ignores SIGTERM
+                    raise _stall_error(*stalled)
+                if context.join(timeout=0, grace_period=_GRACE_S):
+                    break
+                if poll is not None:
+                    poll()
+            with open(os.path.join(directory, "results.bin"), "rb") as file:
+                return decode(file.read())
+        finally:
+            if context is not None:
+                _end_processes(context.processes)
 
 
 def _train(

@@ -88,7 +88,7 @@ class TrainingConfig:
     corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
     held_out_fraction: float = 0.05
     device: str = "cpu"
-    timeout_s: float = 120.0
+    timeout_s: float = 30.0
     """Upper bound on any single wait for a peer; a lost peer ends the run with an error."""
     deterministic: bool = True
     num_threads: int = 1

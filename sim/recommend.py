@@ -1,0 +1,335 @@
+"""`churnsim recommend`: which method to use on one scenario, with its knobs, and how robust that is.
+
+1. Every real method of the scenario (neither the no-failure reference nor an ablation) runs at its
+   knobs; a method with an `edge_fallback` field (CheckFree) runs with `checkpoint` and `copy`.
+2. Each checkpoint-family method with a checkpoint interval gets an interval study: δ is its blocked
+   seconds per checkpoint read off the first pass's runs (stall / checkpoints taken), M the mean
+   time between failures of the whole pipeline (`mean_stage_failure_rate_per_s` × stages), Young's
+   √(2δM) and Daly's optimum in iterations, and a small grid of intervals around Daly's (factors
+   `INTERVAL_GRID_FACTORS`, plus Young's, Daly's and the scenario's own; around the scenario's own
+   interval where there is no δ or no failure). The grid point with the
+   lowest mean time to target is the simulated optimum; a fit W(K) = a + b/K + c·K to the grid's
+   means gives a smooth estimate beside it.
+3. The winner is the best variant of each method compared by `sim/verdict.py`'s rule (methods that
+   reached the target in every replication first, then the lowest mean time to target).
+4. Robustness: each method's best variant (knobs fixed) runs again with every setback scaled (0.5×,
+   2×) and the failure rate scaled (×0.5, ×2); each case says whether the winner changes.
+
+Common random numbers throughout: every variant and case of replication r sees the same failure
+path (for the same churn) and the same setback draws.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from churnsim.calibration.churn import PoissonChurn, StageHourlyChurn
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
+from churnsim.calibration.methods import MethodConfig
+from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.statistics import mean_with_ci95
+
+from .analytic import daly_interval_s, young_interval_s
+from .replicate import replication_tasks
+from .setback_sensitivity import sensitivity_methods
+from .sweep import SweepTask, run_sweep
+from .verdict import Estimate, _json_safe
+
+INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
+"""Multiples of Daly's interval (Young's where Daly's is missing) in the interval grid."""
+EDGE_FALLBACKS: tuple[str, ...] = ("checkpoint", "copy")
+SETBACK_SCALES: tuple[float, ...] = (0.5, 2.0)
+RATE_FACTORS: tuple[float, ...] = (0.5, 2.0)
+VARIANT = "recommend.variant"
+CASE = "recommend.case"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One method at one setting of its knobs."""
+
+    method: str
+    knobs: dict[str, Any]
+    """The knobs this variant sets (empty: the scenario's config as given)."""
+    fraction_reached: float | None
+    time_to_target_s: Estimate
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntervalStudy:
+    method: str
+    interval_field: str
+    checkpoint_cost_s: float | None
+    """δ: blocked seconds per checkpoint, from the runs."""
+    mean_time_between_failures_s: float | None
+    """M of the whole pipeline; None without failures."""
+    iteration_s: float | None
+    young_interval_iterations: float | None
+    daly_interval_iterations: float | None
+    scenario_interval_iterations: int
+    best_interval_iterations: int | None
+    """The grid point with the lowest mean time to target (the simulated optimum on the grid)."""
+    fitted_optimum_iterations: float | None
+    """√(b/c) of a fit a + b/K + c·K to the grid's mean times; None where the fit has no minimum."""
+    grid: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RobustnessCase:
+    uncertain_input: str
+    """`setback_scale` or `failure_rate`."""
+    factor: float
+    winner: str | None
+    winner_time_to_target_s: Estimate | None
+    winner_changes: bool | None
+    """None where the case could not be run (e.g. a churn model whose rate cannot be scaled)."""
+    note: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    scenario: str
+    replications: int
+    winner: str | None
+    winner_knobs: dict[str, Any]
+    winner_time_to_target_s: Estimate | None
+    cannot_be_told_apart_from: tuple[str, ...]
+    best_per_method: tuple[Candidate, ...]
+    """Each method's best variant, best first."""
+    interval_studies: tuple[IntervalStudy, ...]
+    edge_fallbacks: tuple[Candidate, ...]
+    robustness: tuple[RobustnessCase, ...]
+    caveats: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for `json.dumps(..., allow_nan=False)`: every missing number is None."""
+        return _json_safe(asdict(self))
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _variant_key(method: str, knobs: dict[str, Any]) -> str:
+    return method + "".join(f" {name}={value}" for name, value in sorted(knobs.items()))
+
+
+def _sort_key(candidate: Candidate) -> tuple[bool, float]:
+    mean = candidate.time_to_target_s.mean
+    return (candidate.fraction_reached != 1.0, mean if mean is not None else math.inf)
+
+
+def _tasks(scenario: Scenario, variants: dict[str, MethodConfig], case: str, replications: int) -> list[SweepTask]:
+    tasks = []
+    for key, method in variants.items():
+        point = Scenario.model_validate(scenario.model_copy(update={"methods": (method,), "replications": replications}).model_dump())
+        for task in replication_tasks(point):
+            tasks.append(SweepTask(task=task, settings={VARIANT: key, CASE: case}, keep_trajectories=False))
+    return tasks
+
+
+def _candidates(runs: pd.DataFrame, knobs: dict[str, dict[str, Any]], case: str) -> dict[str, Candidate]:
+    out = {}
+    for key, group in runs[runs[CASE] == case].groupby(VARIANT, sort=False):
+        mean, low, high = mean_with_ci95(group["time_to_target_s"].tolist())
+        out[str(key)] = Candidate(
+            method=str(group["method"].iloc[0]),
+            knobs=knobs[str(key)],
+            fraction_reached=_number(group["reached_target"].mean()),
+            time_to_target_s=Estimate(mean=_number(mean), ci95_low=_number(low), ci95_high=_number(high)),
+        )
+    return out
+
+
+def _best_per_method(candidates: Sequence[Candidate]) -> list[Candidate]:
+    best: dict[str, Candidate] = {}
+    for candidate in sorted(candidates, key=_sort_key):
+        best.setdefault(candidate.method, candidate)
+    return sorted(best.values(), key=_sort_key)
+
+
+def scaled_churn(scenario: Scenario, factor: float):
+    """The scenario's churn with its failure rate × `factor`; None for churn models without one rate."""
+    churn = scenario.churn
+    if isinstance(churn, StageHourlyChurn):
+        probability = 1.0 - (1.0 - churn.failure_probability_per_stage_hour) ** factor
+        return churn.model_copy(update={"failure_probability_per_stage_hour": probability})
+    if isinstance(churn, PoissonChurn):
+        return churn.model_copy(update={"failures_per_node_hour": churn.failures_per_node_hour * factor})
+    return None
+
+
+def _fitted_optimum(intervals: Sequence[int], means: Sequence[float]) -> float | None:
+    points = [(k, w) for k, w in zip(intervals, means) if w is not None]
+    if len(points) < 3:
+        return None
+    k = np.array([p[0] for p in points], dtype=float)
+    design = np.column_stack([np.ones(len(k)), 1.0 / k, k])
+    _, inverse, linear = np.linalg.lstsq(design, np.array([p[1] for p in points]), rcond=None)[0]
+    return float(math.sqrt(inverse / linear)) if inverse > 0 and linear > 0 else None
+
+
+def _interval_grid(center: float | None, extra: Sequence[float | None], factors: Sequence[float]) -> list[int]:
+    values = [center * factor for factor in factors] if center is not None else []
+    values += [value for value in extra if value is not None]
+    return sorted({max(1, round(value)) for value in values})
+
+
+def recommend(
+    scenario: Scenario,
+    *,
+    replications: int | None = None,
+    interval_grid_factors: Sequence[float] = INTERVAL_GRID_FACTORS,
+    setback_scales: Sequence[float] = SETBACK_SCALES,
+    rate_factors: Sequence[float] = RATE_FACTORS,
+    workers: int | None = None,
+    on_pass_done: Callable[[str], None] | None = None,
+) -> Recommendation:
+    """The best method of `scenario` with its knobs, its time to target, and how robust the choice is."""
+    replications = replications or scenario.replications
+    if replications < 1:
+        raise InputError(f"--replications {replications}: must be >= 1")
+    methods = sensitivity_methods(scenario)
+    if not methods:
+        raise InputError("the scenario has no method to recommend (only the no-failure reference or ablations)")
+    caveats: list[str] = []
+
+    # Pass 1: every method as given, and CheckFree's edge fallbacks.
+    variants: dict[str, MethodConfig] = {}
+    knobs: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        variants[_variant_key(method.name, {})], knobs[_variant_key(method.name, {})] = method, {}
+        if "edge_fallback" in type(method).model_fields:
+            for fallback in EDGE_FALLBACKS:
+                if fallback != getattr(method, "edge_fallback"):
+                    key = _variant_key(method.name, {"edge_fallback": fallback})
+                    variants[key], knobs[key] = method.model_copy(update={"edge_fallback": fallback}), {"edge_fallback": fallback}
+                    knobs[_variant_key(method.name, {})] = {"edge_fallback": getattr(method, "edge_fallback")}
+    runs = run_sweep(_tasks(scenario, variants, "base", replications), workers=workers).runs
+    if on_pass_done:
+        on_pass_done("methods")
+
+    # Pass 2: the interval grids.
+    num_stages = scenario.pipeline.num_stages
+    pipeline_rate_per_s = mean_stage_failure_rate_per_s(scenario.churn, num_stages=num_stages) * num_stages
+    mtbf_s = 1.0 / pipeline_rate_per_s if pipeline_rate_per_s > 0 else None
+    studies_in: list[tuple[MethodConfig, str, float | None, float | None, float | None, float | None, list[int]]] = []
+    grid_variants: dict[str, MethodConfig] = {}
+    for method in methods:
+        interval_field = type(method).checkpoint_interval_field
+        if interval_field is None or type(method).family != "checkpoint":
+            continue
+        current = int(getattr(method, interval_field))
+        own = runs[(runs[CASE] == "base") & (runs[VARIANT] == _variant_key(method.name, {}))]
+        taken = (own["iterations_executed"] / current).clip(lower=1)
+        delta_s = _number((own["checkpoint_stall_s"] / taken).median())
+        iteration_s = _number(own["healthy_iteration_time_s"].median())
+        young = daly = None
+        if delta_s and iteration_s and mtbf_s:
+            young = young_interval_s(delta_s, mtbf_s) / iteration_s
+            daly = daly_interval_s(delta_s, mtbf_s) / iteration_s
+        # Without a blocking δ (a non-blocking method) or without failures, the grid is around the scenario's interval.
+        center = daly if daly is not None else young if young is not None else float(current)
+        grid = _interval_grid(center, [young, daly, current], interval_grid_factors)
+        studies_in.append((method, interval_field, delta_s, iteration_s, young, daly, grid))
+        for interval in grid:
+            if interval != current:
+                key = _variant_key(method.name, {interval_field: interval})
+                grid_variants[key], knobs[key] = method.model_copy(update={interval_field: interval}), {interval_field: interval}
+        knobs[_variant_key(method.name, {})] = {interval_field: current}
+    if grid_variants:
+        runs = pd.concat([runs, run_sweep(_tasks(scenario, grid_variants, "base", replications), workers=workers).runs], ignore_index=True)
+        if on_pass_done:
+            on_pass_done("intervals")
+    base = _candidates(runs, knobs, "base")
+
+    studies = []
+    for method, interval_field, delta_s, iteration_s, young, daly, grid in studies_in:
+        rows = [next(c for c in base.values() if c.method == method.name and c.knobs.get(interval_field) == interval) for interval in grid]
+        best = min(rows, key=_sort_key)
+        studies.append(
+            IntervalStudy(
+                method=method.name, interval_field=interval_field, checkpoint_cost_s=delta_s,
+                mean_time_between_failures_s=mtbf_s, iteration_s=iteration_s,
+                young_interval_iterations=young, daly_interval_iterations=daly,
+                scenario_interval_iterations=int(getattr(method, interval_field)),
+                best_interval_iterations=int(best.knobs[interval_field]) if best.time_to_target_s.mean is not None else None,
+                fitted_optimum_iterations=_fitted_optimum(grid, [c.time_to_target_s.mean for c in rows]),
+                grid=tuple(rows),
+            )
+        )
+    for study in studies:
+        grid_intervals = [c.knobs[study.interval_field] for c in study.grid]
+        if len(grid_intervals) > 1 and study.best_interval_iterations in (min(grid_intervals), max(grid_intervals)):
+            caveats.append(
+                f"{study.method}: the best {study.interval_field} ({study.best_interval_iterations}) is at the edge of the grid "
+                f"{grid_intervals}; the optimum may lie beyond it"
+            )
+    edge = tuple(sorted((c for c in base.values() if "edge_fallback" in c.knobs), key=_sort_key))
+    ranked = _best_per_method(list(base.values()))
+    winner = ranked[0] if ranked and ranked[0].time_to_target_s.mean is not None else None
+    tied = tuple(c.method for c in ranked[1:] if winner is not None and winner.time_to_target_s.overlaps(c.time_to_target_s))
+    if winner is not None and winner.fraction_reached != 1.0:
+        caveats.append(f"{winner.method} reached the target in {winner.fraction_reached:.0%} of replications; its mean is optimistic")
+
+    # Pass 3: robustness, each method's best variant with its knobs fixed.
+    configs = {**variants, **grid_variants}
+    best_configs: dict[str, MethodConfig] = {}
+    for candidate in ranked:
+        key = next(k for k, config in configs.items() if config.name == candidate.method and knobs[k] == candidate.knobs)
+        best_configs[key] = configs[key]
+    cases: list[tuple[str, float, Scenario | None, dict[str, MethodConfig]]] = []
+    if any(config.uses_setbacks for config in best_configs.values()):
+        for scale in setback_scales:
+            convergence = scenario.convergence.model_copy(update={"setback_scale": scenario.convergence.setback_scale * scale})
+            cases.append(("setback_scale", scale, scenario.model_copy(update={"convergence": convergence}),
+                          {k: v for k, v in best_configs.items() if v.uses_setbacks}))
+    for factor in rate_factors:
+        churn = scaled_churn(scenario, factor)
+        cases.append(("failure_rate", factor, scenario.model_copy(update={"churn": churn}) if churn is not None else None, best_configs))
+    tasks = []
+    for name, factor, case_scenario, case_variants in cases:
+        if case_scenario is not None:
+            tasks += _tasks(case_scenario, case_variants, f"{name}×{factor:g}", replications)
+    if tasks:
+        runs = pd.concat([runs, run_sweep(tasks, workers=workers).runs], ignore_index=True)
+        if on_pass_done:
+            on_pass_done("robustness")
+    robustness = []
+    for name, factor, case_scenario, case_variants in cases:
+        if case_scenario is None:
+            robustness.append(RobustnessCase(uncertain_input=name, factor=factor, winner=None, winner_time_to_target_s=None,
+                                             winner_changes=None, note=f"churn kind {scenario.churn.kind!r} has no single rate to scale"))
+            continue
+        scaled = _candidates(runs, knobs, f"{name}×{factor:g}")
+        # Methods the case does not touch (no setbacks under a setback scale) keep their base result.
+        pool = [scaled.get(key, base[key]) for key in best_configs]
+        case_best = _best_per_method(pool)
+        case_winner = case_best[0] if case_best and case_best[0].time_to_target_s.mean is not None else None
+        robustness.append(
+            RobustnessCase(
+                uncertain_input=name, factor=factor,
+                winner=case_winner.method if case_winner else None,
+                winner_time_to_target_s=case_winner.time_to_target_s if case_winner else None,
+                winner_changes=(case_winner.method if case_winner else None) != (winner.method if winner else None),
+            )
+        )
+    if scenario.convergence.setback_source != "measured" and any(c.uses_setbacks for c in methods):
+        caveats.append(f"setbacks are not measured on this model (source: {scenario.convergence.setback_source}); see the setback_scale cases")
+    return Recommendation(
+        scenario=scenario.name, replications=replications,
+        winner=winner.method if winner else None, winner_knobs=dict(winner.knobs) if winner else {},
+        winner_time_to_target_s=winner.time_to_target_s if winner else None,
+        cannot_be_told_apart_from=tied, best_per_method=tuple(ranked), interval_studies=tuple(studies),
+        edge_fallbacks=edge, robustness=tuple(robustness), caveats=tuple(caveats),
+    )

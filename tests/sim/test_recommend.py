@@ -1,0 +1,85 @@
+"""`recommend` (sim/recommend.py) on the Young/Daly scenario of test_analytic.py, and `churnsim recommend --json`.
+
+Only the `checkpoint` method, one stage with a 1 s iteration, δ = 10 s, Poisson failures with
+M = 2000 s: Young's interval is 200 iterations, Daly's 193, and the simulated optimum lies near them
+(test_analytic.py). `recommend` must report Young/Daly from δ and M it reads off the runs and pick,
+on its grid around Daly's interval, the grid point nearest that optimum.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from churnsim.calibration.base import strict_json_loads
+from churnsim.sim.recommend import recommend
+
+from test_analytic import CHECKPOINT_S, one_stage_scenario
+
+MTBF_S = 2000.0
+
+
+def young_daly_scenario(target_iterations: int):
+    """test_analytic's scenario with a failure horizon of 100 000 s (its 1e9 s deadline would sample ~500 000 failures)."""
+    scenario = one_stage_scenario(mean_time_between_failures_s=MTBF_S, target_iterations=target_iterations)
+    return scenario.model_copy(update={"target": scenario.target.model_copy(update={"max_wall_clock_s": 100_000.0})})
+
+
+def test_recommend_picks_the_grid_interval_at_the_young_daly_optimum():
+    young = math.sqrt(2 * CHECKPOINT_S * MTBF_S)
+    daly = young * (1 + math.sqrt(CHECKPOINT_S / (2 * MTBF_S)) / 3 + CHECKPOINT_S / (18 * MTBF_S)) - CHECKPOINT_S
+    scenario = young_daly_scenario(20_000)
+    result = recommend(scenario, replications=30, interval_grid_factors=(0.5, 1.0, 2.0), setback_scales=(), rate_factors=(), workers=1)
+    (study,) = result.interval_studies
+    assert study.mean_time_between_failures_s == pytest.approx(MTBF_S)
+    assert study.checkpoint_cost_s == pytest.approx(CHECKPOINT_S, rel=0.05)
+    assert study.young_interval_iterations == pytest.approx(young, rel=0.05)
+    assert study.daly_interval_iterations == pytest.approx(daly, rel=0.05)
+    intervals = [candidate.knobs["interval_iterations"] for candidate in study.grid]
+    assert len(intervals) >= 4 and min(intervals) < 0.6 * young and max(intervals) > 1.8 * young
+    # The simulated optimum is ~190-200 s: of the grid, only the points at Young's and Daly's are near it.
+    assert abs(study.best_interval_iterations - young) <= 0.1 * young
+    assert study.fitted_optimum_iterations == pytest.approx(young, rel=0.30)
+    assert study.fitted_optimum_iterations == pytest.approx(daly, rel=0.30)
+    means = {c.knobs["interval_iterations"]: c.time_to_target_s.mean for c in study.grid}
+    assert means[study.best_interval_iterations] == min(means.values())
+    assert result.winner == "checkpoint"
+    assert result.winner_knobs == {"interval_iterations": study.best_interval_iterations}
+    assert result.winner_time_to_target_s.ci95_low <= result.winner_time_to_target_s.mean <= result.winner_time_to_target_s.ci95_high
+    assert result.robustness == ()
+
+
+def test_recommend_json_is_strict_and_names_the_robustness_cases(tmp_path):
+    scenario = young_daly_scenario(2_000)
+    (tmp_path / "scenario.json").write_text(scenario.model_dump_json(indent=2))
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "recommend", "scenario.json", "--replications", "2", "--workers", "1", "--json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    answer = strict_json_loads(result.stdout)  # the whole of stdout, nothing else
+    assert answer["command"] == "recommend"
+    assert answer["winner"] == "checkpoint"
+    assert set(answer["winner_knobs"]) == {"interval_iterations"}
+    assert answer["interval_studies"][0]["young_interval_iterations"] == pytest.approx(200, rel=0.05)
+    assert [(case["uncertain_input"], case["factor"]) for case in answer["robustness"]] == [("failure_rate", 0.5), ("failure_rate", 2.0)]
+    assert all(case["winner_changes"] is False for case in answer["robustness"])
+
+
+def test_the_api_recommends_for_a_scenario():
+    from churnsim import api
+
+    result = api.recommend(young_daly_scenario(2_000), replications=2)
+    assert result.winner == "checkpoint" and "interval_iterations" in result.winner_knobs
+
+
+def test_recommend_refuses_bad_replications_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "recommend", "--preset", "checkfree-500m-geo-10pct", "--replications", "0"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--replications 0" in result.stderr
