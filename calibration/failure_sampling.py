@@ -321,28 +321,54 @@ def failures_for_replication(
     return spec.sample(spec.max_time_s if horizon_s is None else horizon_s)
 
 
-class FailureCursor:
-    """Walks a failure path in time order for a run whose length is not known in advance (a real run).
+class LazyFailurePath:
+    """A replication's failure path, sampled only as far as it is read.
 
-    The path is sampled up to a horizon that doubles whenever the run gets past it; by the prefix
-    property (module docstring) a longer horizon only appends events, so the events handed out are
-    exactly those `failures_for_replication` gives for any horizon beyond them.
+    Iterating yields the events of `spec`'s path in time order; the path is sampled up to a horizon
+    that doubles whenever a reader gets past it (from `FIRST_HORIZON_S`, never beyond
+    `spec.max_time_s`). By the prefix property (module docstring) a longer horizon only appends events,
+    so every reader sees exactly the events `failures_for_replication` gives, and a run that ends
+    early never pays for sampling up to the 30-day cap. Several readers (the methods of one
+    replication) share the samples already drawn.
     """
 
-    _FIRST_HORIZON_S = 60.0
+    FIRST_HORIZON_S = 60.0
 
     def __init__(self, spec: FailurePathSpec) -> None:
         self.spec = spec
         self._horizon_s = 0.0
         self._events: tuple[FailureEvent, ...] = ()
-        self._next = 0
+
+    def __iter__(self):
+        index = 0
+        while True:
+            while index >= len(self._events):
+                if self._horizon_s >= self.spec.max_time_s:
+                    return
+                self.extend_to(max(self.FIRST_HORIZON_S, 2.0 * self._horizon_s))
+            yield self._events[index]
+            index += 1
+
+    def extend_to(self, horizon_s: float) -> None:
+        """Sample at least up to `horizon_s` (capped at the spec's end)."""
+        horizon_s = min(horizon_s, self.spec.max_time_s)
+        if horizon_s > self._horizon_s:
+            self._horizon_s = horizon_s
+            self._events = self.spec.sample(horizon_s)
+
+
+class FailureCursor:
+    """Walks a failure path in time order for a run whose length is not known in advance (a real run)."""
+
+    def __init__(self, spec: FailurePathSpec) -> None:
+        self.spec = spec
+        self._events = iter(LazyFailurePath(spec))
+        self._next: FailureEvent | None = next(self._events, None)
 
     def take_due(self, now_s: float) -> tuple[FailureEvent, ...]:
         """Events with time_s <= now_s not handed out before, in time order."""
-        while now_s >= self._horizon_s and self._horizon_s < self.spec.max_time_s:
-            self._horizon_s = max(self._FIRST_HORIZON_S, 2.0 * self._horizon_s, now_s * 1.5)
-            self._events = self.spec.sample(self._horizon_s)
-        start = self._next
-        while self._next < len(self._events) and self._events[self._next].time_s <= now_s:
-            self._next += 1
-        return self._events[start : self._next]
+        due = []
+        while self._next is not None and self._next.time_s <= now_s:
+            due.append(self._next)
+            self._next = next(self._events, None)
+        return tuple(due)

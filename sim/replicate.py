@@ -18,7 +18,7 @@ import pandas as pd
 
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.convergence import PowerLawLossCurve
-from churnsim.calibration.failure_sampling import failures_for_replication
+from churnsim.calibration.failure_sampling import FailurePathSpec, LazyFailurePath
 from churnsim.calibration.methods import METHOD_CONFIGS, MethodConfig, speedup_baselines
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.setback_uncertainty import replication_convergence
@@ -47,7 +47,8 @@ def replication_scenario(scenario: Scenario, replication: int) -> Scenario:
 
 def run_replication(task: ReplicationTask) -> list[RunResult]:
     """Every method of `task` on the same failure path and setback draws, sharing one iteration-model cache."""
-    failures = failures_for_replication(task.scenario, replication=task.replication)
+    # Sampled only as far as the longest run of this replication gets (shared by its methods).
+    failures = LazyFailurePath(FailurePathSpec.of(task.scenario, replication=task.replication))
     scenario = replication_scenario(task.scenario, task.replication)
     iteration_model = IterationModel()
     return [

@@ -31,7 +31,7 @@ from typing import Generator
 import simpy
 from simpy import Interrupt
 
-from churnsim.calibration.failure_sampling import FailureEvent
+from churnsim.calibration.failure_sampling import FailureEvent, LazyFailurePath
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
@@ -49,7 +49,7 @@ _CREDIT_TOLERANCE = 1e-9  # relative: an interrupt at the exact end of an iterat
 def simulate_run(
     scenario: Scenario,
     method_config: MethodConfig,
-    failures: tuple[FailureEvent, ...],
+    failures: tuple[FailureEvent, ...] | LazyFailurePath,
     *,
     replication: int = 0,
     seed: int = 0,
@@ -80,7 +80,7 @@ class Run:
         self,
         scenario: Scenario,
         policy: RecoveryPolicy,
-        failures: tuple[FailureEvent, ...],
+        failures: tuple[FailureEvent, ...] | LazyFailurePath,
         *,
         iteration_model: IterationModel,
         per_microbatch_everywhere: bool = False,
@@ -88,7 +88,8 @@ class Run:
         self.env = simpy.Environment()
         self.scenario = scenario
         self.policy = policy
-        self.failures = tuple(sorted(failures))
+        # A lazy path is already in time order and must not be sampled to its end up front.
+        self.failures = failures if isinstance(failures, LazyFailurePath) else tuple(sorted(failures))
         self.iteration_model = iteration_model
         self.per_microbatch_everywhere = per_microbatch_everywhere
         self.num_stages = scenario.pipeline.num_stages

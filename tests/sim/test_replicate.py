@@ -96,3 +96,21 @@ def test_runs_table_has_the_contract_columns():
     assert list(table.columns) == list(RUN_COLUMNS)
     total = table[[c for c in RUN_COLUMNS if c.endswith("_s") and c not in ("wall_clock_s", "time_to_target_s", "healthy_iteration_time_s")]].sum(axis=1)
     assert (abs(total - table["wall_clock_s"]) <= 1e-6 * table["wall_clock_s"]).all()
+
+
+def test_a_lazily_sampled_failure_path_gives_the_results_of_the_whole_path():
+    """Replications sample failures only as far as their runs get; results equal the eager path's."""
+    from churnsim.calibration.failure_sampling import FailurePathSpec, LazyFailurePath
+    from churnsim.calibration.presets import preset
+    from churnsim.sim.run import simulate_run
+
+    scenario = preset("checkfree-124m-geo-33pct")
+    for replication in (0, 1):
+        eager = failures_for_replication(scenario, replication=replication)
+        lazy = LazyFailurePath(FailurePathSpec.of(scenario, replication=replication))
+        for method in scenario.methods:
+            expected = simulate_run(scenario, method, eager, replication=replication)
+            got = simulate_run(scenario, method, lazy, replication=replication)
+            assert (got.wall_clock_s, got.failures, got.progress_iterations) == (expected.wall_clock_s, expected.failures, expected.progress_iterations), method.name
+        # Only as far as the longest run needed, not the 30-day cap.
+        assert lazy._horizon_s < scenario.target.max_wall_clock_s
