@@ -39,7 +39,7 @@ from .analytic import daly_interval_s, young_interval_s
 from .replicate import replication_tasks
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
-from .verdict import Estimate, _json_safe
+from .verdict import Estimate, _json_safe, finite_or_none
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 """Multiples of Daly's interval (Young's where Daly's is missing) in the interval grid."""
@@ -112,14 +112,6 @@ class Recommendation:
         return _json_safe(asdict(self))
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _variant_key(method: str, knobs: dict[str, Any]) -> str:
     return method + "".join(f" {name}={value}" for name, value in sorted(knobs.items()))
 
@@ -145,8 +137,8 @@ def _candidates(runs: pd.DataFrame, knobs: dict[str, dict[str, Any]], case: str)
         out[str(key)] = Candidate(
             method=str(group["method"].iloc[0]),
             knobs=knobs[str(key)],
-            fraction_reached=_number(group["reached_target"].mean()),
-            time_to_target_s=Estimate(mean=_number(mean), ci95_low=_number(low), ci95_high=_number(high)),
+            fraction_reached=finite_or_none(group["reached_target"].mean()),
+            time_to_target_s=Estimate(mean=finite_or_none(mean), ci95_low=finite_or_none(low), ci95_high=finite_or_none(high)),
         )
     return out
 
@@ -232,8 +224,8 @@ def recommend(
         current = int(getattr(method, interval_field))
         own = runs[(runs[CASE] == "base") & (runs[VARIANT] == _variant_key(method.name, {}))]
         taken = (own["iterations_executed"] / current).clip(lower=1)
-        delta_s = _number((own["checkpoint_stall_s"] / taken).median())
-        iteration_s = _number(own["healthy_iteration_time_s"].median())
+        delta_s = finite_or_none((own["checkpoint_stall_s"] / taken).median())
+        iteration_s = finite_or_none(own["healthy_iteration_time_s"].median())
         young = daly = None
         if delta_s and iteration_s and mtbf_s:
             young = young_interval_s(delta_s, mtbf_s) / iteration_s

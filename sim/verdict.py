@@ -36,7 +36,7 @@ STEADY_OVERHEAD_NOTE_RATIO = 1.10
 pays it on every iteration, whatever the failure rate."""
 
 
-def _number(value: Any) -> float | None:
+def finite_or_none(value: Any) -> float | None:
     """A finite float, or None (JSON has no NaN)."""
     try:
         number = float(value)
@@ -55,7 +55,7 @@ class Estimate:
 
     @classmethod
     def from_row(cls, row: pd.Series, mean: str, low: str, high: str) -> "Estimate":
-        values = [_number(row.get(column)) for column in (mean, low, high)]
+        values = [finite_or_none(row.get(column)) for column in (mean, low, high)]
         # One replication has no spread: its interval collapses to the mean rather than vanishing.
         return cls(mean=values[0], ci95_low=values[1] if values[1] is not None else values[0], ci95_high=values[2] if values[2] is not None else values[0])
 
@@ -129,7 +129,7 @@ def _standing(row: pd.Series) -> MethodStanding:
         method=method,
         label=method_label(method),
         role=method_role(method),
-        fraction_reached=_number(row.get("fraction_reached")),
+        fraction_reached=finite_or_none(row.get("fraction_reached")),
         time_to_target_s=Estimate.from_row(row, "time_to_target_mean_s", "time_to_target_ci95_low_s", "time_to_target_ci95_high_s"),
         speedup={baseline: Estimate.from_row(row, *speedup_columns(baseline)) for baseline in speedup_baselines() if speedup_columns(baseline)[0] in row},
     )
@@ -188,7 +188,7 @@ def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> Po
             speedup[baseline] = estimate if estimate is not None and estimate.mean is not None else None
     return PointVerdict(
         scenario=str(first["scenario"]),
-        failure_probability_per_stage_hour=_number(first.get(RATE_COLUMN)),
+        failure_probability_per_stage_hour=finite_or_none(first.get(RATE_COLUMN)),
         grid={column: _plain(first[column]) for column in grid_columns if column in rows.columns},
         winner=winner.method if winner else None,
         winner_label=winner.label if winner else None,
