@@ -259,11 +259,17 @@ def estimate_setbacks(
 
 
 def setback_spec(values: Sequence[float]) -> SetbackSpec:
-    """Mean and Student-t 95 % interval (clipped at 0) of measured setbacks; no interval from one sample."""
+    """Mean and Student-t 95 % interval of the finite measured setbacks, clipped at 0 (a rebuild that
+    cost nothing measurable: the raw values stay in their table); no interval from one sample."""
+    values = [float(value) for value in values if math.isfinite(value)]
+    if not values:
+        return SetbackSpec(mean_iterations=0.0, num_samples=0)
     mean, low, high = mean_with_ci95(values)
     if len(values) < 2:
-        return SetbackSpec(mean_iterations=mean, num_samples=len(values))
-    return SetbackSpec(mean_iterations=mean, ci95_low_iterations=max(0.0, low), ci95_high_iterations=high, num_samples=len(values))
+        return SetbackSpec(mean_iterations=max(mean, 0.0), num_samples=1)
+    return SetbackSpec(
+        mean_iterations=max(mean, 0.0), ci95_low_iterations=max(low, 0.0), ci95_high_iterations=max(high, 0.0), num_samples=len(values)
+    )
 
 
 def summarize_setbacks(samples: Sequence[SetbackSample]) -> dict[str, MethodSetbacks]:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .convergence import MethodSetbacks, SetbackSpec
 from .errors import InputError
+from .fit_convergence import setback_spec
 from .statistics import mean_with_ci95, t_quantile_975
 
 LAB_COLUMNS: tuple[str, ...] = (
@@ -34,20 +35,6 @@ def _check(rows: pd.DataFrame, source: str) -> None:
 def kept_window(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of the longest window: the setbacks a calibration keeps."""
     return rows[rows["window_iterations"] == rows["window_iterations"].max()]
-
-
-def setback_spec_of(values: Sequence[float]) -> SetbackSpec:
-    """Mean and 95 % interval of measured setbacks. A mean below 0 (a rebuild that cost nothing
-    measurable) is kept as 0 in the spec; the raw values stay in the table."""
-    values = [float(value) for value in values if math.isfinite(value)]
-    if not values:
-        return SetbackSpec(mean_iterations=0.0, num_samples=0)
-    mean, low, high = mean_with_ci95(values)
-    if len(values) < 2:
-        return SetbackSpec(mean_iterations=max(mean, 0.0), num_samples=1)
-    return SetbackSpec(
-        mean_iterations=max(mean, 0.0), ci95_low_iterations=max(low, 0.0), ci95_high_iterations=max(high, 0.0), num_samples=len(values)
-    )
 
 
 def progress_setback_spec(failure_iterations: Sequence[float], setbacks: Sequence[float]) -> SetbackSpec:
@@ -70,7 +57,7 @@ def progress_setback_spec(failure_iterations: Sequence[float], setbacks: Sequenc
                 per_progress_ci95_high=float(fit.slope + half),
                 progress_offset_iterations=max(0.0, -float(fit.intercept) / float(fit.slope)),
             )
-    return setback_spec_of(y.tolist())
+    return setback_spec(y.tolist())
 
 
 def lab_setbacks(rows: pd.DataFrame, *, source: str = "setback table") -> dict[str, MethodSetbacks]:
