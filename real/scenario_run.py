@@ -141,6 +141,8 @@ def check_fits_machine(scenario: Scenario, *, memory_bytes: float | None = None,
     footprint = estimate_footprint(scenario)
     available = available_memory_bytes() if memory_bytes is None else memory_bytes
     gib = 2**30
+    if not math.isfinite(footprint.memory_bytes):  # checked first: comparisons with inf/nan say nothing
+        raise InputError(f"scenario {scenario.name!r}: its size overflows; shrink the model")
     if footprint.memory_bytes > USABLE_MEMORY_FRACTION * available:
         raise InputError(
             f"scenario {scenario.name!r} needs about {footprint.memory_bytes / gib:.1f} GiB for a real run "
@@ -157,6 +159,4 @@ def check_fits_machine(scenario: Scenario, *, memory_bytes: float | None = None,
                 f"iterations: at least {best_case_s / 3600:.0f} h on this machine's {cores} CPU core(s); shrink the model "
                 "or the target (e.g. --set target.loss=null --set target.iterations=100), or set training.device=cuda"
             )
-    if not math.isfinite(footprint.memory_bytes):
-        raise InputError(f"scenario {scenario.name!r}: its size overflows; shrink the model")
     return footprint
