@@ -207,14 +207,14 @@ class Run:
                 goal -= self._credit(elapsed_s, iteration_time_s, goal)
                 if goal == 0:
                     self._fraction_done = self._in_flight_s = 0.0
-                self._book_training(start_s)
+                self._book_training(start_s, iteration_time_s)
                 if self.pending_failures or self._deadline_hit:
-                    context.ledger.interrupted_iteration_s += self._in_flight_s
+                    context.ledger.interrupted_iterations += self._fraction_done
                     self._fraction_done = self._in_flight_s = 0.0
                     raise
                 continue  # a state change: go on at the new iteration time
             self._training = False
-            self._book_training(start_s)
+            self._book_training(start_s, iteration_time_s)
             self._complete(goal)
             self._fraction_done = self._in_flight_s = 0.0
             goal = 0
@@ -238,10 +238,11 @@ class Run:
         context.ledger.iterations_executed += iterations
         context.trajectory.append((self.env.now, context.progress))
 
-    def _book_training(self, start_s: float) -> None:
+    def _book_training(self, start_s: float, iteration_time_s: float) -> None:
+        """Book the time since `start_s`, trained at `iteration_time_s` (the state's before any change)."""
         context = self.context
         elapsed_s = self.env.now - start_s
-        context.ledger.training_s += elapsed_s
+        context.ledger.book_training(elapsed_s, iteration_time_s)
         if elapsed_s > 0:
             degraded = context.pipeline_state is not context.healthy_state and context.pipeline_state != context.healthy_state
             context.span("degraded training" if degraded else "train", "degraded" if degraded else "train", start_s)
