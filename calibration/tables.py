@@ -135,6 +135,9 @@ VALIDATION_COLUMNS: tuple[str, ...] = (
 
 # spans.csv of a run record, or iteration_spans.csv of a simulation: drawn as a Gantt chart.
 GANTT_COLUMNS: tuple[str, ...] = ("stage", "kind", "microbatch", "start_s", "end_s")
+# Span kinds that move bytes between stages: they overlap the same stage's compute spans, so Gantt
+# charts and timelines put them on a track (or strip) of their own.
+COMMUNICATION_SPAN_KINDS: frozenset[str] = frozenset({"send", "receive", "send_wait"})
 
 
 def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:

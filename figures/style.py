@@ -11,6 +11,7 @@ from __future__ import annotations
 from matplotlib.axes import Axes
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, MethodConfigBase
+from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
 
 FIGURE_DPI = 150
 
@@ -79,7 +80,7 @@ SPAN_KIND_COLORS: dict[str, str] = {
     "send_wait": "#D0D0D0",
 }
 # Communication spans overlap compute on the same stage, so they are drawn as thin bars under it.
-COMMUNICATION_KINDS: frozenset[str] = frozenset({"send", "receive", "send_wait"})
+COMMUNICATION_KINDS: frozenset[str] = COMMUNICATION_SPAN_KINDS
 _EXTRA_KIND_COLORS = ("#DA8BC3", "#CCB974", "#64B5CD", "#8C8C8C")
 
 # Readable defaults for the figure-making entry points (used in a matplotlib.rc_context, never set globally).

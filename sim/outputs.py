@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,10 +15,12 @@ from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.setback_uncertainty import setback_source_note
+from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
 
 from .iteration import IterationResult
 from .results import RunResult
 from .route_notes import swapped_route_notes
+
 
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     """Caveats every output of this scenario must carry; the first names where its convergence
@@ -27,39 +30,98 @@ def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     return setbacks + swapped_route_notes(scenario)
 
 
+PIPELINE_TRACK = "pipeline (training, stalls, recoveries)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Slice:
+    name: str
+    category: str
+    start_us: float
+    end_us: float  # == start_us for an instant
+
+
 def chrome_trace(result: RunResult, iteration: IterationResult | None = None) -> dict:
     """The run's timeline in the Trace Event Format (opens in Perfetto and chrome://tracing).
 
-    Process 0 is the run (one thread per stage, thread S for the whole pipeline); process 1, when
-    given, is one healthy iteration at microbatch resolution.
+    Process 0 is the run, one named track (thread) each for the pipeline's trainer (training,
+    stalls, recoveries), every stage (its failures, the time another node ran it), every storage
+    tier (background flushes) and link (replica refreshes). Process 1, when given, is one healthy
+    iteration at microbatch resolution: per stage a compute track and a communication track.
+    Slices on one track nest properly (one inside another or apart, never partly overlapping):
+    a slice that would partly overlap goes to a numbered overflow track of the same name ("… #2").
     """
-    events: list[dict] = []
-    pipeline_thread = 1 + max([event.stage for event in result.timeline] + [0])
+    run_tracks: dict[str, list[_Slice]] = {PIPELINE_TRACK: []}
+    num_stages = 1 + max([event.stage for event in result.timeline] + [-1])
+    for stage in range(num_stages):
+        run_tracks[f"stage {stage}"] = []
     for event in result.timeline:
-        thread = pipeline_thread if event.stage < 0 else event.stage
-        common = {"name": event.name, "cat": event.category, "pid": 0, "tid": thread, "ts": event.start_s * 1e6}
-        if event.end_s > event.start_s:
-            events.append({**common, "ph": "X", "dur": (event.end_s - event.start_s) * 1e6})
-        else:
-            events.append({**common, "ph": "i", "s": "t"})
+        track = event.track or (PIPELINE_TRACK if event.stage < 0 else f"stage {event.stage}")
+        run_tracks.setdefault(track, []).append(
+            _Slice(name=event.name, category=event.category, start_us=event.start_s * 1e6, end_us=max(event.end_s, event.start_s) * 1e6)
+        )
+    processes = [(f"run: {result.method}, replication {result.replication}", run_tracks)]
     if iteration is not None:
+        iteration_tracks: dict[str, list[_Slice]] = {}
+        for stage in sorted({span.stage for span in iteration.spans}):
+            iteration_tracks[f"stage {stage} compute"] = []
+            iteration_tracks[f"stage {stage} communication"] = []
         for span in iteration.spans:
-            events.append(
-                {
-                    "name": f"{span.kind} mb{span.microbatch}" if span.microbatch >= 0 else span.kind,
-                    "cat": span.kind,
-                    "ph": "X",
-                    "pid": 1,
-                    "tid": span.stage,
-                    "ts": span.start_s * 1e6,
-                    "dur": (span.end_s - span.start_s) * 1e6,
-                }
+            part = "communication" if span.kind in COMMUNICATION_SPAN_KINDS else "compute"
+            iteration_tracks[f"stage {span.stage} {part}"].append(
+                _Slice(
+                    name=f"{span.kind} mb{span.microbatch}" if span.microbatch >= 0 else span.kind,
+                    category=span.kind,
+                    start_us=span.start_s * 1e6,
+                    end_us=span.end_s * 1e6,
+                )
             )
-    names = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"run: {result.method}, replication {result.replication}"}}]
-    names += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": pipeline_thread, "args": {"name": "pipeline"}}]
-    if iteration is not None:
-        names.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "one healthy iteration"}})
-    return {"traceEvents": names + events, "displayTimeUnit": "ms"}
+        processes.append(("one healthy iteration", iteration_tracks))
+
+    metadata: list[dict] = []
+    events: list[dict] = []
+    for pid, (process_name, tracks) in enumerate(processes):
+        metadata.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": process_name}})
+        metadata.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}})
+        tid = 0
+        for track_name, slices in tracks.items():
+            for lane_index, lane in enumerate(nested_lanes(slices)):
+                name = track_name if lane_index == 0 else f"{track_name} #{lane_index + 1}"
+                metadata.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+                metadata.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+                for piece in lane:
+                    common = {"name": piece.name, "cat": piece.category, "pid": pid, "tid": tid, "ts": piece.start_us}
+                    if piece.end_us > piece.start_us:
+                        events.append({**common, "ph": "X", "dur": piece.end_us - piece.start_us})
+                    else:
+                        events.append({**common, "ph": "i", "s": "t"})
+                tid += 1
+    return {"traceEvents": metadata + events, "displayTimeUnit": "ms"}
+
+
+def nested_lanes(slices: Iterable[_Slice]) -> list[list[_Slice]]:
+    """Split one track's slices into lanes in which any two slices nest or are apart; at least one lane.
+
+    Greedy, in start order (longer first on a tie, so an enclosing slice comes before what it
+    encloses): a slice goes to the first lane whose innermost open slice still open at its start
+    encloses it entirely, or where no slice is open then.
+    """
+    lanes: list[list[_Slice]] = [[]]
+    open_ends: list[list[float]] = [[]]  # per lane, the ends of the slices enclosing the current time
+    for piece in sorted(slices, key=lambda piece: (piece.start_us, -piece.end_us)):
+        for lane, ends in zip(lanes, open_ends):
+            while ends and ends[-1] <= piece.start_us:
+                ends.pop()
+            if not ends or piece.end_us <= ends[-1]:
+                break
+        else:
+            lanes.append([])
+            open_ends.append([])
+            lane, ends = lanes[-1], open_ends[-1]
+        lane.append(piece)
+        if piece.end_us > piece.start_us:
+            ends.append(piece.end_us)
+    return lanes
 
 
 def write_chrome_trace(path: str | Path, result: RunResult, iteration: IterationResult | None = None) -> Path:

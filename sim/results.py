@@ -22,6 +22,8 @@ class TimelineEvent:
     stage: int  # -1 for the whole pipeline
     start_s: float
     end_s: float
+    track: str | None = None
+    """The timeline track it belongs on (a storage tier, a link); None: its stage's, or the pipeline's."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -138,9 +138,11 @@ class RunContext:
             HandledFailure(time_s=event.time_s, stage=event.stage, kind=event.kind, handled_as=handled_as, iteration=int(self.progress))
         )
 
-    def span(self, name: str, category: str, start_s: float, *, end_s: float | None = None, stage: int = -1) -> None:
+    def span(
+        self, name: str, category: str, start_s: float, *, end_s: float | None = None, stage: int = -1, track: str | None = None
+    ) -> None:
         end = self.env.now if end_s is None else end_s
-        self.timeline.append(TimelineEvent(name=name, category=category, stage=stage, start_s=start_s, end_s=end))
+        self.timeline.append(TimelineEvent(name=name, category=category, stage=stage, start_s=start_s, end_s=end, track=track))
 
     def all_transfers_done(self, requests) -> simpy.Event:
         """Start `requests` ((link, bytes) pairs) in order; an event that fires as their `AllOf` would (cheaper)."""

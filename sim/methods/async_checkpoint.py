@@ -152,7 +152,12 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
 
     def _durable(self, context: "RunContext", snapshot: _Snapshot, level: int) -> None:
         self.num_durable[level] += 1
-        context.span(f"checkpoint {snapshot.number} durable at {self.levels[level]}", "flush", snapshot.created_s)
+        context.span(
+            f"checkpoint {snapshot.number} durable at {self.levels[level]}",
+            "flush",
+            snapshot.created_s,
+            track=f"storage tier {self.levels[level]}",
+        )
         if level in self.surviving_levels:
             if self.restore_point is None or snapshot.number > self.restore_point[0].number:
                 self.restore_point = (snapshot, level)

@@ -157,7 +157,8 @@ class CheckFreePlusPolicy(RebuildPolicy):
                 (context.node_link(last, last - 1), head_weight_bytes(self.scenario)),
             ]
         )
-        done.callbacks.append(lambda _event: context.span("(de)embedding replica refresh", "flush", start_s))
+        links = f"links 0→1, {last}→{last - 1}"
+        done.callbacks.append(lambda _event: context.span("(de)embedding replica refresh", "flush", start_s, track=links))
         self._refresh_done = done
         self._refresh_origin = context.iterations_executed
         self.num_refreshes += 1
