@@ -32,6 +32,7 @@ def plot_badput_breakdown(
     scenario: str | None = None,
     as_fraction: bool = True,
     methods: Sequence[str] | None = None,
+    legend: bool = True,
 ) -> dict[str, list[Artist]]:
     """Draw one stacked bar per method: goodput at the bottom, then each badput category.
 
@@ -42,6 +43,7 @@ def plot_badput_breakdown(
 
     Segments are means over replications of each run's share of its wall-clock (`as_fraction=True`,
     bars sum to 1) or of hours (`as_fraction=False`). Defaults: first scenario, highest failure rate.
+    `legend=False` leaves the legend to the caller (two panels, one legend).
 
     Returns {"bars": one BarContainer per category in `calibration.tables.TIME_CATEGORIES` order, each holding
     one bar per method (so methods × categories bars), "errorbars": [the goodput ErrorbarContainer]}.
@@ -82,14 +84,16 @@ def plot_badput_breakdown(
     errorbar = ax.errorbar(
         positions, mean, yerr=[mean - low, high - mean], fmt="none", ecolor="black", capsize=3, linewidth=1.0
     )
-    ax.set_xticks(positions, [method_label(method) for method in methods], rotation=20, ha="right", rotation_mode="anchor")
-    ax.set_ylabel("share of wall-clock time (fraction)" if as_fraction else "time (hours)")
+    ax.set_xticks(positions, [method_label(method) for method in methods], rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_ylabel("share of wall-clock time (fraction)" if as_fraction else "wall-clock time (hours)")
     if as_fraction:
         ax.set_ylim(0, 1.0)
-    ax.set_title(f"Where the time goes{rate_title_suffix(probability)}")
+    what = "Share of the wall-clock" if as_fraction else "Hours of wall-clock"
+    ax.set_title(f"{what}{rate_title_suffix(probability)}")
     style_axes(ax)
     ax.grid(False, axis="x")
-    # Legend outside the bars, top category first, matching the visual stacking order.
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if legend:
+        # Legend outside the bars, top category first, matching the visual stacking order.
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     return {"bars": bars, "errorbars": [errorbar]}

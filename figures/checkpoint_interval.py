@@ -12,13 +12,15 @@ from matplotlib.ticker import NullFormatter
 
 from churnsim.calibration.tables import INTERVAL_COLUMNS
 
-from .selection import SECONDS_PER_HOUR, require_columns, require_rows
-from .style import method_color, method_label, method_marker, method_style, ordered_methods, style_axes
+from .selection import SECONDS_PER_HOUR, rate_title_suffix, require_columns, require_rows
+from .style import legend_outside, method_color, method_label, method_marker, method_style, ordered_methods, style_axes
 
 INTERVAL_LABEL = "checkpoint interval K (iterations)"
 
 
-def plot_checkpoint_interval(ax: Axes, intervals: pd.DataFrame) -> dict[str, list[Artist]]:
+def plot_checkpoint_interval(
+    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan
+) -> dict[str, list[Artist]]:
     """Draw the checkpoint stall fraction against the checkpoint interval, sync against lazy async.
 
     How to read it: the share of wall-clock spent blocked by checkpoints falls as checkpoints get
@@ -26,9 +28,10 @@ def plot_checkpoint_interval(ax: Axes, intervals: pd.DataFrame) -> dict[str, lis
     behind forward/backward saves. Lines are simulated, large open markers are measured by a real
     benchmark (`source == "real"`).
 
-    `intervals` has the columns of `calibration.tables.INTERVAL_COLUMNS`. Returns {"lines": one
-    Line2D per method with simulated rows, "points": one PathCollection per method with real rows};
-    gids are method names.
+    `intervals` has the columns of `calibration.tables.INTERVAL_COLUMNS`; `failure_probability` is
+    the rate the simulated rows ran at (for the title; the table has no column for it). Without real
+    rows the legend says where they come from. Returns {"lines": one Line2D per method with
+    simulated rows, "points": one PathCollection per method with real rows}; gids are method names.
     """
     require_columns(intervals, INTERVAL_COLUMNS, "checkpoint_intervals")
     rows = intervals[np.isfinite(intervals["stall_fraction"].astype(float))]
@@ -60,16 +63,23 @@ def plot_checkpoint_interval(ax: Axes, intervals: pd.DataFrame) -> dict[str, lis
             )
             scatter.set_gid(method)
             points.append(scatter)
+    if not points:
+        ax.scatter(
+            [], [], s=70, marker="o", facecolors="none", edgecolors="#444444", linewidths=1.5,
+            label="measured: no rows with source = real;\nappend benchmarks/\nreal_checkpoint_overhead.py's CSV",
+        )  # fmt: skip
     _log_x_if_wide(ax, rows["interval_iterations"])
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel("checkpoint stall (% of wall-clock)")
-    ax.set_title("Checkpoint stall vs interval")
+    ax.set_title(f"Checkpoint stall vs interval{rate_title_suffix(failure_probability)}")
     style_axes(ax)
-    ax.legend(loc="upper right")
+    legend_outside(ax)
     return {"lines": lines, "points": points}
 
 
-def plot_optimal_interval(ax: Axes, intervals: pd.DataFrame) -> dict[str, list[Artist]]:
+def plot_optimal_interval(
+    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan
+) -> dict[str, list[Artist]]:
     """Draw simulated time to target against the checkpoint interval, with Young's and Daly's optima.
 
     How to read it: the lowest point of each line is the best interval the simulation found, with
@@ -111,9 +121,9 @@ def plot_optimal_interval(ax: Axes, intervals: pd.DataFrame) -> dict[str, list[A
     _log_x_if_wide(ax, rows["interval_iterations"])
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel("time to target loss (hours)")
-    ax.set_title("Time to target vs checkpoint interval")
+    ax.set_title(f"Time to target vs checkpoint interval{rate_title_suffix(failure_probability)}")
     style_axes(ax)
-    ax.legend(loc="upper center")
+    legend_outside(ax)
     return {"lines": lines, "bands": bands, "reference": reference}
 
 

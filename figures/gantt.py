@@ -20,6 +20,9 @@ COMMUNICATION_HEIGHT = 0.16
 COMMUNICATION_CENTRE = 0.31
 MIN_EDGE_WIDTH_FRACTION = 0.004  # narrower bars get no white separator, which would hide them
 MIN_LABEL_WIDTH_FRACTION = 0.025  # a bar narrower than this share of the iteration gets no microbatch number
+MIN_VISIBLE_WIDTH_FRACTION = 0.005
+"""Compute spans narrower than this share of the iteration are drawn this wide (a WAN iteration's
+compute is a hairline against its communication); the legend says so when it happens."""
 
 
 def plot_pipeline_gantt(
@@ -63,6 +66,8 @@ def plot_pipeline_gantt(
     bars: list[Artist] = []
     labels: list[Artist] = []
     total_width = max(length_s * scale, 1e-12)
+    widened = False
+    right = total_width
     for kind in known + others:
         chosen = kinds == kind
         communication = kind in COMMUNICATION_KINDS
@@ -70,10 +75,13 @@ def plot_pipeline_gantt(
         # Rows grow downwards (y inverted), so a positive centre is under the row's middle.
         centre = COMMUNICATION_CENTRE if communication else COMPUTE_CENTRE
         colour = span_kind_color(kind, others)
+        drawn_width = width[chosen] if communication else np.maximum(width[chosen], MIN_VISIBLE_WIDTH_FRACTION * total_width)
+        widened |= bool(np.any(drawn_width > width[chosen]))
+        right = max(right, float(np.max(start[chosen] + drawn_width, initial=0.0)))
         wide = width[chosen] >= MIN_EDGE_WIDTH_FRACTION * total_width
         container = ax.barh(
             stage[chosen] + centre,
-            width[chosen],
+            drawn_width,
             left=start[chosen],
             height=height,
             color=colour,
@@ -94,7 +102,7 @@ def plot_pipeline_gantt(
     stages = sorted(set(stage.tolist()))
     ax.set_yticks(stages, [f"stage {s}" for s in stages])
     ax.set_ylim(max(stages) + 0.5, min(stages) - 0.5)  # stage 0 on top
-    ax.set_xlim(0, total_width)
+    ax.set_xlim(0, right)
     ax.set_xlabel(f"time since the iteration's first span ({unit})")
     ax.set_ylabel("pipeline stage")
     title = "One pipeline iteration"
@@ -103,7 +111,11 @@ def plot_pipeline_gantt(
     ax.set_title(title)
     style_axes(ax)
     ax.grid(False, axis="y")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    minimum = f"{MIN_VISIBLE_WIDTH_FRACTION * total_width:.3g} {unit}"
+    ax.legend(
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+        title=f"compute spans shorter\nthan {minimum} are\ndrawn {minimum} wide" if widened else None, title_fontsize=8,
+    )  # fmt: skip
     return {"bars": bars, "labels": labels}
 
 

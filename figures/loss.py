@@ -20,7 +20,11 @@ from .selection import (
     select_methods,
     select_scenario,
 )
-from .style import method_style, ordered_methods, style_axes
+from .style import NOT_REACHED_TEXT, legend_outside, method_color, method_style, ordered_methods, style_axes
+
+LOSS_STEP = 0.01
+"""Largest loss change (nats/token) between two drawn points inside a segment: finer than a pixel."""
+MAX_POINTS_PER_SEGMENT = 400
 
 
 def plot_loss_vs_wallclock(
@@ -49,13 +53,15 @@ def plot_loss_vs_wallclock(
     """
     require_columns(trajectories, TRAJECTORY_COLUMNS, "trajectories")
     rows, scenario = select_scenario(trajectories, scenario)
-    curve = rows.groupby("progress_iterations")["loss"].mean().sort_index()
+    curve = _loss_curve(rows)
     rows, probability = select_failure_probability(rows, failure_probability)
     rows = rows[rows["replication"] == replication]
     rows = select_methods(rows, methods)
     require_rows(rows, f"the loss figure (replication {replication})")
 
     lines = []
+    not_reached = []
+    final_progress = rows.groupby("method")["progress_iterations"].max()
     for method in ordered_methods(rows["method"]):
         method_rows = rows[rows["method"] == method].sort_values("time_s", kind="stable")
         time_s, loss = _densify(
@@ -64,10 +70,10 @@ def plot_loss_vs_wallclock(
             method_rows["loss"].to_numpy(dtype=float),
             curve,
         )
-        (line,) = ax.plot(
-            time_s / SECONDS_PER_HOUR, loss, markevery=_marker_positions(len(time_s)), **method_style(method)
-        )
+        (line,) = ax.plot(time_s / SECONDS_PER_HOUR, loss, markevery=_marker_positions(time_s), **method_style(method))
         lines.append(line)
+        if not _reached(method_rows, target_loss, final_progress.max()):
+            not_reached.append(_mark_end(ax, time_s[-1] / SECONDS_PER_HOUR, loss[-1], method))
     target = []
     if target_loss is not None and np.isfinite(target_loss):
         target.append(
@@ -77,27 +83,75 @@ def plot_loss_vs_wallclock(
     ax.set_ylabel("training loss (nats/token)")
     ax.set_title(f"Loss vs wall-clock{rate_title_suffix(probability)}")
     style_axes(ax)
-    ax.legend(loc="upper right")
-    return {"lines": lines, "target": target}
+    legend_outside(ax)
+    return {"lines": lines, "target": target, "not_reached": not_reached}
+
+
+def _reached(method_rows: pd.DataFrame, target_loss: float | None, most_progress: float) -> bool:
+    """Whether the run got to the target: its last loss at the target loss when that is known, else
+    as far as the furthest run of the replication got (the target's iterations)."""
+    last = method_rows.iloc[-1]
+    if target_loss is not None and np.isfinite(target_loss):
+        return float(last["loss"]) <= target_loss + 1e-6 * max(abs(target_loss), 1.0)
+    return float(last["progress_iterations"]) >= most_progress - 1e-9
+
+
+def _mark_end(ax: Axes, hours: float, loss: float, method: str) -> Artist:
+    """× at the end of a run that gave up before the target, and the words saying so."""
+    (mark,) = ax.plot(
+        [hours], [loss], linestyle="none", marker="x", markersize=10, markeredgewidth=2.5, color=method_color(method),
+        gid=f"not_reached:{method}", label="_not_reached", zorder=4, clip_on=False,
+    )  # fmt: skip
+    ax.annotate(
+        NOT_REACHED_TEXT, (hours, loss), xytext=(-6, 8), textcoords="offset points", ha="right", va="bottom",
+        fontsize=8.5, color=method_color(method), bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
+    )  # fmt: skip
+    return mark
+
+
+def _loss_curve(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The scenario's loss against progress from every row of the table (all methods, rates and
+    replications: every method follows the same curve in progress), loss made non-increasing."""
+    curve = rows.groupby("progress_iterations")["loss"].mean().sort_index()
+    progress = curve.index.to_numpy(dtype=float)
+    loss = np.minimum.accumulate(curve.to_numpy(dtype=float))
+    return progress, loss
 
 
 def _densify(
-    time_s: np.ndarray, progress: np.ndarray, loss: np.ndarray, curve: pd.Series, points_per_segment: int = 8
+    time_s: np.ndarray, progress: np.ndarray, loss: np.ndarray, curve: tuple[np.ndarray, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Points inside each segment where progress is linear in time, loss read off the (progress, loss) curve."""
-    if len(time_s) < 2 or len(curve) < 3:
+    """Points inside each segment where progress grows linearly in time, their loss read off the
+    scenario's (progress, loss) curve, spaced at most `LOSS_STEP` apart in loss, so a long segment
+    (a run without failures has one) is drawn as the curve, not as chords above it. Exact at the
+    table's rows; between the curve's own points the loss is interpolated linearly in progress."""
+    curve_progress, curve_loss = curve
+    if len(time_s) < 2 or len(curve_progress) < 3:
         return time_s, loss
-    fractions = np.arange(points_per_segment) / points_per_segment  # (k,)
-    dense_time = (time_s[:-1, None] + np.diff(time_s)[:, None] * fractions).ravel()  # (segments · k,)
-    dense_progress = (progress[:-1, None] + np.diff(progress)[:, None] * fractions).ravel()
-    dense_loss = np.interp(dense_progress, curve.index.to_numpy(dtype=float), curve.to_numpy(dtype=float))
-    # The first point of every segment is a table row: keep its exact loss.
-    dense_loss[::points_per_segment] = loss[:-1]
-    return np.append(dense_time, time_s[-1]), np.append(dense_loss, loss[-1])
+    times, losses = [time_s[:1]], [loss[:1]]
+    for index in range(len(time_s) - 1):
+        t0, t1, p0, p1 = time_s[index], time_s[index + 1], progress[index], progress[index + 1]
+        inside = (curve_progress > p0) & (curve_progress < p1)
+        if p1 > p0 and t1 > t0:
+            steps = int(min(max(np.ceil(abs(loss[index] - loss[index + 1]) / LOSS_STEP), 1), MAX_POINTS_PER_SEGMENT))
+            # Points evenly spaced in loss where the curve is steep, plus the curve's own points.
+            levels = np.linspace(loss[index], loss[index + 1], steps + 1)[1:-1]
+            at_levels = np.interp(-levels, -curve_loss, curve_progress)
+            points = np.unique(np.clip(np.concatenate([at_levels, curve_progress[inside]]), p0, p1))
+            points = points[(points > p0) & (points < p1)]
+            if len(points) > MAX_POINTS_PER_SEGMENT:
+                points = points[np.linspace(0, len(points) - 1, MAX_POINTS_PER_SEGMENT).round().astype(int)]
+            times.append(t0 + (points - p0) / (p1 - p0) * (t1 - t0))
+            losses.append(np.interp(points, curve_progress, curve_loss))
+        times.append(time_s[index + 1 : index + 2])
+        losses.append(loss[index + 1 : index + 2])
+    return np.concatenate(times), np.concatenate(losses)
 
 
-def _marker_positions(num_points: int, num_markers: int = 8) -> list[int]:
-    """About `num_markers` evenly spaced markers: enough to tell lines apart without hiding them."""
-    if num_points <= num_markers:
-        return list(range(num_points))
-    return sorted(set(np.linspace(0, num_points - 1, num_markers).round().astype(int).tolist()))
+def _marker_positions(time_s: np.ndarray, num_markers: int = 8) -> list[int]:
+    """About `num_markers` markers evenly spaced in time (not in points, which crowd where the
+    curve is steep): enough to tell lines apart without hiding them."""
+    if len(time_s) <= num_markers:
+        return list(range(len(time_s)))
+    wanted = np.linspace(time_s[0], time_s[-1], num_markers)
+    return sorted(set(np.searchsorted(time_s, wanted).clip(0, len(time_s) - 1).tolist()))

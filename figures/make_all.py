@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import matplotlib
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -39,7 +40,7 @@ from .grid import grid_points
 from .loss import plot_loss_vs_wallclock
 from .selection import NothingToPlot
 from .setback_sensitivity import plot_setback_sensitivity, sensitivity_rates
-from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods
+from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods, shared_legend_below
 from .time_to_target import plot_speedup, plot_time_to_target
 from .validation import plot_validation
 
@@ -54,6 +55,10 @@ class FigureSpec:
     """Stems of the input table, first found wins (e.g. iteration_spans, then spans)."""
     columns: tuple[str, ...]
     build: Callable[[pd.DataFrame, "_Context"], Figure]
+    title: str | None = None
+    """The figure's title when neither its table nor the manifest names its scenario."""
+    manifest_scenario: bool = True
+    """Whether the manifest's scenario is the table's (validation.csv holds real runs of their own)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +72,18 @@ class FigureReport:
 class _Context:
     target_loss: float | None
     results_directory: Path | None = None
+    scenario_name: str | None = None
+    """From the manifest: the figure title when the table has no scenario column."""
+    interval_study_rate: float = math.nan
+    """From the manifest: the failure rate of checkpoint_intervals.csv's simulated rows."""
 
 
-def _single(width: float = 6.4, height: float = 4.2) -> tuple[Figure, object]:
+MAX_COLUMNS = 3
+"""Panels per row of a many-panel figure, so that it stays within a page width."""
+
+
+def _single(width: float = 8.2, height: float = 4.4) -> tuple[Figure, object]:
+    # Wide enough for the data plus a legend to the right of it.
     figure = Figure(figsize=(width, height), layout="constrained")
     return figure, figure.add_subplot()
 
@@ -89,7 +103,7 @@ def _time_to_target(summary: pd.DataFrame, context: _Context) -> Figure:
 
 
 def _speedup(summary: pd.DataFrame, context: _Context) -> Figure:
-    figure = Figure(figsize=(11.0, 4.2), layout="constrained")
+    figure = Figure(figsize=(11.0, 5.0), layout="constrained")
     baselines = speedup_baselines()
     axes = figure.subplots(1, len(baselines), squeeze=False)[0]
     reasons = []
@@ -102,35 +116,48 @@ def _speedup(summary: pd.DataFrame, context: _Context) -> Figure:
             ax.text(0.5, 0.5, f"no speed-up over {baseline}:\nno run of it reached the target", ha="center", va="center", transform=ax.transAxes)
     if len(reasons) == len(baselines):
         raise NothingToPlot("; ".join(reasons))
+    # One legend under both panels: inside either it would cover the curves.
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    shared_legend_below(figure, axes)
     return figure
 
 
 def _badput(runs: pd.DataFrame, context: _Context) -> Figure:
-    figure, ax = _single(8.0, 4.4)
-    plot_badput_breakdown(ax, runs)
+    figure = Figure(figsize=(13.0, 4.8), layout="constrained")
+    hours, shares = figure.subplots(1, 2)
+    plot_badput_breakdown(hours, runs, as_fraction=False, legend=False)
+    plot_badput_breakdown(shares, runs, as_fraction=True)
     return figure
 
 
 def _checkpoint_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_checkpoint_interval(ax, intervals)
+    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate)
     return figure
 
 
 def _optimal_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_optimal_interval(ax, intervals)
+    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate)
     return figure
 
 
 def _validation(validation: pd.DataFrame, context: _Context) -> Figure:
-    quantities = list(dict.fromkeys(validation["quantity"].astype(str)))
+    finite = validation[np.isfinite(validation["measured"].astype(float)) & np.isfinite(validation["predicted"].astype(float))]
+    quantities = list(dict.fromkeys(finite["quantity"].astype(str)))
     if not quantities:
-        raise NothingToPlot("the validation table is empty")
-    figure = Figure(figsize=(4.6 * len(quantities), 4.6), layout="constrained")
-    axes = figure.subplots(1, len(quantities), squeeze=False)[0]
+        raise NothingToPlot("the validation table has no finite measured and simulated pair")
+    columns = min(len(quantities), MAX_COLUMNS)
+    rows = math.ceil(len(quantities) / columns)
+    figure = Figure(figsize=(4.0 * columns, 3.7 * rows + 0.8), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
     for ax, quantity in zip(axes, quantities):
-        plot_validation(ax, validation, quantity=quantity)
+        plot_validation(ax, finite, quantity=quantity, legend=False)
+    for ax in axes[len(quantities) :]:
+        ax.set_axis_off()
+    shared_legend_below(figure, axes[: len(quantities)])
     return figure
 
 
@@ -163,7 +190,10 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(name="badput_breakdown", tables=("runs",), columns=RUN_COLUMNS, build=_badput),
     FigureSpec(name="checkpoint_interval", tables=("checkpoint_intervals",), columns=INTERVAL_COLUMNS, build=_checkpoint_interval),
     FigureSpec(name="optimal_interval", tables=("checkpoint_intervals",), columns=INTERVAL_COLUMNS, build=_optimal_interval),
-    FigureSpec(name="validation", tables=("validation",), columns=VALIDATION_COLUMNS, build=_validation),
+    FigureSpec(
+        name="validation", tables=("validation",), columns=VALIDATION_COLUMNS, build=_validation,
+        title="Validation: simulated against measured runs", manifest_scenario=False,
+    ),
     FigureSpec(name="pipeline_gantt", tables=("iteration_spans", "spans"), columns=GANTT_COLUMNS, build=_gantt),
     FigureSpec(name="setback_sensitivity", tables=("setback_sensitivity",), columns=SENSITIVITY_COLUMNS, build=_setback_sensitivity),
 )
@@ -178,36 +208,49 @@ def make_figures(results_directory: str | Path, output_directory: str | Path | N
     """
     results_directory = Path(results_directory)
     output_directory = Path(output_directory) if output_directory is not None else results_directory / "figures"
-    context = _Context(target_loss=_target_loss(results_directory), results_directory=results_directory)
     report = FigureReport()
+    for relative_path, figure in render_figures(results_directory, skipped=report.skipped):
+        target = output_directory / relative_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(target, dpi=FIGURE_DPI)
+        report.written.append(target)
+    return report
+
+
+def render_figures(results_directory: str | Path, *, skipped: list[tuple[str, str]] | None = None) -> list[tuple[Path, Figure]]:
+    """Every figure of `results_directory` as (relative PNG path, Figure), drawn but not saved;
+    `skipped` (when given) gets (figure name, reason) for each figure not made."""
+    results_directory = Path(results_directory)
+    context = _context(results_directory)
+    skipped = [] if skipped is None else skipped
+    figures: list[tuple[Path, Figure]] = []
     tables: dict[Path, pd.DataFrame] = {}
     for spec in FIGURES:
         path = _find_table(results_directory, spec.tables)
         if path is None:
-            report.skipped.append((spec.name, f"no {' or '.join(t + '.csv' for t in spec.tables)} in {results_directory}"))
+            skipped.append((spec.name, f"no {' or '.join(t + '.csv' for t in spec.tables)} in {results_directory}"))
             continue
         if path not in tables:
             tables[path] = read_table(path, spec.columns)
         if tables[path].empty:
-            report.skipped.append((spec.name, f"{path.name} has no rows"))
+            skipped.append((spec.name, f"{path.name} has no rows"))
             continue
         # A sweep's table holds several grid points: one figure each, in a folder named after it.
         for point in grid_points(tables[path], spec.columns):
-            directory = output_directory / point.directory if point.directory else output_directory
             name = f"{point.directory}/{spec.name}" if point.directory else spec.name
             try:
                 with matplotlib.rc_context(FIGURE_RC):
                     figure = spec.build(point.rows, context)
-                    if point.title:
-                        figure.suptitle(point.title)
-                    directory.mkdir(parents=True, exist_ok=True)
-                    target = directory / f"{spec.name}.png"
-                    figure.savefig(target, dpi=FIGURE_DPI)
+                    title = point.title or _title(spec, point.rows, context)
+                    if title:
+                        figure.suptitle(title, fontsize=FIGURE_RC["axes.titlesize"] + 1)
+                    # Draw now, inside the rc context, so the layout is final before anyone saves.
+                    figure.canvas.draw()
             except NothingToPlot as reason:
-                report.skipped.append((name, str(reason)))
+                skipped.append((name, str(reason)))
                 continue
-            report.written.append(target)
-    return report
+            figures.append((Path(f"{name}.png"), figure))
+    return figures
 
 
 def make_all_figures(results_directory: str | Path, output_directory: str | Path | None = None) -> list[Path]:
@@ -231,13 +274,38 @@ def _find_table(directory: Path, stems: tuple[str, ...]) -> Path | None:
     return None
 
 
-def _target_loss(directory: Path) -> float | None:
-    """The scenario's target loss from the directory's manifest.json, when it names one."""
-    manifest = directory / "manifest.json"
-    if not manifest.is_file():
-        return None
-    try:
-        loss = json.loads(manifest.read_text())["scenario"]["target"]["loss"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return float(loss) if isinstance(loss, (int, float)) and math.isfinite(loss) else None
+def _context(directory: Path) -> _Context:
+    """What the figures need from the directory's manifest.json (target loss, scenario name,
+    the interval study's failure rate), each left out when the manifest lacks it."""
+    manifest_path = directory / "manifest.json"
+    manifest: dict = {}
+    if manifest_path.is_file():
+        try:
+            loaded = json.loads(manifest_path.read_text())
+            manifest = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            manifest = {}
+    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), dict) else {}
+    target = scenario.get("target") if isinstance(scenario.get("target"), dict) else {}
+    name = scenario.get("name")
+    interval_study_rate = _finite_or_none(manifest.get("interval_study_rate"))
+    return _Context(
+        target_loss=_finite_or_none(target.get("loss")),
+        results_directory=directory,
+        scenario_name=name if isinstance(name, str) else None,
+        interval_study_rate=math.nan if interval_study_rate is None else interval_study_rate,
+    )
+
+
+def _finite_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _title(spec: FigureSpec, rows: pd.DataFrame, context: _Context) -> str | None:
+    """The scenario a figure shows: the table's scenario column, else the manifest's name (unless
+    the table's rows are runs of their own, as validation.csv's are), else the spec's title."""
+    if "scenario" in rows.columns and not rows.empty:
+        return str(rows["scenario"].iloc[0])
+    if spec.manifest_scenario and context.scenario_name:
+        return context.scenario_name
+    return spec.title

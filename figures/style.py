@@ -162,3 +162,56 @@ def style_axes(ax: Axes) -> None:
 def percent(probability: float) -> str:
     """0.1 → '10 %'; trims needless decimals."""
     return f"{100.0 * probability:.3g} %"
+
+
+def legend_outside(ax: Axes, **keywords) -> None:
+    """The legend to the right of the axes, top-aligned, so it never covers data (constrained layout
+    makes room for it)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **keywords)
+
+
+def shared_legend_below(figure, axes) -> None:
+    """One legend under all `axes` for the entries they draw (each label once, in drawing order)."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    # Methods in their fixed order whichever panel drew them first; other entries after them.
+    order = {name: index for index, name in enumerate(METHOD_NAMES)}
+    entries = dict(sorted(entries.items(), key=lambda item: order.get(str(item[1].get_gid()), len(order))))
+    if entries:
+        figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(len(entries), 5))
+
+
+NOT_REACHED_TEXT = "did not reach target"
+
+
+NOT_REACHED_ROW_HEIGHT = 0.055
+"""Axes fraction per row of × marks in the strip `make_room_for_not_reached` adds above the data."""
+
+
+def mark_not_reached(ax: Axes, x_values, method: str, *, row: int = 0) -> list:
+    """An × in the method's colour near the top of the axes above each of `x_values` (data units):
+    the method did not reach the target there. `row` stacks the marks of several methods downwards;
+    call `make_room_for_not_reached` once all data is drawn so the marks sit above it."""
+    if len(x_values) == 0:
+        return []
+    transform = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    y = 1.0 - NOT_REACHED_ROW_HEIGHT * (row + 0.6)
+    (marks,) = ax.plot(
+        list(x_values), [y] * len(x_values), transform=transform, linestyle="none", marker="x", markersize=8,
+        markeredgewidth=2.0, color=method_color(method), gid=f"not_reached:{method}", clip_on=False, label="_not_reached",
+    )  # fmt: skip
+    return [marks]
+
+
+def make_room_for_not_reached(ax: Axes, rows: int) -> None:
+    """Raise the top of the y axis so that `rows` rows of × marks fit above every data point."""
+    low, high = ax.get_ylim()
+    strip = NOT_REACHED_ROW_HEIGHT * rows + 0.01
+    ax.set_ylim(low, high + (high - low) * strip / (1.0 - strip))
+
+
+def add_not_reached_key(ax: Axes) -> None:
+    """One legend entry for every × of `mark_not_reached` (their colour names the method)."""
+    ax.plot([], [], linestyle="none", marker="x", markersize=8, markeredgewidth=2.0, color="#444444", label=f"× {NOT_REACHED_TEXT}")

@@ -23,7 +23,17 @@ from .selection import (
     select_methods,
     select_scenario,
 )
-from .style import method_color, method_label, method_style, ordered_methods, style_axes
+from .style import (
+    add_not_reached_key,
+    legend_outside,
+    make_room_for_not_reached,
+    mark_not_reached,
+    method_color,
+    method_label,
+    method_style,
+    ordered_methods,
+    style_axes,
+)
 
 RATE_LABEL = "failure probability per stage (%/h)"
 
@@ -56,7 +66,7 @@ def plot_time_to_target(
     )
     ax.set_ylabel("time to target loss (hours)")
     ax.set_title("Time to target vs failure rate")
-    ax.legend(loc="best")
+    legend_outside(ax)
     return drawn
 
 
@@ -86,11 +96,10 @@ def plot_speedup(
     rows, _ = select_scenario(summary, scenario)
     rows = select_methods(rows, methods)
     mean_column, low_column, high_column = speedup_columns(baseline)
-    finite = rows[np.isfinite(rows[mean_column].astype(float))]
-    methods = [method for method in ordered_methods(finite["method"]) if method != baseline]
+    methods = [method for method in ordered_methods(rows["method"]) if method != baseline]
     drawn = _lines_against_rate(
         ax,
-        finite,
+        rows,
         mean_column=mean_column,
         low_column=low_column,
         high_column=high_column,
@@ -101,7 +110,7 @@ def plot_speedup(
     drawn["reference"] = [ax.axhline(1.0, color="#444444", linestyle="--", linewidth=1.0)]
     ax.set_ylabel(f"speed-up over {method_label(baseline)} (×)")
     ax.set_title(f"Speed-up over {method_label(baseline)}")
-    ax.legend(loc="best")
+    legend_outside(ax)
     return drawn
 
 
@@ -116,13 +125,17 @@ def _lines_against_rate(
     methods: list[str],
     what: str,
 ) -> dict[str, list[Artist]]:
-    rows = rows[np.isfinite(rows[RATE_COLUMN].astype(float)) & np.isfinite(rows[mean_column].astype(float))]
-    rows = rows[rows["method"].isin(methods)]
-    require_rows(rows, what)
+    rows = rows[np.isfinite(rows[RATE_COLUMN].astype(float)) & rows["method"].isin(methods)]
+    reached = np.isfinite(rows[mean_column].astype(float))
+    require_rows(rows[reached], what)
     lines: list[Artist] = []
     bands: list[Artist] = []
+    not_reached: list[Artist] = []
     for method in methods:
-        method_rows = rows[rows["method"] == method].sort_values(RATE_COLUMN)
+        missing = rows[(rows["method"] == method) & ~reached]
+        # A rate at which no replication reached the target has no mean: an × at the top says so.
+        not_reached += mark_not_reached(ax, 100.0 * missing[RATE_COLUMN].to_numpy(dtype=float), method, row=len(not_reached))
+        method_rows = rows[(rows["method"] == method) & reached].sort_values(RATE_COLUMN)
         if method_rows.empty:
             continue
         rate_percent = 100.0 * method_rows[RATE_COLUMN].to_numpy(dtype=float)
@@ -143,6 +156,32 @@ def _lines_against_rate(
         bands.append(band)
     if not lines:
         raise NothingToPlot(f"no rows to plot for {what}")
+    _label_partial_reach(ax, rows, mean_column, scale, methods)
+    if not_reached:
+        make_room_for_not_reached(ax, len(not_reached))
+        add_not_reached_key(ax)
     ax.set_xlabel(RATE_LABEL)
     style_axes(ax)
-    return {"lines": lines, "bands": bands}
+    return {"lines": lines, "bands": bands, "not_reached": not_reached}
+
+
+def _label_partial_reach(ax: Axes, rows: pd.DataFrame, mean_column: str, scale: float, methods: list[str]) -> None:
+    """'7/10' beside each point whose mean covers only the replications that reached the target;
+    labels at one failure rate are spread apart vertically so they never overlap."""
+    if "fraction_reached" not in rows or "num_replications" not in rows:
+        return
+    partial = rows[(rows["fraction_reached"].astype(float) < 1.0) & np.isfinite(rows[mean_column].astype(float))]
+    low, high = ax.get_ylim()
+    spacing = 0.04 * (high - low)
+    for rate, at_rate in partial.groupby(RATE_COLUMN):
+        placed = -np.inf
+        for _, row in at_rate.assign(y=scale * at_rate[mean_column].astype(float)).sort_values("y").iterrows():
+            if row["method"] not in methods:
+                continue
+            y = max(float(row["y"]), placed + spacing)
+            placed = y
+            total = float(row["num_replications"])
+            ax.annotate(
+                f"{round(float(row['fraction_reached']) * total):.0f}/{total:.0f}", (100.0 * float(rate), y),
+                xytext=(8, 0), textcoords="offset points", fontsize=7.5, color=method_color(str(row["method"])), va="center",
+            )  # fmt: skip

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
 from .selection import require_columns, require_rows
-from .style import method_color, method_label, method_marker, ordered_methods, style_axes
+from .style import legend_outside, method_color, method_label, method_marker, ordered_methods, style_axes
 
 TOLERANCE = 0.05  # the ±5 % band
 
@@ -24,7 +24,9 @@ def quantity_label(quantity: str) -> str:
     return f"{quantity.replace('_', ' ')} (unitless)"
 
 
-def plot_validation(ax: Axes, validation: pd.DataFrame, *, quantity: str | None = None) -> dict[str, list[Artist]]:
+def plot_validation(
+    ax: Axes, validation: pd.DataFrame, *, quantity: str | None = None, legend: bool = True
+) -> dict[str, list[Artist]]:
     """Draw each held-out run's predicted value against its measured value, coloured by method.
 
     How to read it: points on the diagonal are perfect predictions; points inside the shaded band
@@ -32,6 +34,7 @@ def plot_validation(ax: Axes, validation: pd.DataFrame, *, quantity: str | None 
 
     `validation` has the columns of `calibration.tables.VALIDATION_COLUMNS`. With `quantity` given,
     only its rows are drawn (the axes carry its unit); otherwise every quantity shares log–log axes.
+    `legend=False` leaves the legend to the caller (several panels, one legend).
 
     Returns {"points": one PathCollection per method (gid = method), "identity": [the y = x
     Line2D], "band": [the ±5 % PolyCollection]}.
@@ -88,9 +91,15 @@ def plot_validation(ax: Axes, validation: pd.DataFrame, *, quantity: str | None 
         ax.set_ylabel("simulated value (same unit, log scale)")
     measured, predicted = rows["measured"].to_numpy(dtype=float), rows["predicted"].to_numpy(dtype=float)
     nonzero = measured != 0
-    error = float(np.mean(np.abs(predicted[nonzero] - measured[nonzero]) / np.abs(measured[nonzero]))) if nonzero.any() else float("nan")
     subject = quantity_label(quantities[0]).split(" (")[0] if len(quantities) == 1 else "all quantities"
-    ax.set_title(f"Validation: {subject} (mean |error| {100 * error:.1f} %)")
+    if nonzero.any():
+        error = float(np.mean(np.abs(predicted[nonzero] - measured[nonzero]) / np.abs(measured[nonzero])))
+        summary = f"mean |error| {100 * error:.1f} %"
+    else:
+        # A relative error of a measured 0 is undefined: say so instead of printing "nan %".
+        summary = f"measured all 0; mean simulated {np.mean(predicted):.3g}"
+    ax.set_title(f"{subject}\n{summary}")
     style_axes(ax)
-    ax.legend(loc="upper left")
+    if legend:
+        legend_outside(ax)
     return {"points": points, "identity": [identity], "band": [band]}
