@@ -18,6 +18,7 @@ from typing import Callable
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from churnsim.calibration.methods import speedup_baselines
@@ -244,8 +245,8 @@ def render_figures(results_directory: str | Path, *, skipped: list[tuple[str, st
                     title = point.title or _title(spec, point.rows, context)
                     if title:
                         figure.suptitle(title, fontsize=FIGURE_RC["axes.titlesize"] + 1)
-                    # Draw now, inside the rc context, so the layout is final before anyone saves.
-                    figure.canvas.draw()
+                    # Draw now with Agg, inside the rc context, so the layout is final before anyone saves.
+                    FigureCanvasAgg(figure).draw()
             except NothingToPlot as reason:
                 skipped.append((name, str(reason)))
                 continue
