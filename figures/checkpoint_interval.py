@@ -13,7 +13,18 @@ from matplotlib.ticker import NullFormatter
 from churnsim.calibration.tables import INTERVAL_COLUMNS
 
 from .selection import SECONDS_PER_HOUR, rate_title_suffix, require_columns, require_rows
-from .style import legend_outside, method_color, method_label, method_marker, method_style, ordered_methods, style_axes
+from .style import (
+    add_not_reached_key,
+    legend_outside,
+    make_room_for_not_reached,
+    mark_not_reached,
+    method_color,
+    method_label,
+    method_marker,
+    method_style,
+    ordered_methods,
+    style_axes,
+)
 
 INTERVAL_LABEL = "checkpoint interval K (iterations)"
 
@@ -88,14 +99,23 @@ def plot_optimal_interval(
     from the synchronous checkpoint cost δ and the pipeline's mean time between failures M. Close
     agreement says the simple formula is enough for this setup.
 
+    An interval at which no replication reached the target gets an × at the top.
+
     Returns {"lines": one Line2D per method, "bands": one PolyCollection per method, "reference":
-    the Young and Daly Line2Ds that are finite}.
+    the Young and Daly Line2Ds that are finite, "not_reached": the × marks}.
     """
     require_columns(intervals, INTERVAL_COLUMNS, "checkpoint_intervals")
-    rows = intervals[(intervals["source"] == "simulated") & np.isfinite(intervals["time_to_target_mean_s"].astype(float))]
+    simulated = intervals[intervals["source"] == "simulated"]
+    reached = np.isfinite(simulated["time_to_target_mean_s"].astype(float))
+    rows = simulated[reached]
     require_rows(rows, "the optimal-interval figure (no simulated interval reached the target)")
     lines: list[Artist] = []
     bands: list[Artist] = []
+    not_reached: list[Artist] = []
+    for method in ordered_methods(simulated["method"]):
+        # An interval at which no replication reached the target (within the wall-clock limit): ×.
+        missing = simulated[~reached & (simulated["method"] == method)]
+        not_reached += mark_not_reached(ax, missing["interval_iterations"].to_numpy(dtype=float), method, row=len(not_reached))
     for method in ordered_methods(rows["method"]):
         method_rows = rows[rows["method"] == method].sort_values("interval_iterations")
         interval = method_rows["interval_iterations"].to_numpy(dtype=float)
@@ -118,13 +138,16 @@ def plot_optimal_interval(
             reference.append(
                 ax.axvline(value, color="#444444", linestyle=linestyle, linewidth=1.1, label=f"{name} optimum ≈ {value:.0f} iterations", gid=name)
             )
-    _log_x_if_wide(ax, rows["interval_iterations"])
+    _log_x_if_wide(ax, simulated["interval_iterations"])
+    if not_reached:
+        make_room_for_not_reached(ax, len(not_reached))
+        add_not_reached_key(ax)
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel("time to target loss (hours)")
     ax.set_title(f"Time to target vs checkpoint interval{rate_title_suffix(failure_probability)}")
     style_axes(ax)
     legend_outside(ax)
-    return {"lines": lines, "bands": bands, "reference": reference}
+    return {"lines": lines, "bands": bands, "reference": reference, "not_reached": not_reached}
 
 
 def _first_finite(column: pd.Series) -> float:

@@ -197,7 +197,7 @@ def mark_not_reached(ax: Axes, x_values, method: str, *, row: int = 0) -> list:
     if len(x_values) == 0:
         return []
     transform = ax.get_xaxis_transform()  # x in data, y in axes fraction
-    y = 1.0 - NOT_REACHED_ROW_HEIGHT * (row + 0.6)
+    y = 1.0 - NOT_REACHED_ROW_HEIGHT * (row + 0.5)
     (marks,) = ax.plot(
         list(x_values), [y] * len(x_values), transform=transform, linestyle="none", marker="x", markersize=8,
         markeredgewidth=2.0, color=method_color(method), gid=f"not_reached:{method}", clip_on=False, label="_not_reached",
@@ -208,8 +208,12 @@ def mark_not_reached(ax: Axes, x_values, method: str, *, row: int = 0) -> list:
 def make_room_for_not_reached(ax: Axes, rows: int) -> None:
     """Raise the top of the y axis so that `rows` rows of × marks fit above every data point."""
     low, high = ax.get_ylim()
-    strip = NOT_REACHED_ROW_HEIGHT * rows + 0.01
+    strip = NOT_REACHED_ROW_HEIGHT * rows + 0.03
+    # No value ticks in the strip (the × are not values) and a rule under it.
+    ticks = [tick for tick in ax.get_yticks() if low <= tick <= high]
     ax.set_ylim(low, high + (high - low) * strip / (1.0 - strip))
+    ax.set_yticks(ticks)
+    ax.axhline(high, color="#BBBBBB", linewidth=0.8, linestyle="-", zorder=0.5, gid="not_reached_rule")
 
 
 def add_not_reached_key(ax: Axes) -> None:

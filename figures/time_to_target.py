@@ -172,7 +172,7 @@ def _label_partial_reach(ax: Axes, rows: pd.DataFrame, mean_column: str, scale: 
         return
     partial = rows[(rows["fraction_reached"].astype(float) < 1.0) & np.isfinite(rows[mean_column].astype(float))]
     low, high = ax.get_ylim()
-    spacing = 0.04 * (high - low)
+    spacing = 0.05 * (high - low)
     for rate, at_rate in partial.groupby(RATE_COLUMN):
         placed = -np.inf
         for _, row in at_rate.assign(y=scale * at_rate[mean_column].astype(float)).sort_values("y").iterrows():
