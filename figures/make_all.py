@@ -150,15 +150,10 @@ def _validation(validation: pd.DataFrame, context: _Context) -> Figure:
     quantities = list(dict.fromkeys(finite["quantity"].astype(str)))
     if not quantities:
         raise NothingToPlot("the validation table has no finite measured and simulated pair")
-    columns = min(len(quantities), MAX_COLUMNS)
-    rows = math.ceil(len(quantities) / columns)
-    figure = Figure(figsize=(4.0 * columns, 3.7 * rows + 0.8), layout="constrained")
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    figure, axes = _panels(len(quantities), width=4.0, height=3.7)
     for ax, quantity in zip(axes, quantities):
         plot_validation(ax, finite, quantity=quantity, legend=False)
-    for ax in axes[len(quantities) :]:
-        ax.set_axis_off()
-    shared_legend_below(figure, axes[: len(quantities)])
+    shared_legend_below(figure, axes)
     return figure
 
 
@@ -177,11 +172,22 @@ def _setback_sensitivity(table: pd.DataFrame, context: _Context) -> Figure:
     rates = sensitivity_rates(table)
     crossovers_path = _find_table(context.results_directory, ("setback_crossovers",)) if context.results_directory else None
     crossovers = read_table(crossovers_path, CROSSOVER_COLUMNS) if crossovers_path is not None else None
-    figure = Figure(figsize=(5.6 * len(rates), 4.4), layout="constrained")
-    axes = figure.subplots(1, len(rates), squeeze=False)[0]
+    figure, axes = _panels(len(rates), width=4.3, height=3.9)
     for ax, rate in zip(axes, rates):
-        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers)
+        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers, legend=False)
+    shared_legend_below(figure, axes)
     return figure
+
+
+def _panels(count: int, *, width: float, height: float) -> tuple[Figure, list]:
+    """`count` panels in rows of at most MAX_COLUMNS (unused cells hidden), room below for a legend."""
+    columns = min(count, MAX_COLUMNS)
+    rows = math.ceil(count / columns)
+    figure = Figure(figsize=(width * columns, height * rows + 0.8), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[count:]:
+        ax.set_axis_off()
+    return figure, list(axes[:count])
 
 
 FIGURES: tuple[FigureSpec, ...] = (

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter
 
 from churnsim.calibration.tables import CROSSOVER_COLUMNS, SENSITIVITY_COLUMNS
 
@@ -23,7 +24,7 @@ from .selection import (
     select_methods,
     select_scenario,
 )
-from .style import method_color, method_style, ordered_methods, style_axes
+from .style import legend_outside, method_color, method_style, ordered_methods, style_axes
 
 
 def plot_setback_sensitivity(
@@ -34,6 +35,7 @@ def plot_setback_sensitivity(
     crossovers: pd.DataFrame | None = None,
     scenario: str | None = None,
     methods: Sequence[str] | None = None,
+    legend: bool = True,
 ) -> dict[str, list[Artist]]:
     """Draw hours to the target loss against the setback scale, one line per method, at one failure rate.
 
@@ -46,7 +48,7 @@ def plot_setback_sensitivity(
     `table` has `calibration.tables.SENSITIVITY_COLUMNS` (setback_sensitivity.csv); the rate
     defaults to the highest in it. Returns {"lines": one Line2D per method, "bands": one band per
     method, "winners": the rings, "crossovers": the vertical lines}; lines and bands carry the method
-    name as gid.
+    name as gid. `legend=False` leaves the legend to the caller (several panels, one legend).
     """
     require_columns(table, SENSITIVITY_COLUMNS, "setback sensitivity")
     rows, scenario = select_scenario(table, scenario)
@@ -78,9 +80,11 @@ def plot_setback_sensitivity(
     ax.set_xscale("log", base=2)
     ax.set_xlabel("setback scale (× every rebuild's setback)")
     ax.set_ylabel("time to target loss (hours)")
-    ax.set_title("Time to target vs setback scale" + rate_title_suffix(probability))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+    ax.set_title("Time to target vs setback scale\n" + rate_title_suffix(probability).strip())
     style_axes(ax)
-    ax.legend(loc="best")
+    if legend:
+        legend_outside(ax)
     return drawn
 
 

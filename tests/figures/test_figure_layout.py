@@ -19,6 +19,7 @@ from churnsim.figures.make_all import render_figures
 from churnsim.figures.style import FIGURE_DPI, NOT_REACHED_TEXT
 
 from test_figures import _intervals, _runs, _spans, _summary, _validation
+from test_setback_sensitivity_figure import _crossovers, _table
 
 MAX_WIDTH_PX = 2400
 
@@ -38,6 +39,7 @@ def _results_directory(tmp_path, *, not_reached: bool = True):
     for name, table in {
         "runs": runs, "summary": summary, "trajectories": trajectories, "checkpoint_intervals": _intervals(),
         "validation": _validation_with_a_measured_zero(), "iteration_spans": _spans(),
+        "setback_sensitivity": _setback_sensitivity_at_four_rates(), "setback_crossovers": _crossovers(),
     }.items():  # fmt: skip
         table.to_csv(tmp_path / f"{name}.csv", index=False)
     manifest = {"scenario": {"name": "tiny-10pct", "target": {"loss": 3.0}}, "interval_study_rate": 0.1}
@@ -54,6 +56,11 @@ def _trajectories() -> pd.DataFrame:
             time_s = np.linspace(0, 10_000 * (1 + rate) * last_progress / 200, len(progress))
             rows += [("tiny", rate, method, 0, t, p, 6.0 / (1 + 0.005 * p)) for t, p in zip(time_s, progress)]
     return pd.DataFrame(rows, columns=list(TRAJECTORY_COLUMNS))
+
+
+def _setback_sensitivity_at_four_rates() -> pd.DataFrame:
+    table = _table()
+    return pd.concat([table, table.assign(failure_probability_per_stage_hour=table["failure_probability_per_stage_hour"] / 2)])
 
 
 def _validation_with_a_measured_zero() -> pd.DataFrame:
@@ -74,7 +81,7 @@ def figures(tmp_path_factory):
 def test_every_figure_of_a_whatif_is_made(figures):
     assert set(figures) == {
         "loss_vs_wallclock", "time_to_target", "speedup", "badput_breakdown", "checkpoint_interval",
-        "optimal_interval", "validation", "pipeline_gantt",
+        "optimal_interval", "validation", "pipeline_gantt", "setback_sensitivity",
     }  # fmt: skip
 
 
@@ -154,8 +161,9 @@ def test_badput_shows_hours_and_shares(figures):
     assert hours.get_ylim()[1] > 1.0 and shares.get_ylim() == (0.0, 1.0)
 
 
-def test_validation_panels_wrap_at_three_per_row(figures):
-    visible = [ax for ax in figures["validation"].axes if ax.axison]
+@pytest.mark.parametrize("name", ["validation", "setback_sensitivity"])
+def test_many_panels_wrap_at_three_per_row(figures, name):
+    visible = [ax for ax in figures[name].axes if ax.axison]
     assert len(visible) == 4
     assert len({round(ax.get_position().y0, 3) for ax in visible}) == 2
 
