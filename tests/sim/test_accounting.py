@@ -52,20 +52,26 @@ def test_redundant_runs_on_the_wan_testbed_train_degraded_and_book_less_communic
     assert saw_degraded_training
 
 
-def test_a_state_faster_than_healthy_lowers_communication_and_books_no_slowdown():
+def split(bookings, *, progress, compute_only_s, bubble_fraction, wall_clock_s):
+    """split_time of a run that trained `bookings` ((seconds, iteration time) pairs), healthy at 10 s."""
     ledger = Ledger()
-    ledger.iterations_executed = 10
-    ledger.book_training(8 * 10.0, 10.0)  # 8 iterations healthy
-    ledger.book_training(2 * 6.0, 6.0)  # 2 iterations in a state 4 s faster
-    goodput_s, badput = split_time(
+    ledger.iterations_executed = progress
+    for seconds, iteration_time_s in bookings:
+        ledger.book_training(seconds, iteration_time_s)
+    return split_time(
         ledger,
-        progress_iterations=10,
+        progress_iterations=progress,
         healthy_iteration_time_s=10.0,
         reference_iteration_time_s=10.0,
-        compute_only_iteration_time_s=2.0,
-        compute_only_bubble_fraction=0.5,
-        wall_clock_s=92.0,
+        compute_only_iteration_time_s=compute_only_s,
+        compute_only_bubble_fraction=bubble_fraction,
+        wall_clock_s=wall_clock_s,
     )
+
+
+def test_a_state_faster_than_healthy_lowers_communication_and_books_no_slowdown():
+    # 8 iterations healthy, 2 in a state 4 s faster.
+    goodput_s, badput = split([(8 * 10.0, 10.0), (2 * 6.0, 6.0)], progress=10, compute_only_s=2.0, bubble_fraction=0.5, wall_clock_s=92.0)
     assert goodput_s == pytest.approx(10.0)
     assert badput["bubble_s"] == pytest.approx(10.0)
     assert badput["degraded_slowdown_s"] == 0.0
@@ -73,19 +79,7 @@ def test_a_state_faster_than_healthy_lowers_communication_and_books_no_slowdown(
 
 
 def test_a_state_slower_than_healthy_is_degraded_slowdown():
-    ledger = Ledger()
-    ledger.iterations_executed = 4
-    ledger.book_training(2 * 10.0, 10.0)
-    ledger.book_training(2 * 15.0, 15.0)
-    goodput_s, badput = split_time(
-        ledger,
-        progress_iterations=4,
-        healthy_iteration_time_s=10.0,
-        reference_iteration_time_s=10.0,
-        compute_only_iteration_time_s=10.0,
-        compute_only_bubble_fraction=0.0,
-        wall_clock_s=50.0,
-    )
+    goodput_s, badput = split([(2 * 10.0, 10.0), (2 * 15.0, 15.0)], progress=4, compute_only_s=10.0, bubble_fraction=0.0, wall_clock_s=50.0)
     assert goodput_s == pytest.approx(40.0)
     assert badput["degraded_slowdown_s"] == pytest.approx(10.0)
     assert badput["communication_s"] == pytest.approx(0.0)
