@@ -73,12 +73,14 @@ def plot_loss_vs_wallclock(
         (line,) = ax.plot(time_s / SECONDS_PER_HOUR, loss, markevery=_marker_positions(time_s), **method_style(method))
         lines.append(line)
         if not _reached(method_rows, target_loss, final_progress.max()):
-            not_reached.append(_mark_end(ax, time_s[-1] / SECONDS_PER_HOUR, loss[-1], method))
+            not_reached.append((method, time_s[-1] / SECONDS_PER_HOUR, loss[-1]))
     target = []
     if target_loss is not None and np.isfinite(target_loss):
         target.append(
             ax.axhline(target_loss, color="#444444", linestyle="--", linewidth=1.0, label=f"target loss {target_loss:g}")
         )
+    # Marked once every line is drawn, so the words go to the side of the end with room.
+    not_reached = [_mark_end(ax, hours, end_loss, method) for method, hours, end_loss in not_reached]
     ax.set_xlabel("wall-clock time (hours)")
     ax.set_ylabel("training loss (nats/token)")
     ax.set_title(f"Loss vs wall-clock{rate_title_suffix(probability)}")
@@ -102,8 +104,11 @@ def _mark_end(ax: Axes, hours: float, loss: float, method: str) -> Artist:
         [hours], [loss], linestyle="none", marker="x", markersize=10, markeredgewidth=2.5, color=method_color(method),
         gid=f"not_reached:{method}", label="_not_reached", zorder=4, clip_on=False,
     )  # fmt: skip
+    low, high = ax.get_xlim()
+    right_half = hours > low + 0.5 * (high - low)
     ax.annotate(
-        NOT_REACHED_TEXT, (hours, loss), xytext=(-6, 8), textcoords="offset points", ha="right", va="bottom",
+        NOT_REACHED_TEXT, (hours, loss), xytext=(-8 if right_half else 8, 8), textcoords="offset points",
+        ha="right" if right_half else "left", va="bottom",
         fontsize=8.5, color=method_color(method), bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
     )  # fmt: skip
     return mark

@@ -190,3 +190,22 @@ def test_gantt_compute_spans_are_at_least_the_minimum_visible_width(tmp_path):
     compute = [patch for patch in ax.patches if patch.get_gid() in ("forward", "backward", "optimizer")]
     assert compute and min(patch.get_width() for patch in compute) >= 0.005 * 1000.0 * 0.999
     assert "drawn" in ax.get_legend().get_title().get_text()
+
+
+def test_every_text_lies_inside_the_figure(figures):
+    for name, figure in figures.items():
+        renderer = figure.canvas.get_renderer()
+        frame = figure.bbox
+        undrawn = set()  # labels of ticks outside the axis limits exist but are not drawn
+        for ax in figure.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                low, high = sorted(axis.get_view_interval())
+                for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                    if not low - 1e-9 * abs(high - low) <= tick.get_loc() <= high + 1e-9 * abs(high - low):
+                        undrawn |= {id(tick.label1), id(tick.label2)}
+        for text in figure.findobj(Text):
+            if not text.get_visible() or not text.get_text().strip() or id(text) in undrawn:
+                continue
+            box = text.get_window_extent(renderer)
+            inside = box.x0 >= frame.x0 - 1 and box.x1 <= frame.x1 + 1 and box.y0 >= frame.y0 - 1 and box.y1 <= frame.y1 + 1
+            assert inside, f"{name}: {text.get_text()!r} is cut off"
