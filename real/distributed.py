@@ -30,10 +30,13 @@ from .safe_codec import decode, encode
 DEVICES = ("cpu", "cuda")
 
 
-def backend_for(device: str) -> str:
+def backend_for(device: str, *, ranks_on_host: int = 1, gpus_on_host: int = 1) -> str:
+    """gloo on CPU or when ranks must share a GPU (NCCL forbids that); NCCL otherwise."""
     if device not in DEVICES:
         raise InputError(f"device {device!r} is not supported: use one of {', '.join(DEVICES)}")
-    return "gloo" if device == "cpu" else "nccl"
+    if device == "cpu" or ranks_on_host > gpus_on_host:
+        return "gloo"
+    return "nccl"
 
 
 def find_free_port() -> int:
@@ -51,6 +54,9 @@ class Communicator:
     world_size: int
     device: torch.device
     timeout_s: float
+    # Where tensors travel: the compute device under NCCL, host memory under gloo (whose
+    # point-to-point operations take CPU tensors only).
+    wire_device: torch.device = torch.device("cpu")
 
     @property
     def _timeout(self) -> datetime.timedelta:
@@ -59,9 +65,13 @@ class Communicator:
     # -- tensors -------------------------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, destination: int, tag: int) -> dist.Work:
         """Start sending `tensor`; the caller keeps it alive and waits on the returned work."""
-        work = dist.isend(tensor.detach().contiguous(), dst=destination, tag=tag)
+        work = dist.isend(self._to_wire(tensor), dst=destination, tag=tag)
         assert work is not None
         return work
+
+    def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        # The returned work holds the staged copy until it completes, so no caller must keep it.
+        return tensor.detach().to(self.wire_device).contiguous()
 
     def wait(self, work: dist.Work) -> None:
         work.wait(self._timeout)
@@ -71,9 +81,12 @@ class Communicator:
 
     def recv_into(self, buffer: torch.Tensor, source: int, tag: int) -> torch.Tensor:
         """Receive into `buffer` (shape and dtype known to both sides) and return it."""
-        work = dist.irecv(buffer, src=source, tag=tag)
+        staged = buffer if buffer.device == self.wire_device else torch.empty_like(buffer, device=self.wire_device)
+        work = dist.irecv(staged, src=source, tag=tag)
         assert work is not None
         work.wait(self._timeout)
+        if staged is not buffer:
+            buffer.copy_(staged)
         return buffer
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, source: int, tag: int) -> torch.Tensor:
@@ -84,13 +97,13 @@ class Communicator:
     # reaches a rank's port can only describe data.
     def send_object(self, value: Any, destination: int, tag: int) -> None:
         """Encode `value` and send its length, then its bytes (tags `tag` and `tag + 1`)."""
-        payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8).to(self.device)
-        self.send(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device), destination, tag)
+        payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8)
+        self.send(torch.tensor([payload.numel()], dtype=torch.int64), destination, tag)
         self.send(payload, destination, tag + 1)
 
     def recv_object(self, source: int, tag: int) -> Any:
-        length = int(self.recv((1,), torch.int64, source, tag).item())
-        payload = self.recv((length,), torch.uint8, source, tag + 1)
+        length = int(self.recv_into(torch.empty(1, dtype=torch.int64, device=self.wire_device), source, tag).item())
+        payload = self.recv_into(torch.empty(length, dtype=torch.uint8, device=self.wire_device), source, tag + 1)
         return decode(payload.cpu().numpy().tobytes())
 
     # -- collectives ---------------------------------------------------------------------------
@@ -102,9 +115,13 @@ class Communicator:
             dist.barrier()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+        """Sum `tensor` over all ranks, in place."""
+        staged = self._to_wire(tensor)
+        work = dist.all_reduce(staged, op=dist.ReduceOp.SUM, async_op=True)
         assert work is not None
         work.wait(self._timeout)
+        if staged is not tensor:
+            tensor.copy_(staged)
         return tensor
 
     def gather_objects(self, value: Any, destination: int = 0) -> list[Any] | None:
@@ -117,13 +134,14 @@ class Communicator:
 
     def all_gather_objects(self, value: Any) -> list[Any]:
         """Every rank's `value` on every rank (safe_codec bytes padded to the longest, one all-gather)."""
-        payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8).to(self.device)
-        lengths = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.world_size)]
-        self._all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64, device=self.device))
+        wire = self.wire_device
+        payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8).to(wire)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=wire) for _ in range(self.world_size)]
+        self._all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64, device=wire))
         longest = max(int(length.item()) for length in lengths)
-        padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=wire)
         padded[: payload.numel()] = payload
-        gathered = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in range(self.world_size)]
+        gathered = [torch.empty(longest, dtype=torch.uint8, device=wire) for _ in range(self.world_size)]
         self._all_gather(gathered, padded)
         return [decode(g[: int(n.item())].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
 
@@ -143,7 +161,6 @@ def init_process_group(
     master_port: int | None = None,
 ) -> Communicator:
     """Join the default process group through `env://`; arguments override the torchrun variables."""
-    backend = backend_for(device)
     if master_addr is not None:
         os.environ["MASTER_ADDR"] = master_addr
     if master_port is not None:
@@ -153,14 +170,17 @@ def init_process_group(
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise InputError(f"environment variable {name} is not set: launch with torchrun or pass {name.lower()}")
+    backend = backend_for(device)
+    torch_device = torch.device("cpu")
     if device == "cuda":
         if not torch.cuda.is_available():
             raise InputError("device 'cuda' was requested but CUDA is not available: use device 'cpu'")
-        local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
-        torch.cuda.set_device(local_rank)
-        torch_device = torch.device("cuda", local_rank)
-    else:
-        torch_device = torch.device("cpu")
+        gpus_on_host = torch.cuda.device_count()
+        ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        backend = backend_for(device, ranks_on_host=ranks_on_host, gpus_on_host=gpus_on_host)
+        torch_device = torch.device("cuda", local_rank % gpus_on_host)
+        torch.cuda.set_device(torch_device)
     dist.init_process_group(
         backend=backend,
         init_method="env://",
@@ -168,7 +188,8 @@ def init_process_group(
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    return Communicator(rank=rank, world_size=world_size, device=torch_device, timeout_s=timeout_s)
+    wire_device = torch_device if backend == "nccl" else torch.device("cpu")
+    return Communicator(rank=rank, world_size=world_size, device=torch_device, timeout_s=timeout_s, wire_device=wire_device)
 
 
 def destroy_process_group() -> None:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 import threading
 import time
 import uuid
@@ -127,6 +128,12 @@ def _worker(
 ) -> None:
     _die_with_parent()
     _start_heartbeat(directory, rank, launcher_pid)
+    # Every rank of a local launch is on this host (torchrun's variables, which pick GPU and backend).
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    if device == "cuda":
+        # Autograd's device thread makes the CUDA context current itself and warns that it did
+        # (seen with torch 2.11 on an H200, once per rank); the warning is noise to a user.
+        warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
     communicator = init_process_group(
         rank=rank, world_size=world_size, device=device, timeout_s=timeout_s, master_addr="127.0.0.1", master_port=port
     )
