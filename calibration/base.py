@@ -46,16 +46,20 @@ _FIXES = {
 def describe_validation_error(error: ValidationError, source: str) -> str:
     """The first error of `error` as one line naming the source, the field, the value and the fix."""
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    location = ".".join(str(part) for part in first["loc"])
     value = first.get("input")
-    shown = json.dumps(value, default=str) if not isinstance(value, dict) else "{...}"
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    message = first["msg"]
+    # pydantic prefixes our own validators' messages with "Value error, "; they already name the fields.
+    message = first["msg"].removeprefix("Value error, ")
     fix = _FIXES.get(first["type"], "")
     more = len(error.errors()) - 1
     suffix = f" ({more} more problem{'s' if more > 1 else ''})" if more else ""
-    text = f"{source}: field '{location}' = {shown}: {message}"
+    if isinstance(value, dict):  # a whole section (a model validator): its message names the fields
+        text = f"{source}: field '{location}': {message}" if location else f"{source}: {message}"
+    else:
+        shown = json.dumps(value, default=str)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        text = f"{source}: field '{location or '(top level)'}' = {shown}: {message}"
     return text + (f"; {fix}" if fix else "") + suffix
 
 

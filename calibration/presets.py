@@ -9,12 +9,13 @@ paper text): they put the target loss at the order of the paper's x-axis, 10–2
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from .apply import apply_calibration
 from .builtin import load_builtin_calibration
 from .calibration_file import Calibration
-from .churn import PoissonChurn, StageHourlyChurn, TraceChurn
+from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
 from .convergence import ConvergenceSpec, PowerLawLossCurve
 from .paper_setbacks import PAPER_FIT_SOURCE, paper_fitted_setbacks
 from .errors import InputError
@@ -71,6 +72,11 @@ def _wan_storage(remote_bandwidth_bytes_per_s: float) -> tuple[StorageTier, ...]
     )
 
 
+EMBEDDING_NODE_TAG = "-embedding-node"
+"""Name tag, after the model size, of the CheckFree presets in the authors' layout (a separate
+(de)embedding node), e.g. `checkfree-500m-embedding-node-geo-10pct`."""
+
+
 def _checkfree_geo(
     *,
     size: str,
@@ -80,17 +86,37 @@ def _checkfree_geo(
     curve: PowerLawLossCurve,
     target_loss: float,
     lr_scale: float = 1.1,
+    embedding_placement: str = "edge_stages",
 ) -> Scenario:
-    # Stage i sits where the CheckFree emulator puts node 3·i (replica chain r0: Australia → Germany
-    # → London → Canada → NL → Belgium → Iowa → ...), reference/checkfree.md §4.1.
-    sites = tuple(CHECKFREE_EMULATOR_SITES[(3 * stage) % len(CHECKFREE_EMULATOR_SITES)] for stage in range(pipeline.num_stages))
+    # Layout (pipeline.embedding_placement). Default "edge_stages": the embedding and the head run
+    # with stage 0's and stage S-1's blocks, as in Megatron-style pipelines and in churnsim's real
+    # runs, and stage i sits where the CheckFree emulator puts node 3·i (replica chain r0: Australia
+    # → Germany → London → Canada → NL → Belgium → Iowa → ...), reference/checkfree.md §4.1. Kept
+    # so that the presets' published results do not move. The CheckFree authors' emulator instead
+    # runs the embedding and head on a node of their own that never fails (its "stage 0",
+    # `LLamaFirstStage(n_layers=0)`, node 0 in Australia; checkfree.md §2 and §4.1), so a CheckFree+
+    # swap costs no extra trip there: "separate_node" (the `*-embedding-node-*` presets) puts that node
+    # in Australia (node S, the last entry of `sites`) and block stage i where the emulator puts
+    # node 3·(i + 1).
+    separate = embedding_placement == "separate_node"
+    num_sites = len(CHECKFREE_EMULATOR_SITES)
+    first = 1 if separate else 0
+    sites = tuple(CHECKFREE_EMULATOR_SITES[(3 * (stage + first)) % num_sites] for stage in range(pipeline.num_stages))
+    if separate:
+        sites += (CHECKFREE_EMULATOR_SITES[0],)
+    pipeline = pipeline.model_copy(update={"embedding_placement": embedding_placement})
     percent = round(failure_probability_per_stage_hour * 100)
     rebuild = {"lr_scale": lr_scale}
+    layout = (
+        "; the embedding and head on a separate never-failing node in Australia, as in the authors' emulator"
+        if separate
+        else ""
+    )
     return Scenario(
-        name=f"checkfree-{size}-geo-{percent}pct",
+        name=f"checkfree-{size}{EMBEDDING_NODE_TAG if separate else ''}-geo-{percent}pct",
         description=(
             f"CheckFree paper's {size} LLaMA-style setup on its emulated geo-distributed testbed, "
-            f"{percent} %/h failure probability per stage"
+            f"{percent} %/h failure probability per stage{layout}"
         ),
         sources=(CHECKFREE_PAPER, CHECKFREE_CODE, DATASTATES, "WAN checkpoint bandwidth 500 Mb/s: gensyn.ai/articles/checkfree"),
         model=model,
@@ -117,7 +143,7 @@ def _checkfree_geo(
     )
 
 
-def checkfree_124m_geo(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+def checkfree_124m_geo(failure_probability_per_stage_hour: float = 0.10, embedding_placement: str = "edge_stages") -> Scenario:
     """124M (really 83M: d 512, 12 layers in 4 stages), TinyStories, target loss 1.3."""
     return _checkfree_geo(
         size="124m",
@@ -127,10 +153,11 @@ def checkfree_124m_geo(failure_probability_per_stage_hour: float = 0.10) -> Scen
         # Illustrative: reaches 1.3 after about 10k iterations.
         curve=PowerLawLossCurve(floor_loss=0.9, scale=10.0, exponent=0.35, offset_iterations=100.0),
         target_loss=1.3,
+        embedding_placement=embedding_placement,
     )
 
 
-def checkfree_500m_geo(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+def checkfree_500m_geo(failure_probability_per_stage_hour: float = 0.10, embedding_placement: str = "edge_stages") -> Scenario:
     """500M (468M: d 1024, 24 layers in 12 stages), OpenWebText, target validation loss 2.9."""
     return _checkfree_geo(
         size="500m",
@@ -140,10 +167,11 @@ def checkfree_500m_geo(failure_probability_per_stage_hour: float = 0.10) -> Scen
         # Illustrative: reaches 2.9 after about 15k iterations.
         curve=PowerLawLossCurve(floor_loss=2.2, scale=20.3, exponent=0.35, offset_iterations=100.0),
         target_loss=2.9,
+        embedding_placement=embedding_placement,
     )
 
 
-def checkfree_1_5b_geo(failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+def checkfree_1_5b_geo(failure_probability_per_stage_hour: float = 0.10, embedding_placement: str = "edge_stages") -> Scenario:
     """1.5B (1.74B: d 2048, 24 layers in 12 stages), RedPajama-V2, target loss 2.9."""
     return _checkfree_geo(
         size="1.5b",
@@ -153,6 +181,7 @@ def checkfree_1_5b_geo(failure_probability_per_stage_hour: float = 0.10) -> Scen
         # Illustrative: reaches 2.9 after about 12k iterations.
         curve=PowerLawLossCurve(floor_loss=2.1, scale=21.0, exponent=0.35, offset_iterations=100.0),
         target_loss=2.9,
+        embedding_placement=embedding_placement,
     )
 
 
@@ -221,6 +250,142 @@ def datacenter_llama3() -> Scenario:
     )
 
 
+# ---------------------------------------------------------------- DataStates-LLM (HPDC'24)
+DATASTATES_PAPER = (
+    "Maurya, Underwood, Rafique, Cappello, Nicolae, 'DataStates-LLM: Lazy Asynchronous Checkpointing for "
+    "Large Language Models', HPDC'24, doi 10.1145/3625549.3658685 (arXiv 2406.10707)"
+)
+POLARIS = "ALCF Polaris: 4× A100-40GB per node, pinned D2H 25 GB/s per GPU, Lustre 650 GB/s (DataStates-LLM §6)"
+
+
+@dataclass(frozen=True)
+class DataStatesRun:
+    """One model of DataStates-LLM's evaluation [P Table 1, Fig. 4]: layers/hidden/heads, GPUs, the
+    forward, backward and update seconds of one iteration, and its checkpoint size."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_gpus: int
+    forward_s: float
+    backward_s: float
+    update_s: float
+    checkpoint_bytes: float
+
+
+DATASTATES_RUNS: dict[str, DataStatesRun] = {
+    "7b": DataStatesRun(num_layers=32, hidden_size=4096, num_heads=32, num_gpus=8, forward_s=1.26, backward_s=1.82, update_s=0.12, checkpoint_bytes=83e9),
+    "13b": DataStatesRun(num_layers=40, hidden_size=5120, num_heads=40, num_gpus=16, forward_s=1.85, backward_s=3.56, update_s=0.09, checkpoint_bytes=166e9),
+    "30b": DataStatesRun(num_layers=60, hidden_size=6656, num_heads=52, num_gpus=32, forward_s=3.72, backward_s=8.58, update_s=0.11, checkpoint_bytes=444e9),
+}
+"""reference/checkpointing.md §4 ("Models (layers/hidden/heads, GPUs; F/B/U s) [Table 1, Fig. 4]";
+checkpoints 83/166/444 GB)."""
+
+DATASTATES_GPUS_PER_NODE = 4
+"""Tensor parallelism 4 inside a Polaris node, pipeline stages = nodes [P §6]."""
+DATASTATES_ITERATIONS = 50
+"""The end-to-end runs of Figs. 11–12 train 50 iterations."""
+DATASTATES_D2H_BYTES_PER_S_PER_GPU = 25e9
+"""Pinned GPU→host copy per A100 on Polaris [P §6]."""
+DATASTATES_HOST_CACHE_BYTES = 64 * 10**9
+"""Pinned host cache per node: "≤ 64 GB host cache per node" (checkpointing.md, What matters most, 6)."""
+DATASTATES_LUSTRE_BYTES_PER_S_PER_NODE = 7.4e9
+"""Flush rate per node to Lustre, derived from the 7B every-iteration run (41.5 GB per node × 50 in
+282 s; checkpointing.md §4 "Derived"). Not a hardware figure: that run is no independent check."""
+DATASTATES_TORCH_SAVE_BYTES_PER_S_PER_NODE = 10.4e9
+"""torch.save's serialization (pageable copy and pickling) per node, fitted so that churnsim gives
+DeepSpeed's 7B every-iteration run, 631 s for 50 iterations [P Figs. 11–12] (49 checkpoints of
+41.5 GB per node: 9.6 s each, 5.6 s of it the write at 7.4 GB/s). A fit, not a measurement."""
+DATASTATES_VOCAB = 50257
+"""The GPT-2 tokenizer of Megatron-DeepSpeed's GPT examples (an assumption: the paper does not give
+it); it only sizes the embedding, and the checkpoint bytes are scaled to the published size anyway."""
+
+
+def _even_split(num_layers: int, num_stages: int) -> tuple[int, ...] | None:
+    """The most even split, larger stages first (60 in 8: 8, 8, 8, 8, 7, 7, 7, 7); None when equal."""
+    base, extra = divmod(num_layers, num_stages)
+    if not extra:
+        return None
+    return tuple(base + 1 if stage < extra else base for stage in range(num_stages))
+
+
+def datastates(size: str, *, data_parallel_degree: int = 1, interval_iterations: int = 1) -> Scenario:
+    """One DataStates-LLM run on Polaris: DeepSpeed's synchronous torch.save (`checkpoint`) against the
+    lazy asynchronous engine (`async_checkpoint`), checkpointing every `interval_iterations`, no failures.
+
+    Pipeline stage = node (TP 4 inside it), ZeRO-1: with data parallelism each replica writes 1/DP of
+    its stage (`checkpoint_sharding = "data_parallel"`). F, B and U are the paper's measured seconds
+    per iteration [P Fig. 4], split over the stages by their layers and run as one microbatch, so a
+    healthy iteration takes F + B + U; the lazy copy hides behind F + B.
+    """
+    run = DATASTATES_RUNS[size]
+    num_stages = run.num_gpus // DATASTATES_GPUS_PER_NODE
+    hidden = run.hidden_size
+    # SwiGLU at 8d/3 has the parameters of the paper's GPT MLP at 4d (12 d² per layer with attention).
+    model = ModelSpec(
+        name=f"datastates-{size}", num_layers=run.num_layers, hidden_size=hidden, num_heads=run.num_heads,
+        vocab_size=DATASTATES_VOCAB, sequence_length=2048, ffn_hidden_size=8 * hidden // 3,
+    )
+    # Checkpoint bytes per parameter such that the checkpoint has the published size (12–15 B/param).
+    model = model.model_copy(update={"checkpoint_bytes_per_parameter": run.checkpoint_bytes / model.num_parameters})
+    tiers = (
+        StorageTier(
+            name="host_memory",
+            write_bandwidth_bytes_per_s=DATASTATES_GPUS_PER_NODE * DATASTATES_D2H_BYTES_PER_S_PER_GPU,
+            read_bandwidth_bytes_per_s=DATASTATES_GPUS_PER_NODE * DATASTATES_D2H_BYTES_PER_S_PER_GPU,
+            survives_node_loss=False,
+        ),
+        # Two views of one Lustre: DataStates writes raw tensor bytes; DeepSpeed's torch.save first
+        # serializes (reference/checkpointing.md §2, "DeepSpeed (sync torch.save: serialize + write)").
+        # A run uses one method, so the two never share the link.
+        StorageTier(
+            name="lustre", write_bandwidth_bytes_per_s=DATASTATES_LUSTRE_BYTES_PER_S_PER_NODE,
+            read_bandwidth_bytes_per_s=DATASTATES_LUSTRE_BYTES_PER_S_PER_NODE, survives_node_loss=True,
+        ),
+        StorageTier(
+            name="lustre_torch_save", write_bandwidth_bytes_per_s=DATASTATES_LUSTRE_BYTES_PER_S_PER_NODE,
+            read_bandwidth_bytes_per_s=DATASTATES_LUSTRE_BYTES_PER_S_PER_NODE, survives_node_loss=True,
+            serialization_bytes_per_s=DATASTATES_TORCH_SAVE_BYTES_PER_S_PER_NODE,
+        ),
+    )
+    suffix = f"-dp{data_parallel_degree}" if data_parallel_degree > 1 else ""
+    return Scenario(
+        name=f"datastates-{size}{suffix}",
+        description=(
+            f"DataStates-LLM's {size.upper()} run on Polaris ({num_stages} pipeline stages of 4 A100s"
+            f"{f', {data_parallel_degree} data-parallel replicas' if data_parallel_degree > 1 else ''}), "
+            f"checkpointing every {interval_iterations} iteration(s) for {DATASTATES_ITERATIONS} iterations without "
+            "failures: DeepSpeed's torch.save (checkpoint) against lazy asynchronous checkpointing (async_checkpoint)"
+        ),
+        sources=(DATASTATES_PAPER, POLARIS),
+        model=model,
+        pipeline=PipelineSpec(
+            num_stages=num_stages, data_parallel_degree=data_parallel_degree, schedule="gpipe", microbatch_size=16,
+            num_microbatches=1, layers_per_stage=_even_split(run.num_layers, num_stages), checkpoint_sharding="data_parallel",
+        ),
+        compute=ExplicitCompute(
+            block_forward_s=run.forward_s / num_stages, block_backward_s=run.backward_s / num_stages, optimizer_step_s=run.update_s,
+        ),
+        # Slingshot-11, 200 Gb/s per NIC; the gradient all-reduce is in the measured F/B/U.
+        network=UniformNetwork(latency_s=2e-6, bandwidth_bytes_per_s=25e9),
+        storage=tiers,
+        churn=NoChurn(kind="none"),
+        methods=(
+            method_from_name("none"),
+            method_from_name("checkpoint", interval_iterations=interval_iterations, tier="lustre_torch_save"),
+            method_from_name(
+                "async_checkpoint", interval_iterations=interval_iterations, host_buffer_bytes=DATASTATES_HOST_CACHE_BYTES,
+                levels=("lustre",),
+            ),
+        ),
+        # Illustrative: the runs are timed for a fixed number of iterations, not to a loss.
+        convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=2.0, scale=10.0, exponent=0.3, offset_iterations=100.0)),
+        target=TargetSpec(iterations=DATASTATES_ITERATIONS),
+        seed=0,
+        replications=1,
+    )
+
+
 SETBACK_SOURCE_WORDS = {
     "measured": "measured",
     "paper_fitted": "uncalibrated on this model, fitted to the CheckFree paper's ablation",
@@ -247,8 +412,8 @@ def with_calibrated_setbacks(scenario: Scenario, calibration_name: str = CPU_TIN
     return scenario.model_copy(update={"description": scenario.description + note})
 
 
-def _paper(factory: Callable[[float], Scenario], rate: float) -> Callable[[], Scenario]:
-    return lambda: with_calibrated_setbacks(factory(rate))
+def _paper(factory: Callable[..., Scenario], rate: float, embedding_placement: str = "edge_stages") -> Callable[[], Scenario]:
+    return lambda: with_calibrated_setbacks(factory(rate, embedding_placement))
 
 
 def _calibrated_tiers(calibration: Calibration | None) -> tuple[StorageTier, ...]:
@@ -325,9 +490,20 @@ def cpu_tiny(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) ->
 PRESETS: dict[str, Callable[[], Scenario]] = {
     **{f"checkfree-124m-geo-{round(r * 100)}pct": _paper(checkfree_124m_geo, r) for r in CHECKFREE_FAILURE_RATES},
     **{f"checkfree-500m-geo-{round(r * 100)}pct": _paper(checkfree_500m_geo, r) for r in CHECKFREE_FAILURE_RATES},
+    **{
+        f"checkfree-500m{EMBEDDING_NODE_TAG}-geo-{round(r * 100)}pct": _paper(checkfree_500m_geo, r, "separate_node")
+        for r in CHECKFREE_FAILURE_RATES
+    },
     **{f"checkfree-1.5b-geo-{round(r * 100)}pct": _paper(checkfree_1_5b_geo, r) for r in CHECKFREE_FAILURE_RATES},
     "spot-p3-trace": lambda: with_calibrated_setbacks(spot_p3_trace()),
     "datacenter-llama3": lambda: with_calibrated_setbacks(datacenter_llama3()),
+    # DataStates-LLM's runs (no failures: the setbacks never apply; wrapped like every preset so the
+    # description says where they would come from).
+    "datastates-7b": lambda: with_calibrated_setbacks(datastates("7b")),
+    "datastates-13b": lambda: with_calibrated_setbacks(datastates("13b")),
+    "datastates-30b": lambda: with_calibrated_setbacks(datastates("30b")),
+    # The DP scaling of Figs. 9–10 (512 GPUs): 48× less blocking than DeepSpeed there.
+    "datastates-30b-dp16": lambda: with_calibrated_setbacks(datastates("30b", data_parallel_degree=16)),
     CPU_TINY: cpu_tiny,
 }
 

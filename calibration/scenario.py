@@ -7,9 +7,9 @@ extra dependency and is what pydantic validates natively. Units are in the field
 from __future__ import annotations
 
 import math
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
 from .churn import ChurnConfig
@@ -69,12 +69,37 @@ class ModelSpec(StrictModel):
         return self.num_layers * self.parameters_per_layer + self.embedding_parameters + self.head_parameters
 
 
+EmbeddingPlacement = Literal["edge_stages", "separate_node"]
+CheckpointSharding = Literal["whole_stage", "data_parallel"]
+
+
 class PipelineSpec(StrictModel):
     num_stages: int = Field(ge=1)
     data_parallel_degree: int = Field(1, ge=1)
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     microbatch_size: int = Field(ge=1)
     num_microbatches: int = Field(ge=1)
+    layers_per_stage: tuple[Annotated[int, Field(ge=1)], ...] | None = None
+    """Transformer blocks of each stage, first to last, e.g. 60 layers in 8 stages as
+    [8, 8, 8, 8, 7, 7, 7, 7]; they must add up to model.num_layers. None: model.num_layers split
+    equally (it must then divide by num_stages). Compute times and checkpoint bytes follow each
+    stage's count. Methods that rebuild a stage from its neighbours need equal stages."""
+    embedding_placement: EmbeddingPlacement = "edge_stages"
+    """Where the embedding and the head (final norm, lm_head, loss) run. `edge_stages`: with the
+    first and last stages' blocks, as in Megatron-style pipelines and churnsim's real runs; a
+    CheckFree+ swapped microbatch then makes two extra trips (stage 0 embeds and hands over to
+    stage 1; stage S-2 hands back to S-1 for the head). `separate_node`: on a node of their own
+    (node S, at `network.sites[S % len(sites)]`), as in the CheckFree authors' emulator (its stage 0,
+    reference/checkfree.md §2 and §4.1): every microbatch goes node S → the block stages → node S,
+    and the swap adds no trip (the swapped pairs still wait on each other, since every stage takes
+    its microbatches in index order). That node is taken never to fail, as in the authors' runs;
+    its state is counted with stages 0 and S-1 in checkpoint and transfer bytes. Simulator only:
+    real runs refuse it (`check_real_run_layout`)."""
+    checkpoint_sharding: CheckpointSharding = "whole_stage"
+    """`whole_stage`: one node per stage writes and reads the stage's whole checkpoint.
+    `data_parallel`: each of the stage's data_parallel_degree replicas writes and reads 1/DP of it
+    in parallel over its own link (ZeRO-1 partitioned optimizer state, as in DataStates-LLM's runs,
+    reference/checkpointing.md §4); on a `shared` tier the shards still share the one link."""
 
 
 class ExplicitCompute(StrictModel):
@@ -89,6 +114,14 @@ class ExplicitCompute(StrictModel):
     head_forward_s: float = Field(0.0, ge=0)
     head_backward_s: float = Field(0.0, ge=0)
     optimizer_step_s: float = Field(0.0, ge=0)
+
+    @field_validator("block_forward_s", "block_backward_s")
+    @classmethod
+    def _finite_non_negative_seconds(cls, value: float | tuple[float, ...]) -> float | tuple[float, ...]:
+        for seconds in value if isinstance(value, tuple) else (value,):
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"{seconds} is not a finite number of seconds >= 0; give measured times per microbatch")
+        return value
 
 
 class FlopsCompute(StrictModel):
@@ -141,6 +174,11 @@ class StorageTier(StrictModel):
     """Host memory and local disks die with their node; remote storage survives."""
     shared: bool = False
     """True when all stages share one link to this tier (remote storage behind one uplink)."""
+    serialization_bytes_per_s: float | None = Field(None, gt=0)
+    """How fast a writing node turns state into this tier's format before it writes (torch.save's
+    pickling and copies: DeepSpeed's synchronous checkpoint, reference/checkpointing.md §2). Paid by
+    each writer on its own CPU, not shared, then the write follows at the tier's bandwidth. None:
+    raw tensor bytes, no serialization step (DataStates-LLM's format). Writes only."""
 
 
 class RecoverySpec(StrictModel):
@@ -185,6 +223,21 @@ class TrainingSpec(StrictModel):
     """Longest wait for a peer stage; a lost peer ends the run with an error. `churnsim real run`'s
     launcher also ends the run, naming the rank, when a rank's heartbeat is older than half of it
     (a stopped or frozen process)."""
+    failure_mode: Literal["soft", "hard"] = "soft"
+    """soft: a failed stage's process re-initialises the stage in place. hard: the failed stage's
+    process is killed (SIGKILL; any external SIGKILL of a stage process counts too), a replacement
+    process starts after the join delay, joins the surviving processes by rendezvous, and the
+    method recovers the stage over the network or from files (`churnsim real run` only)."""
+    join_delay_s: float | None = Field(None, ge=0, le=3600)
+    """Hard failures: seconds from a kill until its replacement process starts. None: the
+    scenario's recovery.join_delay_s."""
+    remote_checkpoint_dir: str | None = None
+    """Directory of the checkpoints' remote level (`checkpoint`'s remote tier, `async_checkpoint`'s
+    second level, the fallback and edge checkpoints), e.g. on another file system; each run keeps
+    its own `<run id>/stage-<s>` below it. None: `<run dir>/checkpoints`."""
+    remote_checkpoint_bytes_per_s: float | None = Field(None, gt=0)
+    """Bandwidth of the path to the remote level: writes to it and reads from it are paced to this
+    rate, so that its cost is measurable on one machine. None: as fast as the disk."""
 
 
 class Scenario(StrictModel):
@@ -213,11 +266,22 @@ class Scenario(StrictModel):
         layers, stages = self.model.num_layers, self.pipeline.num_stages
         if stages > layers:
             raise ValueError(f"pipeline.num_stages {stages} exceeds model.num_layers {layers}; reduce num_stages or add layers")
-        if layers % stages:
+        split = self.pipeline.layers_per_stage
+        if split is None and layers % stages:
             raise ValueError(
                 f"model.num_layers {layers} is not divisible by pipeline.num_stages {stages}; "
-                "stages must hold equal blocks so neighbours can be averaged"
+                "give pipeline.layers_per_stage (one count per stage, adding up to num_layers) for an unequal split"
             )
+        if split is not None:
+            if len(split) != stages:
+                raise ValueError(
+                    f"pipeline.layers_per_stage lists {len(split)} stages but pipeline.num_stages is {stages}; give one count per stage"
+                )
+            if sum(split) != layers:
+                raise ValueError(
+                    f"pipeline.layers_per_stage {list(split)} adds up to {sum(split)} layers but model.num_layers is {layers}; "
+                    "make the counts add up to num_layers"
+                )
         if isinstance(self.compute, ExplicitCompute):
             for field in ("block_forward_s", "block_backward_s"):
                 value = getattr(self.compute, field)
@@ -241,6 +305,11 @@ class Scenario(StrictModel):
                 raise ValueError(
                     f"method {method.name!r} needs at least {method.minimum_stages} pipeline stages, got {stages}; "
                     "add stages or drop the method"
+                )
+            if method.family == "rebuild" and len(set(self.stage_layer_counts)) > 1:
+                raise ValueError(
+                    f"pipeline.layers_per_stage {list(self.stage_layer_counts)} is unequal, but method {method.name!r} rebuilds "
+                    "a stage from its neighbours' blocks, which needs equal stages; split the layers equally or drop the method"
                 )
         if self.target.loss is not None:
             iterations_for_target(self.convergence.baseline, self.target.loss)
@@ -270,12 +339,43 @@ class Scenario(StrictModel):
         raise KeyError(name)
 
     @property
+    def stage_layer_counts(self) -> tuple[int, ...]:
+        """Transformer blocks of each stage: `pipeline.layers_per_stage`, or the equal split."""
+        if self.pipeline.layers_per_stage is not None:
+            return self.pipeline.layers_per_stage
+        return (self.model.num_layers // self.pipeline.num_stages,) * self.pipeline.num_stages
+
+    def stage_layers(self, stage: int) -> int:
+        return self.stage_layer_counts[stage]
+
+    @property
     def layers_per_stage(self) -> int:
-        return self.model.num_layers // self.pipeline.num_stages
+        """Blocks of every stage when all stages are equal; an unequal split has no single count
+        (use `stage_layers`)."""
+        counts = set(self.stage_layer_counts)
+        if len(counts) > 1:
+            raise ValueError(f"pipeline.layers_per_stage {list(self.stage_layer_counts)} is unequal: use stage_layers(stage)")
+        return counts.pop()
+
+    def check_real_run_layout(self) -> None:
+        """Raise InputError (one line) for a layout only the simulator models: real runs split the
+        layers equally and keep the embedding and head with the first and last stages."""
+        from .errors import InputError
+
+        if self.pipeline.embedding_placement != "edge_stages":
+            raise InputError(
+                f"pipeline.embedding_placement = {self.pipeline.embedding_placement!r}: real runs keep the embedding and head "
+                "with the first and last stages; set it to 'edge_stages' (--set pipeline.embedding_placement=edge_stages)"
+            )
+        if len(set(self.stage_layer_counts)) > 1:
+            raise InputError(
+                f"pipeline.layers_per_stage {list(self.stage_layer_counts)}: real runs split the layers equally; "
+                "remove pipeline.layers_per_stage and use a num_stages that divides model.num_layers"
+            )
 
     def stage_parameters(self, stage: int) -> int:
         """Parameters held by one stage: its blocks, plus the embedding (first) or head (last)."""
-        count = self.layers_per_stage * self.model.parameters_per_layer
+        count = self.stage_layers(stage) * self.model.parameters_per_layer
         if stage == 0:
             count += self.model.embedding_parameters
         if stage == self.pipeline.num_stages - 1:

@@ -21,7 +21,7 @@ from churnsim.calibration.errors import InputError
 
 def _register_commands() -> None:
     # Each module adds its commands to `app` / `real_app`; importing them here keeps this file thin.
-    from churnsim import commands_calibrate, commands_real, commands_sim  # noqa: F401
+    from churnsim import commands_calibrate, commands_real, commands_reproduce, commands_sim  # noqa: F401
 
 
 def main(argv: Optional[list[str]] = None) -> None:

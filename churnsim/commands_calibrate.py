@@ -101,6 +101,9 @@ def calibrate_command(
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device {device!r}: use cpu or cuda")
+    from churnsim.out_directory import check_writable_file
+
+    check_writable_file(out, flag="--out")  # before minutes of real runs, not after them
     if convergence:
         if runs or quick or methods:
             raise InputError("--convergence runs the convergence lab: drop --runs, --quick and --method")
@@ -323,11 +326,12 @@ def validate_command(
     from churnsim.calibration.tables import write_table
     from churnsim.out_directory import prepare_out_directory
     from churnsim.sim.outputs import write_manifest
-    from churnsim.sim.validate import validate_runs
+    from churnsim.sim.validate import load_held_out_records, validate_records
 
     calibration = resolve_calibration(calibration_argument)
+    records = load_held_out_records(run_directories, calibration)  # every input checked before --out is touched
     prepare_out_directory(out, command="validate", subject=calibration.name, overwrite=overwrite)
-    report = validate_runs(run_directories, calibration)
+    report = validate_records(records, calibration)
     write_table(report.table, out / "validation.csv")
     write_manifest(
         out,

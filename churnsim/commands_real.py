@@ -72,9 +72,16 @@ def real_run_command(
     if replication < 0:
         raise InputError(f"--replication {replication}: must be >= 0")
     scenario = resolve_real_scenario(scenario_path, preset_name, method, settings)
+    from churnsim.commands_sim import check_up_front, scenario_source
+
+    check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
+    scenario.check_real_run_layout()
     method_config = scenario.methods[0]
     if write_config is not None:
         from churnsim.calibration.scenario import save_scenario
+        from churnsim.out_directory import check_writable_file
+
+        check_writable_file(write_config, flag="--write-config")
 
         save_scenario(scenario, str(write_config))
         Console().print(
@@ -88,8 +95,10 @@ def real_run_command(
     if corpus is not None and not Path(corpus).exists():
         raise InputError(f"training.corpus = {corpus!r}: no such file or directory; give a text file or a directory of text files")
 
+    from churnsim.out_directory import check_writable_directory
     from churnsim.real.run_directory import check_run_directory
 
+    check_writable_directory(out, flag="--out")
     check_run_directory(out, resume=resume)  # before torch and before any process starts
 
     # torch and the trainer only from here on.

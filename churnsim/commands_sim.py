@@ -65,6 +65,26 @@ def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[
     return load_scenario(str(scenario_path)) if scenario_path is not None else preset(preset_name)
 
 
+def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -> str:
+    """How messages name the scenario: its file, or the preset."""
+    return str(scenario_path) if scenario_path is not None else f"preset {preset_name}"
+
+
+MAX_LOCAL_WORKERS = 1024
+
+
+def check_up_front(scenarios, *, source: str, workers: Optional[int] = None) -> None:
+    """Every check that needs no work, before any progress line: sizes, trace files, --workers."""
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.input_limits import check_scenario_size
+
+    if workers is not None and not 1 <= workers <= MAX_LOCAL_WORKERS:
+        raise InputError(f"--workers {workers}: must be between 1 and {MAX_LOCAL_WORKERS} local processes")
+    distinct = list({id(scenario): scenario for scenario in scenarios}.values())
+    for scenario in distinct:
+        check_scenario_size(scenario, source=source if len(distinct) == 1 else f"{source}, grid point {scenario.name!r}")
+
+
 def override_run_settings(scenario, *, methods: Optional[list[str]], replications: Optional[int], seed: Optional[int]):
     """Apply --method/--replications/--seed to a scenario (re-validated)."""
     from churnsim.calibration.errors import InputError
@@ -119,6 +139,7 @@ def simulate_command(
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     scenario = apply_settings(scenario, parse_settings(settings))
+    check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
@@ -166,8 +187,14 @@ def whatif_command(
     from churnsim.sim.sweep import connect_scheduler
     from churnsim.sim.whatif import interval_tasks, rate_tasks
 
+    from churnsim.sim.whatif import at_rate
+
+    # Checked per rate before the tasks exist: a huge replication count must not be built first.
+    rate_scenarios = [at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods()) for rate in plan.failure_rates]
+    check_up_front(rate_scenarios, source=scenario_source(scenario_path, preset_name), workers=workers)
+    tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)
-    total = len(rate_tasks(plan)) + len(interval_tasks(plan))
+    total = len(tasks)
     client = connect_scheduler(scheduler) if scheduler else None
     try:
         with progress_bar(total, f"what-if on {scenario.name}") as advance:
@@ -201,6 +228,8 @@ def recommend_command(
         from churnsim.calibration.errors import InputError
 
         raise InputError(f"--replications {replications}: must be >= 1")
+    checked = override_run_settings(scenario, methods=None, replications=replications, seed=None)
+    check_up_front([checked], source=scenario_source(scenario_path, preset_name), workers=workers)
     console.print(f"recommending for {scenario.name} (methods, interval grids, then robustness cases)")
     result = recommend(scenario, replications=replications, workers=workers, on_pass_done=lambda name: console.print(f"  done: {name}"))
     show_recommendation(result, as_json=as_json)
@@ -243,6 +272,11 @@ def sweep_command(
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     grid = [parse_grid_setting(text) for text in settings]
+    from churnsim.calibration.scenario_overrides import apply_settings
+    from churnsim.sim.sweep import grid_points
+
+    points = [apply_settings(scenario, settings) for settings in grid_points(grid)]
+    check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
     tasks = build_tasks(scenario, grid)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
     client = connect_scheduler(scheduler) if scheduler else None

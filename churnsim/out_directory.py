@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 from churnsim.calibration.errors import InputError
@@ -52,6 +53,7 @@ def prepare_out_directory(directory: Path, *, command: str, subject: str, overwr
     """
     if directory.exists() and not directory.is_dir():
         raise InputError(f"--out {directory}: is a file; give a directory")
+    check_writable_directory(directory, flag="--out")
     if not directory.is_dir() or not any(directory.iterdir()):
         return
     found = _identity(directory)
@@ -71,3 +73,33 @@ def prepare_out_directory(directory: Path, *, command: str, subject: str, overwr
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def check_writable_directory(directory: Path, *, flag: str) -> None:
+    """Refuse (one line, before any work) a directory that cannot be created or written.
+
+    Probes by creating and removing a temporary directory in `directory`, or in its nearest existing
+    ancestor when it does not exist yet: permission bits alone miss read-only mounts and /proc.
+    """
+    existing = directory
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise InputError(f"{flag} {directory}: {existing} is a file, so the directory cannot be created; choose another path")
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".churnsim-probe-").cleanup()
+    except OSError as error:
+        where = "" if existing == directory else f" (its nearest existing parent {existing} is not writable)"
+        raise InputError(f"{flag} {directory}: cannot write there{where}: {error.strerror or error}; choose a writable directory") from None
+
+
+def check_writable_file(path: Path, *, flag: str) -> None:
+    """Refuse (one line, before any work) a file path that is a directory or cannot be written."""
+    if path.is_dir():
+        raise InputError(f"{flag} {path}: is a directory; give a file name")
+    try:
+        check_writable_directory(path.parent, flag=flag)
+    except InputError:
+        raise InputError(f"{flag} {path}: cannot write a file in {path.parent}; choose a writable path") from None

@@ -17,7 +17,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +30,17 @@ from churnsim.calibration.errors import InputError
 from .safe_codec import decode, encode
 
 DEVICES = ("cpu", "cuda")
+
+_INTERRUPT_CHECK_INTERVAL_S = 0.02
+"""Hard failures: how often a waiting rank asks whether its process group was abandoned."""
+_COLLECTIVE_TAG_BASE = 1 << 28
+"""Hard failures: tags of the point-to-point collectives (above the methods' tags, below gather_objects')."""
+_COLLECTIVE_SEQUENCES = 1 << 20
+
+
+class GroupBroken(RuntimeError):
+    """Hard failures: this rank's process group lost a member (a peer's connection closed, or the
+    launcher declared the group abandoned); the trainer re-forms the group and recovers."""
 
 
 def backend_for(device: str, *, ranks_on_host: int = 1, gpus_on_host: int = 1) -> str:
@@ -48,7 +61,23 @@ def find_free_port() -> int:
 
 @dataclass
 class Communicator:
-    """Point-to-point and collective helpers bound to the default process group."""
+    """Point-to-point and collective helpers bound to the default process group.
+
+    Peers are named by their *stage*. In a full group a stage's rank is the stage itself; after a
+    hard failure the group may re-form without some stages (`members`: the stages present, in rank
+    order), and every operation maps stages to ranks. `rank` is always this process's stage.
+
+    Hard failures (`interrupted` set): a rank waiting on a live peer must still notice, within
+    `_INTERRUPT_CHECK_INTERVAL_S`, that the launcher abandoned the group after another rank died.
+    gloo offers no way to interrupt a wait (`abort()` does not wake it, `is_completed()` of a
+    point-to-point operation stays False until someone waits, and a wait with a short timeout
+    closes the connection), so the blocking wait runs on a helper thread and this thread waits for
+    it in slices, looking at the launcher's mark between them; an abandoned wait is left to end
+    with its group. Such waits, and the errors of a closed connection, raise `GroupBroken`. The
+    collectives (all-reduce, all-gather, barrier) are made of point-to-point messages then: a gloo
+    collective left pending blocks the destruction of its group until it times out, a pending
+    point-to-point operation does not.
+    """
 
     rank: int
     world_size: int
@@ -57,34 +86,86 @@ class Communicator:
     # Where tensors travel: the compute device under NCCL, host memory under gloo (whose
     # point-to-point operations take CPU tensors only).
     wire_device: torch.device = torch.device("cpu")
+    members: tuple[int, ...] | None = None
+    """Stages in the group, in rank order; None: every stage, rank == stage."""
+    interrupted: Callable[[], bool] | None = None
+    """Hard failures: whether the launcher abandoned the current group (checked while waiting)."""
+    bytes_sent: int = 0
+    """Bytes this rank sent point to point (tensors and objects), since it started."""
+    bytes_received: int = 0
+    _rank_of_stage: dict[int, int] = field(default_factory=dict, repr=False)
+    _waiter: futures.ThreadPoolExecutor | None = field(default=None, repr=False)
+    _collective_sequence: int = field(default=0, repr=False)
 
     @property
     def _timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout_s)
 
+    def rebind(self, members: tuple[int, ...]) -> None:
+        """The default group was re-formed with `members` (stages in rank order)."""
+        self.members = tuple(members)
+        self.world_size = len(members)
+        self._rank_of_stage = {stage: rank for rank, stage in enumerate(members)}
+        self._collective_sequence = 0  # every member starts the new group's collectives at 0
+        if self._waiter is not None:
+            # Waits abandoned in the old group end with it; the new group gets threads of its own.
+            self._waiter.shutdown(wait=False, cancel_futures=True)
+            self._waiter = None
+
+    def _group_rank(self, stage: int) -> int:
+        if self.members is None:
+            return stage
+        return self._rank_of_stage[stage]
+
+    @property
+    def group_stages(self) -> tuple[int, ...]:
+        """The stages in the group, in rank order (all-gathers return values in this order)."""
+        return self.members if self.members is not None else tuple(range(self.world_size))
+
     # -- tensors -------------------------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, destination: int, tag: int) -> dist.Work:
-        """Start sending `tensor`; the caller keeps it alive and waits on the returned work."""
-        work = dist.isend(self._to_wire(tensor), dst=destination, tag=tag)
+        """Start sending `tensor` to stage `destination`; the caller waits on the returned work."""
+        staged = self._to_wire(tensor)
+        work = self._call(dist.isend, staged, dst=self._group_rank(destination), tag=tag)
         assert work is not None
+        self.bytes_sent += staged.numel() * staged.element_size()
         return work
 
     def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
         # The returned work holds the staged copy until it completes, so no caller must keep it.
         return tensor.detach().to(self.wire_device).contiguous()
 
+    def _call(self, operation: Callable[..., Any], *arguments: Any, **options: Any) -> Any:
+        """Start a torch.distributed operation; under hard failures a closed connection is GroupBroken."""
+        if self.interrupted is None:
+            return operation(*arguments, **options)
+        try:
+            return operation(*arguments, **options)
+        except RuntimeError as error:
+            raise GroupBroken(f"stage {self.rank}: {' '.join(str(error).split())[:300]}") from error
+
     def wait(self, work: dist.Work) -> None:
-        work.wait(self._timeout)
+        if self.interrupted is None:
+            work.wait(self._timeout)
+            return
+        if self._waiter is None:
+            self._waiter = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="churnsim-wait")
+        pending = self._waiter.submit(work.wait, self._timeout)  # the operation's own timeout still applies
+        while not futures.wait([pending], timeout=_INTERRUPT_CHECK_INTERVAL_S).done:
+            if self.interrupted():
+                raise GroupBroken(f"stage {self.rank}: the launcher abandoned the process group (a stage process died)")
+        self._call(pending.result)  # raises the operation's own error, if any
 
     def send(self, tensor: torch.Tensor, destination: int, tag: int) -> None:
         self.wait(self.isend(tensor, destination, tag))
 
     def recv_into(self, buffer: torch.Tensor, source: int, tag: int) -> torch.Tensor:
-        """Receive into `buffer` (shape and dtype known to both sides) and return it."""
+        """Receive into `buffer` (shape and dtype known to both sides) from stage `source` and return it."""
         staged = buffer if buffer.device == self.wire_device else torch.empty_like(buffer, device=self.wire_device)
-        work = dist.irecv(staged, src=source, tag=tag)
+        work = self._call(dist.irecv, staged, src=self._group_rank(source), tag=tag)
         assert work is not None
-        work.wait(self._timeout)
+        self.wait(work)
+        self.bytes_received += staged.numel() * staged.element_size()
         if staged is not buffer:
             buffer.copy_(staged)
         return buffer
@@ -108,18 +189,47 @@ class Communicator:
 
     # -- collectives ---------------------------------------------------------------------------
     def barrier(self) -> None:
+        if self.interrupted is not None:
+            # Hard failures: an all-reduce is a barrier whose wait can be polled (monitored_barrier's cannot).
+            self.all_reduce_sum(torch.zeros(1, dtype=torch.int64, device=self.wire_device))
+            return
         # monitored_barrier (gloo) names the rank that did not arrive; NCCL has only barrier().
         if dist.get_backend() == "gloo":
             dist.monitored_barrier(timeout=self._timeout)
         else:
             dist.barrier()
 
+    def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Hard failures: every rank's `tensor` (same shape and dtype everywhere), in rank order, over
+        point-to-point messages (not counted as transferred bytes: they are the protocol's own)."""
+        tag = _COLLECTIVE_TAG_BASE + self._collective_sequence
+        self._collective_sequence = (self._collective_sequence + 1) % _COLLECTIVE_SEQUENCES
+        staged = self._to_wire(tensor)
+        sends = [
+            self._call(dist.isend, staged, dst=self._group_rank(stage), tag=tag) for stage in self.group_stages if stage != self.rank
+        ]
+        gathered = []
+        for stage in self.group_stages:
+            if stage == self.rank:
+                gathered.append(staged)
+                continue
+            buffer = torch.empty_like(staged)
+            self.wait(self._call(dist.irecv, buffer, src=self._group_rank(stage), tag=tag))
+            gathered.append(buffer)
+        for work in sends:
+            self.wait(work)
+        return gathered
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over all ranks, in place."""
+        if self.interrupted is not None:
+            total = torch.stack(self._exchange(tensor)).sum(dim=0)  # rank order: the same bits everywhere
+            tensor.copy_(total)
+            return tensor
         staged = self._to_wire(tensor)
-        work = dist.all_reduce(staged, op=dist.ReduceOp.SUM, async_op=True)
+        work = self._call(dist.all_reduce, staged, op=dist.ReduceOp.SUM, async_op=True)
         assert work is not None
-        work.wait(self._timeout)
+        self.wait(work)
         if staged is not tensor:
             tensor.copy_(staged)
         return tensor
@@ -130,10 +240,11 @@ class Communicator:
         if self.rank != destination:
             self.send_object(value, destination, tag)
             return None
-        return [value if rank == destination else self.recv_object(rank, tag) for rank in range(self.world_size)]
+        return [value if stage == destination else self.recv_object(stage, tag) for stage in self.group_stages]
 
     def all_gather_objects(self, value: Any) -> list[Any]:
-        """Every rank's `value` on every rank (safe_codec bytes padded to the longest, one all-gather)."""
+        """Every rank's `value` on every rank, in rank order (= stage order in a full group); safe_codec
+        bytes padded to the longest, one all-gather."""
         wire = self.wire_device
         payload = torch.frombuffer(bytearray(encode(value)), dtype=torch.uint8).to(wire)
         lengths = [torch.zeros(1, dtype=torch.int64, device=wire) for _ in range(self.world_size)]
@@ -146,9 +257,13 @@ class Communicator:
         return [decode(g[: int(n.item())].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
 
     def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        work = dist.all_gather(outputs, tensor, async_op=True)
+        if self.interrupted is not None:
+            for output, received in zip(outputs, self._exchange(tensor)):
+                output.copy_(received)
+            return
+        work = self._call(dist.all_gather, outputs, tensor, async_op=True)
         assert work is not None
-        work.wait(self._timeout)
+        self.wait(work)
 
 
 def init_process_group(
@@ -159,8 +274,12 @@ def init_process_group(
     timeout_s: float = 120.0,
     master_addr: str | None = None,
     master_port: int | None = None,
+    store: Any = None,
 ) -> Communicator:
-    """Join the default process group through `env://`; arguments override the torchrun variables."""
+    """Join the default process group through `env://`; arguments override the torchrun variables.
+
+    `store` (a torch.distributed Store, with `rank` and `world_size`): rendezvous through it instead
+    (hard failures re-form the group through one store prefix per generation, real/elastic.py)."""
     if master_addr is not None:
         os.environ["MASTER_ADDR"] = master_addr
     if master_port is not None:
@@ -168,7 +287,7 @@ def init_process_group(
     rank = int(os.environ["RANK"]) if rank is None else rank
     world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
     for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
+        if store is None and name not in os.environ:
             raise InputError(f"environment variable {name} is not set: launch with torchrun or pass {name.lower()}")
     backend = backend_for(device)
     torch_device = torch.device("cpu")
@@ -183,7 +302,8 @@ def init_process_group(
         torch.cuda.set_device(torch_device)
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        init_method=None if store is not None else "env://",
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),

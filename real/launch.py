@@ -4,6 +4,16 @@ Each rank runs `trainer.train_stage`; the per-rank results (iteration rows, span
 recovery outcomes) are gathered to rank 0 over the process group, merged, and written as a run
 record (calibration/run_record.py) when a run directory is given.
 
+Hard failures (`failure_mode = "hard"`, local launches only): the launcher supervises its stage
+processes (`_Supervisor`). When one is killed by a signal (the failure injector's SIGKILL, or anyone
+else's) after the run started, it deletes that stage's node-local checkpoint level, tells the
+survivors to abandon their process group, offers them a group of their own where the method can
+run degraded, starts a replacement process with the same stage after the join delay, and announces
+the full group (real/elastic.py); each stage writes its result to a file at the end. Deaths it cannot
+recover (before the run started, after a stage finished, every stage at once, an exit with an
+error) end the run as under soft failures. `<run_dir>/workers.json` names the current process of
+every stage (tests and operators kill from there).
+
     torchrun --nproc-per-node 4 -m churnsim.real.launch --scenario scenario.json --method checkfree --run-dir runs/a
 """
 
@@ -18,11 +28,13 @@ import shutil
 import signal
 import sys
 import tempfile
+import traceback
 import warnings
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
 from typing import Any
@@ -33,13 +45,18 @@ from churnsim.calibration.errors import InputError
 
 from .distributed import Communicator, destroy_process_group, find_free_port, init_process_group
 from .methods import METHODS
-from .run_directory import OWN_ENTRIES, RunDirectory, prepare_run_directory
+from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
 from .safe_codec import decode, encode
-from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_record  # noqa: F401 - re-exported
+from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
 from .trainer import RankResult, TrainingConfig, train_stage
 
 # -- generic spawning (also used by the tests) ---------------------------------------------------
 
+
+FORKSERVER_PRELOAD = ("torch", "torch._inductor.config", "churnsim.real.trainer", "churnsim.real.launch", "churnsim.real.elastic")
+"""What the fork server imports once for every stage process it starts. torch._inductor.config (and
+torch._dynamo with it, ≈ 3-5 s on a small CPU) is imported by `torch.use_deterministic_algorithms` and
+by creating any optimizer; imported here, a replacement process is up in a fraction of a second."""
 
 HEARTBEAT_INTERVAL_S = 0.5
 """How often each worker's heartbeat thread touches its file (launcher-side stall detection)."""
@@ -113,6 +130,12 @@ def _start_heartbeat(directory: str, rank: int, launcher_pid: int) -> None:
             time.sleep(HEARTBEAT_INTERVAL_S)
 
     threading.Thread(target=beat, name=f"churnsim-heartbeat-{rank}", daemon=True).start()
+
+
+def _write_pid(directory: str, rank: int) -> None:
+    """The heartbeat file names the rank's current process (a replacement overwrites its predecessor's)."""
+    with open(_heartbeat_path(directory, rank), "w") as file:
+        file.write(str(os.getpid()))
 
 
 def _worker(
@@ -217,8 +240,12 @@ def run_distributed(
     timeout_s: float = 60.0,
     poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
+    hard_failures: HardFailureOptions | None = None,
 ) -> list[Any]:
     """Run `function(communicator, *arguments)` on `world_size` local processes; returns each rank's value.
+
+    `hard_failures`: supervise the processes and replace killed ones (module docstring); `function`
+    then gets a `Membership` (real/elastic.py) instead of a communicator and forms the group itself.
 
     `function` must be importable by name (a module-level function). Processes start from a fork
     server that imported torch and the trainer once (CPU), so later runs in the same interpreter
@@ -234,10 +261,20 @@ def run_distributed(
     if device == "cpu":
         start_method = "forkserver"
         # Only takes effect before the fork server starts; later calls are harmless no-ops.
-        multiprocessing.set_forkserver_preload(["torch", "churnsim.real.trainer", "churnsim.real.launch"])
+        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     else:
         start_method = "spawn"
     limit_s = stall_limit_s(timeout_s)
+    if hard_failures is not None:
+        with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+            supervisor = _Supervisor(
+                function, world_size, arguments, device=device, timeout_s=timeout_s, directory=directory,
+                start_method=start_method, options=hard_failures, poll=poll, poll_interval_s=poll_interval_s,
+            )  # fmt: skip
+            try:
+                return supervisor.run()
+            finally:
+                supervisor.end()
     with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
         context = None
         try:
@@ -264,6 +301,250 @@ def run_distributed(
         finally:
             if context is not None:
                 _end_processes(context.processes)
+
+
+# -- hard failures: the supervisor --------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardFailureOptions:
+    """How the launcher handles killed stage processes (hard failures)."""
+
+    join_delay_s: float
+    """Seconds from seeing a death until the replacement process starts."""
+    runs_degraded: bool = False
+    """Offer the survivors a group of their own while the replacement starts (the method can run degraded)."""
+    node_local_directory: Path | None = None
+    """Node-local checkpoint levels (`<dir>/stage-<s>`): a killed stage's is deleted, its disk died with it."""
+    workers_file: Path | None = None
+    """Where to keep {"launcher_pid", "generation", "workers": {stage: pid}} up to date."""
+    max_replacements: int = 64
+    """More deaths than this in one run end it (a replacement that keeps dying)."""
+
+
+def _elastic_worker(
+    settings: Any,
+    device: str,
+    timeout_s: float,
+    function: Callable[..., Any],
+    arguments: tuple[Any, ...],
+    launcher_pid: int,
+) -> None:
+    from .elastic import Membership, result_path, write_atomically
+
+    directory, stage = settings.directory, settings.stage
+    _die_with_parent()
+    _write_pid(directory, stage)
+    _start_heartbeat(directory, stage, launcher_pid)
+    os.environ.update(LOCAL_RANK=str(stage), LOCAL_WORLD_SIZE=str(settings.num_stages))
+    if device == "cuda":
+        warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
+    try:
+        membership = Membership(settings, device=device, timeout_s=timeout_s)
+        value = function(membership, *arguments)
+        write_atomically(result_path(directory, stage), encode(value))  # JSON + raw tensors: no code runs on read
+        # Stay until every stage has its result: a process leaving earlier closes its connections,
+        # which a peer still finishing the last collective would take for a death.
+        deadline = time.monotonic() + settings.rendezvous_timeout_s
+        while not all(os.path.exists(result_path(directory, other)) for other in range(settings.num_stages)):
+            if time.monotonic() > deadline:
+                break  # the launcher ends the run if a peer never finishes
+            time.sleep(0.01)
+    except BaseException:  # noqa: BLE001 - reported to the launcher, which raises it as the run's error
+        # As torch.multiprocessing does: the launcher raises the traceback as the run's error.
+        with open(os.path.join(directory, f"error-{stage}-{settings.incarnation}.txt"), "w") as file:
+            file.write(traceback.format_exc())
+        sys.exit(1)
+    finally:
+        destroy_process_group()
+
+
+class _Supervisor:
+    """The launcher's side of hard failures: start, watch and replace stage processes (module docstring)."""
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        world_size: int,
+        arguments: tuple[Any, ...],
+        *,
+        device: str,
+        timeout_s: float,
+        directory: str,
+        start_method: str,
+        options: HardFailureOptions,
+        poll: Callable[[], None] | None,
+        poll_interval_s: float,
+    ) -> None:
+        import torch.distributed as dist
+
+        self.function, self.world_size, self.arguments = function, world_size, arguments
+        self.device, self.timeout_s, self.directory = device, timeout_s, directory
+        self.options, self.poll, self.poll_interval_s = options, poll, poll_interval_s
+        self.context = multiprocessing.get_context(start_method)
+        # The rendezvous store lives as long as the launcher; every generation uses its own key prefix.
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.run_started_unix_ns = time.time_ns()
+        self.processes: dict[int, Any] = {}
+        self.incarnations: dict[int, int] = {}
+        self.handled: set[int] = set()  # pids whose exit was dealt with
+        self.finished: set[int] = set()
+        self.deaths: list[dict[str, Any]] = []
+        self.pending: dict[int, float] = {}  # stage -> when its death was seen (replacement not started)
+        self.started_since_full: set[int] = set()
+        self.generation = 0
+        self.abandoned_through = -1
+
+    def _start(self, stage: int, *, death_detected_perf_s: float | None = None) -> None:
+        from .elastic import ElasticSettings
+
+        incarnation = self.incarnations.get(stage, -1) + 1
+        self.incarnations[stage] = incarnation
+        settings = ElasticSettings(
+            directory=self.directory,
+            store_port=self.store.port,
+            stage=stage,
+            num_stages=self.world_size,
+            incarnation=incarnation,
+            # Long enough for the join delay, a process start and a peer's longest wait.
+            rendezvous_timeout_s=self.timeout_s + self.options.join_delay_s + 60.0,
+            run_started_unix_ns=self.run_started_unix_ns,
+            death_detected_perf_s=death_detected_perf_s,
+        )
+        process = self.context.Process(
+            target=_elastic_worker,
+            args=(settings, self.device, self.timeout_s, self.function, self.arguments, os.getpid()),
+            name=f"churnsim-stage-{stage}",
+        )
+        process.start()
+        self.processes[stage] = process
+
+    def _write_workers_file(self) -> None:
+        path = self.options.workers_file
+        if path is None:
+            return
+        from .elastic import write_atomically
+
+        alive = {str(stage): process.pid for stage, process in sorted(self.processes.items()) if process.exitcode is None}
+        body = {"launcher_pid": os.getpid(), "generation": self.generation, "workers": alive}
+        write_atomically(str(path), json.dumps(body).encode())
+
+    def run(self) -> list[Any]:
+        from .elastic import announce, result_path
+
+        announce(self.directory, 0, members=list(range(self.world_size)), full=True, deaths=[])
+        for stage in range(self.world_size):
+            self._start(stage)
+        self._write_workers_file()
+        limit_s = stall_limit_s(self.timeout_s)
+        while len(self.finished) < self.world_size:
+            wait_s = self.poll_interval_s
+            if self.pending:
+                due = min(self.pending.values()) + self.options.join_delay_s
+                wait_s = max(0.0, min(wait_s, due - time.perf_counter()))
+            live = [process.sentinel for process in self.processes.values() if process.exitcode is None]
+            connection.wait(live, timeout=wait_s)
+            ordered = [self.processes[stage] for stage in range(self.world_size)]
+            stalled = _stalled_rank(self.directory, ordered, limit_s)
+            if stalled is not None:
+                ordered[stalled[0]].kill()  # a stopped process ignores SIGTERM
+                raise _stall_error(*stalled)
+            for stage, process in sorted(self.processes.items()):
+                if process.exitcode is not None and process.pid not in self.handled:
+                    self.handled.add(process.pid)
+                    self._exited(stage, process)
+            self._start_due_replacements()
+            if self.poll is not None:
+                self.poll()
+        results = []
+        for stage in range(self.world_size):
+            with open(result_path(self.directory, stage), "rb") as file:
+                results.append(decode(file.read()))
+        return results
+
+    def _exited(self, stage: int, process: Any) -> None:
+        from .elastic import abandon, announce
+
+        code = process.exitcode
+        if code == 0:
+            self.finished.add(stage)
+            return
+        error_path = os.path.join(self.directory, f"error-{stage}-{self.incarnations[stage]}.txt")
+        if os.path.exists(error_path):
+            with open(error_path) as file:
+                message = f"\n\n-- Process {stage} terminated with the following error:\n" + file.read()
+            raise multiprocessing.ProcessRaisedException(message, stage, process.pid)
+        name = signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
+        why = self._not_recoverable(code)
+        if why is not None:
+            raise multiprocessing.ProcessExitedException(
+                f"process {stage} terminated with {'signal ' + name if name else f'exit code {code}'}; {why}",
+                error_index=stage, error_pid=process.pid, exit_code=code, signal_name=name,
+            )  # fmt: skip
+        now = time.perf_counter()
+        self.deaths.append({"id": len(self.deaths), "stage": stage, "detected_perf_s": now, "exit": name})
+        self.pending[stage] = now
+        if self.options.node_local_directory is not None:  # the node's disk died with it
+            shutil.rmtree(self.options.node_local_directory / f"stage-{stage}", ignore_errors=True)
+        for generation in range(self.abandoned_through + 1, self.generation + 1):
+            abandon(self.directory, generation)
+        self.abandoned_through = self.generation
+        if self.options.runs_degraded:
+            down = set(self.pending) | {s for s, p in self.processes.items() if p.exitcode is not None}
+            members = [s for s in range(self.world_size) if s not in down]
+            self.generation += 1
+            announce(self.directory, self.generation, members=members, full=False, deaths=self.deaths)
+        self._write_workers_file()
+
+    def _not_recoverable(self, code: int) -> str | None:
+        """Why a stage process's death ends the run, or None when a replacement can take over."""
+        from .elastic import STARTED_FILE
+
+        if code > 0:
+            return "it failed (not a kill)"
+        if not os.path.exists(os.path.join(self.directory, STARTED_FILE)):
+            return "the run had not started (its first process group never formed)"
+        if self.finished:
+            return f"stage(s) {sorted(self.finished)} had already finished, so the group cannot re-form"
+        if len(self.deaths) >= self.options.max_replacements:
+            return f"{len(self.deaths)} stage processes were replaced already (at most {self.options.max_replacements})"
+        if all(process.exitcode is not None for process in self.processes.values()):
+            return "every stage process died, none is left to recover from"
+        return None
+
+    def _start_due_replacements(self) -> None:
+        from .elastic import announce
+
+        now = time.perf_counter()
+        for stage, seen in sorted(self.pending.items()):
+            if now >= seen + self.options.join_delay_s:
+                del self.pending[stage]
+                self._start(stage, death_detected_perf_s=seen)
+                self.started_since_full.add(stage)
+        if self.started_since_full and not self.pending:
+            self.generation += 1
+            announce(self.directory, self.generation, members=list(range(self.world_size)), full=True, deaths=self.deaths)
+            self.started_since_full.clear()
+            self._write_workers_file()
+
+    def end(self) -> None:
+        _end_processes(list(self.processes.values()))
+        if self.options.workers_file is not None:
+            self.options.workers_file.unlink(missing_ok=True)
+
+
+def _train_hard(membership: Any, config: TrainingConfig, run_dir: Path | None, progress_path: str | None) -> RankResult:
+    """`_train` under hard failures: the stage's process forms (and re-forms) its group through `membership`."""
+    report = None
+    if progress_path is not None:  # whichever process runs the head reports (it moves while degraded)
+
+        def report(row: dict[str, Any]) -> None:
+            temporary = f"{progress_path}.{os.getpid()}.tmp"
+            with open(temporary, "w") as file:
+                json.dump({k: row[k] for k in ("step", "iteration", "train_loss")}, file)
+            os.replace(temporary, progress_path)
+
+    return train_stage(config, None, run_dir=run_dir, on_iteration_done=report, membership=membership)
 
 
 def _train(
@@ -294,10 +575,18 @@ def _prepare(run_dir: Path, config: TrainingConfig, resume: bool, **options: Any
     return lease, dataclasses.replace(config, run_id=lease.run_id, resume=resume)
 
 
+def _durable_checkpoints(lease: RunDirectory, config: TrainingConfig) -> Path:
+    """Where the run's durable (remote) checkpoint level lives: the run directory, or the scenario's remote dir."""
+    if config.remote_checkpoint_dir is not None:
+        return Path(config.remote_checkpoint_dir) / lease.run_id
+    return lease.checkpoints
+
+
 def _finish(lease: RunDirectory, result: RunResult, **record_options: Any) -> Path:
     """The run finished: node-local levels go, the record is written beside the checkpoints, run.json says so."""
     lease.remove_node_local_levels()
-    checkpoints = lease.checkpoints if lease.checkpoints.is_dir() else None
+    durable = _durable_checkpoints(lease, result.config)
+    checkpoints = durable if durable.is_dir() else None
     path = write_record(
         result,
         lease.path,
@@ -306,18 +595,36 @@ def _finish(lease: RunDirectory, result: RunResult, **record_options: Any) -> Pa
         extra_entries=OWN_ENTRIES,
         **record_options,
     )
+    write_recoveries(result, lease.path / RECOVERIES_FILE)
     lease.mark("finished")
     return path
 
 
-def _fail(lease: RunDirectory, error: BaseException) -> None:
+def _fail(lease: RunDirectory, error: BaseException, config: TrainingConfig | None = None) -> None:
     """The run failed: its durable checkpoints stay (bound to its run id) for `--resume`."""
     lease.remove_node_local_levels()
+    (lease.path / WORKERS_FILE).unlink(missing_ok=True)
     lease.mark("failed")
-    if any(lease.checkpoints.glob("stage-*/*.manifest.json")) and hasattr(error, "add_note"):  # Python >= 3.11
+    durable = _durable_checkpoints(lease, config) if config is not None else lease.checkpoints
+    if any(durable.glob("stage-*/*.manifest.json")) and hasattr(error, "add_note"):  # Python >= 3.11
         error.add_note(
-            f"the run's durable checkpoints are kept in {lease.checkpoints}; continue the run with the same command and --resume"
+            f"the run's durable checkpoints are kept in {durable}; continue the run with the same command and --resume"
         )
+
+
+def _check_remote_checkpoint_dir(config: TrainingConfig) -> None:
+    """A remote checkpoint directory that cannot hold checkpoints is refused before anything starts."""
+    if config.remote_checkpoint_dir is None:
+        return
+    path = Path(config.remote_checkpoint_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(
+            f"training.remote_checkpoint_dir = {str(path)!r}: cannot be created ({error.strerror}); give a writable directory"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"training.remote_checkpoint_dir = {str(path)!r}: not writable; give a writable directory")
 
 
 def launch_local(
@@ -343,13 +650,27 @@ def launch_local(
     `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
     run goes on.
     """
+    _check_remote_checkpoint_dir(config)
     lease = None
     if run_dir is not None:
         lease, config = _prepare(Path(run_dir), config, resume, run_id=run_id, restart_unfinished=restart_unfinished)
     elif resume:
         raise InputError("resume=True: give the run_dir of the run to continue")
+    hard = config.failure_mode == "hard"
     try:
         with tempfile.TemporaryDirectory(prefix="churnsim-progress-") as progress_directory:
+            # Hard failures: a replacement process must find its predecessor's checkpoints, so
+            # checkpoints live in one directory for all processes (the run's, or a temporary one).
+            worker_run_dir = lease.path if lease is not None else (Path(progress_directory) if hard else None)
+            options = None
+            if hard:
+                assert worker_run_dir is not None
+                options = HardFailureOptions(
+                    join_delay_s=config.join_delay_s,
+                    runs_degraded=METHODS[config.method.name].runs_degraded if config.method.name in METHODS else False,
+                    node_local_directory=worker_run_dir / "local",
+                    workers_file=lease.path / WORKERS_FILE if lease is not None else None,
+                )
             progress_path = os.path.join(progress_directory, "progress.json") if on_progress is not None else None
             last_seen: list[Any] = [None]
 
@@ -366,14 +687,15 @@ def launch_local(
                     on_progress(row)  # type: ignore[misc]
 
             results = run_distributed(
-                _train,
+                _train_hard if hard else _train,
                 config.num_stages,
                 config,
-                lease.path if lease is not None else None,
+                worker_run_dir,
                 progress_path,
                 device=config.device,
                 timeout_s=config.timeout_s,
                 poll=poll,
+                hard_failures=options,
             )
             poll()
         result = merge_rank_results(config, results)
@@ -383,7 +705,7 @@ def launch_local(
             )
     except BaseException as error:
         if lease is not None:
-            _fail(lease, error)
+            _fail(lease, error, config)
         raise
     finally:
         if lease is not None:
@@ -414,6 +736,13 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if config.failure_mode == "hard":
+        print(
+            "error: training.failure_mode = 'hard' needs `churnsim real run`, whose launcher replaces killed stage "
+            "processes; torchrun runs use 'soft' (torchrun --max-restarts with --resume restarts every rank instead)",
+            file=sys.stderr,
+        )
+        return 2
     communicator = init_process_group(device=config.device, timeout_s=config.timeout_s)
     run_dir = Path(arguments.run_dir) if arguments.run_dir else None
     lease, gathered = None, None
@@ -436,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
             _finish(lease, merge_rank_results(config, gathered), scenario=scenario, replication=arguments.replication)
     except BaseException as error:
         if lease is not None:
-            _fail(lease, error)
+            _fail(lease, error, config)
         raise
     finally:
         if lease is not None:

@@ -12,6 +12,12 @@ operation waits only for its own input, so a stage never blocks on a message it 
 needed. `message_flow_completes` replays the operation orders of all stages under exactly these
 rules and tells whether every stage finishes; the tests run it for GPipe and 1F1B with and without
 CheckFree+'s swapped routes.
+
+Placement (hard failures, `redundant` running degraded): while stage s's process is down, its
+predecessor runs stage s too, with its replica. `placement[t]` names the process (by its own stage)
+that runs stage t; a process runs the schedule of its position among the processes, each of its
+forward operations covering its stages' hops in route order (backward: reversed), and consecutive
+hops on one process pass the activation in memory. In-order routes only.
 """
 
 from __future__ import annotations
@@ -52,21 +58,36 @@ class PipelineStage:
         microbatch_size: int,
         swap_odd_microbatches: bool = False,
         after_forward_hop: AfterForwardHop | None = None,
+        placement: tuple[int, ...] | None = None,
+        hosted_modules: dict[int, StageModule] | None = None,
     ) -> None:
         self.module = module
         self.stage = module.stage
+        """This process's own stage, which names it as a peer."""
         self.num_stages = module.num_stages
         self.communicator = communicator
         self.spans = spans
         self.num_microbatches = num_microbatches
         self.after_forward_hop = after_forward_hop
-        self.operations: tuple[StageOperation, ...] = stage_operation_order(
-            schedule,
-            num_stages=self.num_stages,
-            num_microbatches=num_microbatches,
-            stage=self.stage,
-            swap_odd_microbatches=swap_odd_microbatches,
-        )
+        identity = tuple(range(self.num_stages))
+        self.placement = identity if placement is None else tuple(placement)
+        self.modules: dict[int, StageModule] = {self.stage: module, **(hosted_modules or {})}
+        if sorted(stage for stage, process in enumerate(self.placement) if process == self.stage) != sorted(self.modules):
+            raise ValueError(f"placement {self.placement} does not match the stages {sorted(self.modules)} process {self.stage} holds")
+        if self.placement == identity:
+            self.operations: tuple[StageOperation, ...] = stage_operation_order(
+                schedule,
+                num_stages=self.num_stages,
+                num_microbatches=num_microbatches,
+                stage=self.stage,
+                swap_odd_microbatches=swap_odd_microbatches,
+            )
+        else:
+            if swap_odd_microbatches:
+                raise ValueError("swapped routes cannot run with merged stages")
+            self.operations = placed_operation_order(
+                schedule, num_stages=self.num_stages, num_microbatches=num_microbatches, placement=self.placement, process=self.stage
+            )
         self.routes = [
             microbatch_route(self.num_stages, m, swap_odd_microbatches=swap_odd_microbatches)
             for m in range(num_microbatches)
@@ -85,6 +106,7 @@ class PipelineStage:
             num_stages=self.num_stages,
             num_microbatches=num_microbatches,
             swap_odd_microbatches=swap_odd_microbatches,
+            placement=None if self.placement == identity else self.placement,
         )
         directions = {"forward": _FORWARD, "backward": _BACKWARD}
         self._send_order_of: dict[int, list[int]] = {
@@ -171,21 +193,22 @@ class PipelineStage:
         saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]],
     ) -> float | None:
         m, index = operation.microbatch, operation.hop_index
+        module = self.modules[hop.stage]
         hop_input: torch.Tensor | None = None
         if hop.runs_embedding:
             assert inputs is not None, "stage 0 needs the input tokens"
         else:
             tag = _tag(m, index, _FORWARD, self.num_hops)
-            hop_input = self._receive(route[index - 1].stage, tag, iteration, m).requires_grad_(True)
+            hop_input = self._receive(self.placement[route[index - 1].stage], tag, iteration, m).requires_grad_(True)
         with self.spans.span("forward", iteration, m):
-            hidden = self.module.embed(inputs[m].to(self.communicator.device)) if inputs is not None and hop.runs_embedding else hop_input
+            hidden = module.embed(inputs[m].to(self.communicator.device)) if inputs is not None and hop.runs_embedding else hop_input
             assert hidden is not None
             if hop.runs_blocks:
-                hidden = self.module.run_blocks(hidden)
+                hidden = module.run_blocks(hidden)
             loss_value: float | None = None
             if hop.runs_head:
                 assert targets is not None, "the head stage needs the targets"
-                output = self.module.head_loss(hidden, targets[m].to(self.communicator.device)) / self.num_microbatches
+                output = module.head_loss(hidden, targets[m].to(self.communicator.device)) / self.num_microbatches
                 loss_value = float(output.detach())
             else:
                 output = hidden
@@ -195,7 +218,7 @@ class PipelineStage:
                 iteration=iteration, microbatch=m, hop_index=index, hop=hop, hop_input=hop_input, hop_output=output
             )
         if not hop.runs_head:
-            self._send(output, route[index + 1].stage, _tag(m, index + 1, _FORWARD, self.num_hops), iteration, m)
+            self._send(output, self.placement[route[index + 1].stage], _tag(m, index + 1, _FORWARD, self.num_hops), iteration, m)
         return loss_value
 
     def _backward(
@@ -212,12 +235,13 @@ class PipelineStage:
             output_gradient = None
         else:
             tag = _tag(m, index, _BACKWARD, self.num_hops)
-            output_gradient = self._receive(route[index + 1].stage, tag, iteration, m)
+            output_gradient = self._receive(self.placement[route[index + 1].stage], tag, iteration, m)
         with self.spans.span("backward", iteration, m):
             torch.autograd.backward(output, output_gradient)
         if hop_input is not None:
             assert hop_input.grad is not None
-            self._send(hop_input.grad, route[index - 1].stage, _tag(m, index - 1, _BACKWARD, self.num_hops), iteration, m)
+            destination = self.placement[route[index - 1].stage]
+            self._send(hop_input.grad, destination, _tag(m, index - 1, _BACKWARD, self.num_hops), iteration, m)
 
     # -- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -230,53 +254,92 @@ class PipelineStage:
         targets: list[torch.Tensor] | None,
     ) -> float | None:
         """Mean held-out loss over `num_batches` batches of `microbatch_size` sequences, forward only,
-        along the in-order route (also under CheckFree+). Returns the loss on the last stage."""
+        along the in-order route (also under CheckFree+). Returns the loss on the process running the head."""
         total = 0.0
-        last = self.num_stages - 1
+        route = self.in_order_route
+        runs_head = self.placement[route[-1].stage] == self.stage
         with self.spans.span("eval", iteration):
             for batch in range(num_batches):
-                if self.stage == 0:
-                    assert inputs is not None
-                    hidden = self.module.embed(inputs[batch].to(self.communicator.device))
-                else:
-                    tag = _tag(batch, self.stage, _EVAL, self.num_stages)
-                    hidden = self.communicator.recv(self.activation_shape, torch.float32, self.stage - 1, tag)
-                hidden = self.module.run_blocks(hidden)
-                if self.stage == last:
-                    assert targets is not None
-                    total += float(self.module.head_loss(hidden, targets[batch].to(self.communicator.device)))
-                else:
-                    self.communicator.send(hidden, self.stage + 1, _tag(batch, self.stage + 1, _EVAL, self.num_stages))
-        return total / num_batches if self.stage == last and num_batches else None
+                hidden: torch.Tensor | None = None
+                for index, hop in enumerate(route):
+                    if self.placement[hop.stage] != self.stage:
+                        continue
+                    module = self.modules[hop.stage]
+                    if hop.runs_embedding:
+                        assert inputs is not None
+                        hidden = module.embed(inputs[batch].to(self.communicator.device))
+                    elif hidden is None:
+                        tag = _tag(batch, index, _EVAL, self.num_stages)
+                        source = self.placement[route[index - 1].stage]
+                        hidden = self.communicator.recv(self.activation_shape, torch.float32, source, tag)
+                    hidden = module.run_blocks(hidden)
+                    if hop.runs_head:
+                        assert targets is not None
+                        total += float(module.head_loss(hidden, targets[batch].to(self.communicator.device)))
+                    elif self.placement[route[index + 1].stage] != self.stage:
+                        destination = self.placement[route[index + 1].stage]
+                        self.communicator.send(hidden, destination, _tag(batch, index + 1, _EVAL, self.num_stages))
+                        hidden = None
+        return total / num_batches if runs_head and num_batches else None
+
+    @property
+    def runs_head(self) -> bool:
+        """Whether this process computes the loss (the last stage, or its host while it is down)."""
+        return self.placement[self.num_stages - 1] == self.stage
+
+    def reset(self) -> None:
+        """Forget an interrupted iteration: unsent work, early messages, gradients (hard failures)."""
+        self._pending_sends.clear()
+        self._local_messages.clear()
+        self._early.clear()
+        self._next_from.clear()
+        for module in self.modules.values():
+            module.zero_grad(set_to_none=True)
 
 
-def message_flow_completes(schedule: str, *, num_stages: int, num_microbatches: int, swap_odd_microbatches: bool) -> bool:
-    """Replay every stage's operation order with non-blocking sends and blocking receives.
+def message_flow_completes(
+    schedule: str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    swap_odd_microbatches: bool,
+    placement: tuple[int, ...] | None = None,
+) -> bool:
+    """Replay every process's operation order with non-blocking sends and blocking receives.
 
-    Returns True when all stages finish, False on a deadlock (no stage can make progress). Pure:
-    used by the tests to show the orders of pipeline_schedule.py cannot hang this executor.
+    Returns True when all processes finish, False on a deadlock (none can make progress). Pure:
+    used by the tests to show the orders of pipeline_schedule.py cannot hang this executor, also with
+    merged stages (`placement`, stage -> process).
     """
-    orders = [
-        stage_operation_order(
-            schedule,
-            num_stages=num_stages,
-            num_microbatches=num_microbatches,
-            stage=stage,
-            swap_odd_microbatches=swap_odd_microbatches,
+    where = placement if placement is not None else tuple(range(num_stages))
+    processes = sorted(set(where))
+    orders = {
+        process: (
+            stage_operation_order(
+                schedule,
+                num_stages=num_stages,
+                num_microbatches=num_microbatches,
+                stage=process,
+                swap_odd_microbatches=swap_odd_microbatches,
+            )
+            if placement is None
+            else placed_operation_order(
+                schedule, num_stages=num_stages, num_microbatches=num_microbatches, placement=placement, process=process
+            )
         )
-        for stage in range(num_stages)
-    ]
+        for process in processes
+    }
     routes = [
         microbatch_route(num_stages, m, swap_odd_microbatches=swap_odd_microbatches) for m in range(num_microbatches)
     ]
     delivered: set[tuple[str, int, int]] = set()  # (direction, microbatch, receiving hop index)
-    positions = [0] * num_stages
+    positions = dict.fromkeys(processes, 0)
     progress = True
     while progress:
         progress = False
-        for stage in range(num_stages):
-            while positions[stage] < len(orders[stage]):
-                operation = orders[stage][positions[stage]]
+        for process in processes:
+            while positions[process] < len(orders[process]):
+                operation = orders[process][positions[process]]
                 route = routes[operation.microbatch]
                 hop = route[operation.hop_index]
                 key = (operation.direction, operation.microbatch, operation.hop_index)
@@ -287,46 +350,83 @@ def message_flow_completes(schedule: str, *, num_stages: int, num_microbatches: 
                     delivered.add(("forward", operation.microbatch, operation.hop_index + 1))
                 if operation.direction == "backward" and operation.hop_index > 0 and not hop.runs_embedding:
                     delivered.add(("backward", operation.microbatch, operation.hop_index - 1))
-                positions[stage] += 1
+                positions[process] += 1
                 progress = True
-    return all(position == len(order) for position, order in zip(positions, orders))
+    return all(positions[process] == len(orders[process]) for process in processes)
 
 
 MessageKey = tuple[str, int, int]  # (direction, microbatch, hop index of the receiving hop)
 
 
+def placed_operation_order(
+    schedule: str, *, num_stages: int, num_microbatches: int, placement: tuple[int, ...], process: int
+) -> tuple[StageOperation, ...]:
+    """The operations of process `process` when stage t runs on process `placement[t]` (in-order
+    routes; a process's stages are adjacent): the schedule of its position among the processes, each
+    operation expanded into its stages' hops."""
+    processes = sorted(set(placement), key=placement.index)  # in route order
+    for candidate in processes:
+        held = [stage for stage, holder in enumerate(placement) if holder == candidate]
+        if held != list(range(held[0], held[-1] + 1)):
+            raise ValueError(f"placement {placement}: process {candidate} holds stages {held}, which are not adjacent")
+    node_order = stage_operation_order(
+        schedule, num_stages=len(processes), num_microbatches=num_microbatches, stage=processes.index(process)
+    )
+    route = microbatch_route(num_stages, 0, swap_odd_microbatches=False)
+    hops_here = [index for index, hop in enumerate(route) if placement[hop.stage] == process]
+    operations: list[StageOperation] = []
+    for operation in node_order:
+        indices = hops_here if operation.direction == "forward" else hops_here[::-1]
+        operations.extend(
+            StageOperation(direction=operation.direction, microbatch=operation.microbatch, hop_index=index) for index in indices
+        )
+    return tuple(operations)
+
+
 def pair_message_orders(
-    schedule: str, *, num_stages: int, num_microbatches: int, swap_odd_microbatches: bool
+    schedule: str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    swap_odd_microbatches: bool,
+    placement: tuple[int, ...] | None = None,
 ) -> tuple[dict[tuple[int, int], list[MessageKey]], dict[tuple[int, int], list[MessageKey]]]:
-    """For every (source, destination) pair: the messages in the order the source sends them, and in
-    the order the destination first needs them."""
+    """For every (source, destination) pair of processes: the messages in the order the source sends
+    them, and in the order the destination first needs them. `placement` (stage -> process): merged
+    stages; None: every stage on its own process."""
     routes = [
         microbatch_route(num_stages, m, swap_odd_microbatches=swap_odd_microbatches) for m in range(num_microbatches)
     ]
+    where = placement if placement is not None else tuple(range(num_stages))
     sent: dict[tuple[int, int], list[MessageKey]] = {}
     received: dict[tuple[int, int], list[MessageKey]] = {}
-    for stage in range(num_stages):
-        order = stage_operation_order(
-            schedule,
-            num_stages=num_stages,
-            num_microbatches=num_microbatches,
-            stage=stage,
-            swap_odd_microbatches=swap_odd_microbatches,
-        )
+    for process in sorted(set(where)):
+        if placement is None:
+            order = stage_operation_order(
+                schedule,
+                num_stages=num_stages,
+                num_microbatches=num_microbatches,
+                stage=process,
+                swap_odd_microbatches=swap_odd_microbatches,
+            )
+        else:
+            order = placed_operation_order(
+                schedule, num_stages=num_stages, num_microbatches=num_microbatches, placement=placement, process=process
+            )
         for operation in order:
             route = routes[operation.microbatch]
             index, m = operation.hop_index, operation.microbatch
             hop = route[index]
             if operation.direction == "forward":
-                if not hop.runs_embedding and route[index - 1].stage != stage:
-                    received.setdefault((route[index - 1].stage, stage), []).append(("forward", m, index))
-                if not hop.runs_head and route[index + 1].stage != stage:
-                    sent.setdefault((stage, route[index + 1].stage), []).append(("forward", m, index + 1))
+                if not hop.runs_embedding and where[route[index - 1].stage] != process:
+                    received.setdefault((where[route[index - 1].stage], process), []).append(("forward", m, index))
+                if not hop.runs_head and where[route[index + 1].stage] != process:
+                    sent.setdefault((process, where[route[index + 1].stage]), []).append(("forward", m, index + 1))
             else:
-                if not hop.runs_head and route[index + 1].stage != stage:
-                    received.setdefault((route[index + 1].stage, stage), []).append(("backward", m, index))
-                if not hop.runs_embedding and route[index - 1].stage != stage:
-                    sent.setdefault((stage, route[index - 1].stage), []).append(("backward", m, index - 1))
+                if not hop.runs_head and where[route[index + 1].stage] != process:
+                    received.setdefault((where[route[index + 1].stage], process), []).append(("backward", m, index))
+                if not hop.runs_embedding and where[route[index - 1].stage] != process:
+                    sent.setdefault((process, where[route[index - 1].stage]), []).append(("backward", m, index - 1))
     return sent, received
 
 

@@ -1,5 +1,6 @@
 """A finished real run: the per-rank results merged over ranks (`merge_rank_results`) and written as
-a run record (`write_record`, calibration/run_record.py)."""
+a run record (`write_record`, calibration/run_record.py), with its recoveries beside it
+(`write_recoveries`: recoveries.csv)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ if TYPE_CHECKING:
 # pandas and the run-record module are imported where used: spawned ranks never need them, and
 # each import costs every rank start-up time.
 FAILURE_TABLE_COLUMNS = ("time_s", "iteration", "stage", "kind")
+RECOVERY_TABLE_COLUMNS = (
+    "step", "iteration", "failure_mode", "failed_stages", "degraded", "resume_iteration", "rebuilt_from",
+    "join_s", "rendezvous_s", "transfer_s", "load_s", "rebuild_s", "recovery_s", "stalled_s",
+    "network_bytes", "file_bytes", "levels_read", "notes",
+)  # fmt: skip
+"""recoveries.csv: per recovery, seconds of each phase (max over ranks: they work in parallel) and
+bytes moved (sum over ranks): `network_bytes` received over the process group, `file_bytes` read
+from checkpoint files, `levels_read` which level each stage read them from. `join_s`: a replacement
+process from its predecessor's death to ready (hard failures); `rendezvous_s`: barrier and process
+group formation; `recovery_s`: the method's recovery; `stalled_s`: a survivor's whole stop, from
+leaving its group to training again (waiting for the replacement included)."""
 
 
 @dataclass(kw_only=True)
@@ -39,7 +51,9 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
     from churnsim.calibration.run_record import SPANS_COLUMNS
 
     rows = pd.DataFrame([row | {"stage": r.stage} for r in results for row in r.iteration_rows])
-    head = rows[rows["stage"] == config.num_stages - 1].set_index("step")
+    # The loss comes from whichever process ran the head: the last stage, or its host while it was down.
+    runs_head = rows["runs_head"].fillna(False).astype(bool) if "runs_head" in rows else rows["stage"] == config.num_stages - 1
+    head = rows[runs_head].sort_values("step", kind="stable").set_index("step")
     grouped = rows.groupby("step")
     metrics = pd.DataFrame(
         {
@@ -139,6 +153,24 @@ def write_record(
     )
     record = make_run_record(manifest, result.metrics.loc[:, list(METRICS_COLUMNS)], result.spans, failures)
     return write_run_record(record, run_dir, extra_entries=extra_entries)
+
+
+def write_recoveries(result: RunResult, path: str | Path) -> Path:
+    """recoveries.csv (RECOVERY_TABLE_COLUMNS): one row per recovery, lists and maps as JSON."""
+    import json
+
+    import pandas as pd
+
+    rows = []
+    for recovery in result.recoveries:
+        row = {column: recovery.get(column) for column in RECOVERY_TABLE_COLUMNS}
+        row["failure_mode"] = recovery.get("failure_mode", "resume")  # only a resumed run's start has no mode
+        for column in ("failed_stages", "rebuilt_from", "levels_read", "notes"):
+            row[column] = json.dumps(recovery.get(column), default=str, sort_keys=True)
+        rows.append(row)
+    path = Path(path)
+    pd.DataFrame(rows, columns=list(RECOVERY_TABLE_COLUMNS)).to_csv(path, index=False)
+    return path
 
 
 def _finite_or_none(value: float) -> float | None:

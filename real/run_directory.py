@@ -9,6 +9,10 @@
     DIR/local/stage-s/        node-local checkpoint levels: they die with the nodes, so they are
                               removed when the run ends (finished or failed) and when it resumes
     DIR/manifest.json, metrics.csv, spans.csv, failures.csv    the run record, once the run finished
+    DIR/recoveries.csv        one row per recovery: what failed, what each stage started from, the
+                              seconds of join, rendezvous, transfer, load, rebuild, and the bytes it
+                              moved over the network and read from checkpoint files
+    DIR/workers.json          while it runs under hard failures: the process of every stage
 
 `prepare_run_directory` decides, before any process starts, and removes nothing that is not the run's
 own: a new or empty DIR starts a run; a finished run's DIR is cleared of its own entries and starts a
@@ -36,7 +40,9 @@ RECORD_FILES = ("manifest.json", "metrics.csv", "spans.csv", "failures.csv")  # 
 RUN_FILE = "run.json"
 CHECKPOINTS_DIRECTORY = "checkpoints"
 LOCAL_DIRECTORY = "local"
-OWN_ENTRIES: tuple[str, ...] = (RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY)
+RECOVERIES_FILE = "recoveries.csv"
+WORKERS_FILE = "workers.json"
+OWN_ENTRIES: tuple[str, ...] = (RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, WORKERS_FILE)
 """What a real run keeps in its directory beside the record files."""
 RUN_FORMAT = "churnsim-real-run"
 # Fields a resumed run may change: how long to wait, how many threads, how far to train.

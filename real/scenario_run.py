@@ -7,8 +7,12 @@ becomes the iterations the scenario's baseline curve needs for it). `scenario.tr
 only a real run needs: learning rate, evaluation, corpus, device.
 
 What the simulator models but a real run on one machine does not take from the scenario: compute
-times, links and storage bandwidths (they are whatever this machine measures), the join delay and
-restart time (local processes re-initialise in place), and a data-parallel degree above 1.
+times, links and storage bandwidths (they are whatever this machine measures, except a remote
+checkpoint level's bandwidth, `training.remote_checkpoint_bytes_per_s`), the restart time (the
+rendezvous is whatever it takes here), and a data-parallel degree above 1. Under soft failures the
+join delay is not used either (processes re-initialise in place); under hard failures
+(`training.failure_mode = "hard"`) a replacement process starts `training.join_delay_s` after a kill,
+by default the scenario's `recovery.join_delay_s`.
 """
 
 from __future__ import annotations
@@ -90,6 +94,10 @@ def training_config(scenario: Scenario, method: MethodConfig, *, replication: in
         device=training.device,
         timeout_s=training.peer_timeout_s,
         deterministic=training.deterministic,
+        failure_mode=training.failure_mode,
+        join_delay_s=training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s,
+        remote_checkpoint_dir=training.remote_checkpoint_dir,
+        remote_checkpoint_bytes_per_s=training.remote_checkpoint_bytes_per_s,
     )
 
 

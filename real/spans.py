@@ -31,6 +31,11 @@ class SpanRecorder:
         """Call right after the start-of-run barrier so that every rank shares the origin."""
         self.origin_s = time.perf_counter()
 
+    def set_origin(self, origin_s: float) -> None:
+        """Adopt another process's origin (a replacement process joining a running run: perf_counter
+        is the machine's monotonic clock, the same in every process on it)."""
+        self.origin_s = origin_s
+
     def now_s(self) -> float:
         if self._synchronize:
             torch.cuda.synchronize()

@@ -16,6 +16,19 @@ Failures come from two sources, both decided the same way on every rank:
 A step counts executed iterations, so after a rollback (a method's `resume_iteration`) replayed
 iterations do not fail again; without rollbacks step == iteration.
 
+Hard failures (`failure_mode = "hard"`, DESIGN.md section 2; launched by launch.py's supervisor):
+a failing stage's process kills itself with SIGKILL at the boundary, and any stage process may be
+killed from outside at any moment. The survivors keep their weights and optimizer state in memory,
+leave the broken process group and wait for the next generation (real/elastic.py): a group of the
+survivors alone, where the method can run degraded (`redundant`: the predecessor runs the lost stage
+from its replica), and the full group once the replacement process is up after the join delay. On
+every re-formed group the ranks agree (one all-gather) on which stages lost their state, on the
+step to continue from (the furthest any survivor applied its update: a survivor interrupted before
+its optimizer step drops that iteration's gradients) and on the clock, and then the method recovers
+the lost stages (`recover`, as for soft failures). Every iteration boundary carries one all-reduce
+(the failures due and "a newer generation exists"), so all ranks switch groups at the same step.
+Each stage journals its rows (real/journal.py) so that a killed process's record survives it.
+
 Gradient clipping: `per_stage` (default) clips each stage's gradient norm on its own, as the
 CheckFree reference code does; `global` clips by the norm of the whole model's gradient, which costs
 one all-reduce of a scalar per iteration; `none` disables clipping.
@@ -29,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +59,7 @@ from churnsim.calibration.pipeline_schedule import SCHEDULES
 
 from .checkpoint.format import DEFAULT_RUN_ID
 from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
-from .distributed import Communicator
+from .distributed import Communicator, GroupBroken
 from .methods import MethodContext, StageRuntime, build_method
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
 from .pipeline import PipelineStage
@@ -53,6 +68,9 @@ from .spans import SpanRecorder
 _FAILURE_INIT_STREAM = 11
 _STAGE_TORCH_STREAM = 12
 FAILURE_KIND = "stage_failure"
+EXTERNAL_KILL_KIND = "external_kill"
+"""Failure-table kind of a stage process killed from outside the run (hard failures)."""
+FAILURE_MODES = ("soft", "hard")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +116,15 @@ class TrainingConfig:
     resume: bool = False
     """Continue run `run_id` from the newest checkpoint every stage holds durably (a method with
     `resumable = True`); steps start at that iteration, the failures scheduled before it are not replayed."""
+    failure_mode: str = "soft"
+    """"soft": a failing stage re-initialises in place; "hard": its process is killed and replaced
+    (module docstring; needs launch.py's supervisor)."""
+    join_delay_s: float = 0.0
+    """Hard failures: seconds from a kill until the replacement process starts."""
+    remote_checkpoint_dir: str | None = None
+    """Root of the checkpoints' remote level (another file system); None: `<run_dir>/checkpoints`."""
+    remote_checkpoint_bytes_per_s: float | None = None
+    """Bandwidth of the path to the remote level (writes and reads paced); None: unthrottled."""
 
     def __post_init__(self) -> None:
         check_stage_split(self.model.num_layers, self.num_stages)
@@ -110,6 +137,12 @@ class TrainingConfig:
             raise InputError("learning_rate and timeout_s must be > 0 and eval_interval_iterations >= 0")
         if self.gradient_clipping not in ("per_stage", "global", "none"):
             raise InputError(f"gradient_clipping {self.gradient_clipping!r}: use per_stage, global or none")
+        if self.failure_mode not in FAILURE_MODES:
+            raise InputError(f"failure_mode {self.failure_mode!r}: use soft or hard")
+        if not (math.isfinite(self.join_delay_s) and self.join_delay_s >= 0):
+            raise InputError(f"join_delay_s must be a finite number >= 0, got {self.join_delay_s}")
+        if self.remote_checkpoint_bytes_per_s is not None and not self.remote_checkpoint_bytes_per_s > 0:
+            raise InputError(f"remote_checkpoint_bytes_per_s must be > 0, got {self.remote_checkpoint_bytes_per_s}")
         for step, stage in self.failures:
             if step < 0 or not 0 <= stage < self.num_stages:
                 raise InputError(
@@ -173,14 +206,17 @@ def set_determinism(config: TrainingConfig, stage: int) -> None:
     torch.use_deterministic_algorithms(config.deterministic)
 
 
-def _clip_gradients(config: TrainingConfig, module: StageModule, communicator: Communicator) -> None:
-    parameters = [p for p in module.parameters() if p.grad is not None]
+def _clip_gradients(config: TrainingConfig, modules: list[StageModule], communicator: Communicator) -> None:
+    """Clip the gradients of the stages this process runs (its own, and a hosted one while degraded)."""
     if config.gradient_clipping == "none":
         return
     if config.gradient_clipping == "per_stage":
-        if parameters:
-            torch.nn.utils.clip_grad_norm_(parameters, config.max_gradient_norm)
+        for module in modules:
+            parameters = [p for p in module.parameters() if p.grad is not None]
+            if parameters:
+                torch.nn.utils.clip_grad_norm_(parameters, config.max_gradient_norm)
         return
+    parameters = [p for module in modules for p in module.parameters() if p.grad is not None]
     # global: every rank joins the all-reduce, even one without gradients.
     squared = torch.zeros(1, dtype=torch.float64, device=communicator.device)
     for parameter in parameters:
@@ -192,77 +228,170 @@ def _clip_gradients(config: TrainingConfig, module: StageModule, communicator: C
             parameter.grad.mul_(scale)  # type: ignore[union-attr]
 
 
+class _Stage:
+    """Everything one stage process trains with: model, optimizer, method, pipeline, data, record."""
+
+    def __init__(
+        self, config: TrainingConfig, communicator: Communicator, run_dir: Path | None, *, run_started_ns: int | None = None
+    ) -> None:
+        self.config = config
+        self.communicator = communicator
+        stage = self.stage = communicator.rank
+        self.last = config.num_stages - 1
+        device = self.device = communicator.device
+        set_determinism(config, stage)
+        module = self.module = StageModule(config.model, stage, config.num_stages, seed=config.seed).to(device)
+
+        def optimizer_for(target: torch.nn.Module, lr_scale: float) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(
+                target.parameters(),
+                lr=config.learning_rate * lr_scale,
+                betas=config.adam_betas,
+                weight_decay=config.weight_decay,
+            )
+
+        def make_optimizer(lr_scale: float) -> torch.optim.Optimizer:
+            return optimizer_for(module, lr_scale)
+
+        self.make_optimizer = make_optimizer
+        self.data: TokenData | None = None
+        self.eval_batches: list[Any] | None = None
+        if stage in (0, self.last):
+            self._load_data()
+        self.spans = SpanRecorder(rank=stage, stage=stage, device=device)
+        self.runtime = StageRuntime(module=module, optimizer=make_optimizer(1.0))
+        self.context = MethodContext(
+            stage=stage,
+            num_stages=config.num_stages,
+            model_config=config.model,
+            runtime=self.runtime,
+            make_optimizer=make_optimizer,
+            optimizer_for=optimizer_for,
+            communicator=communicator,
+            device=device,
+            run_dir=run_dir,
+            spans=self.spans,
+            seed=config.seed,
+            num_iterations=config.num_iterations,
+            run_id=config.run_id,
+            resume=config.resume,
+            failure_mode=config.failure_mode,
+            run_started_ns=run_started_ns,
+            remote_checkpoint_dir=config.remote_checkpoint_dir,
+            remote_bytes_per_s=config.remote_checkpoint_bytes_per_s,
+        )
+        self.method = build_method(config.method, self.context)
+        self.hosted: dict[int, StageRuntime] = {}
+        """Stages this process runs besides its own while their processes are down (degraded)."""
+        self.pipeline = self._build_pipeline(None)
+        self.result = RankResult(rank=stage, stage=stage)
+
+    def _load_data(self) -> None:
+        config = self.config
+        self.data = TokenData.load(
+            config.corpus, seq_len=config.model.seq_len, held_out_fraction=config.held_out_fraction, max_bytes=config.corpus_max_bytes
+        )
+        self.eval_batches = self.data.held_out_batches(num_batches=config.num_eval_batches, num_sequences=config.microbatch_size)
+
+    def _build_pipeline(self, placement: tuple[int, ...] | None) -> PipelineStage:
+        config = self.config
+        return PipelineStage(
+            module=self.module,
+            communicator=self.communicator,
+            spans=self.spans,
+            schedule=config.schedule,
+            num_microbatches=config.num_microbatches,
+            microbatch_size=config.microbatch_size,
+            swap_odd_microbatches=self.method.swap_odd_microbatches,
+            after_forward_hop=self.method.after_forward_hop,
+            placement=placement,
+            hosted_modules={stage: runtime.module for stage, runtime in self.hosted.items()},
+        )
+
+    def set_hosted(self, hosted: dict[int, StageRuntime], placement: tuple[int, ...] | None) -> None:
+        """Run `hosted` besides this stage, with the pipeline's stages placed on processes as given."""
+        self.hosted = hosted
+        self.pipeline = self._build_pipeline(placement)
+        runs_first = self.pipeline.placement[0] == self.stage
+        if (runs_first or self.pipeline.runs_head) and self.data is None:
+            self._load_data()  # a process now running the last stage needs the targets
+
+    def run_iteration(self, step: int, iteration: int, *, after_update: Callable[[], None] | None = None) -> dict[str, Any]:
+        """One training iteration (forward/backward, optimizer, method hooks, evaluation); its row.
+
+        `after_update()` runs right after the optimizer step, before anything else communicates."""
+        config, pipeline, method, runtime = self.config, self.pipeline, self.method, self.runtime
+        inputs = targets = None
+        if self.data is not None:
+            tokens, next_tokens = self.data.train_batch(
+                seed=config.seed, iteration=iteration, num_sequences=config.num_microbatches * config.microbatch_size
+            )
+            inputs = split_microbatches(tokens, config.num_microbatches) if pipeline.placement[0] == self.stage else None
+            targets = split_microbatches(next_tokens, config.num_microbatches) if pipeline.runs_head else None
+        train_loss = pipeline.run_iteration(step, inputs=inputs, targets=targets)
+        blocked_s = method.before_optimizer_step(iteration)
+        runtimes = [runtime, *self.hosted.values()]
+        with self.spans.span("optimizer", step):
+            _clip_gradients(config, [each.module for each in runtimes], self.communicator)
+            for each in runtimes:
+                each.optimizer.step()
+                each.optimizer.zero_grad(set_to_none=True)
+        if after_update is not None:
+            after_update()
+        method.after_optimizer_step(iteration)
+        eval_loss = None
+        if (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
+            iteration + 1 == config.num_iterations
+        ):
+            eval_batches = self.eval_batches
+            eval_loss = pipeline.evaluate(
+                step,
+                num_batches=config.num_eval_batches,
+                inputs=[b[0] for b in eval_batches] if eval_batches is not None and pipeline.placement[0] == self.stage else None,
+                targets=[b[1] for b in eval_batches] if eval_batches is not None and pipeline.runs_head else None,
+            )
+        row = {
+            "step": step,
+            "iteration": iteration,
+            "end_s": self.spans.now_s(),
+            "train_loss": train_loss if train_loss is not None else math.nan,
+            "eval_loss": eval_loss if eval_loss is not None else math.nan,
+            "blocked_s": blocked_s,
+            "runs_head": pipeline.runs_head,
+        }
+        self.result.iteration_rows.append(row)
+        return row
+
+
 def train_stage(
     config: TrainingConfig,
-    communicator: Communicator,
+    communicator: Communicator | None,
     *,
     run_dir: Path | None = None,
     on_iteration_done: Callable[[dict[str, Any]], None] | None = None,
+    membership: Any = None,
 ) -> RankResult:
     """Run the whole training loop for this rank's stage (rank == stage); collective across ranks.
 
-    `on_iteration_done(row)` gets each finished iteration's row (e.g. to report progress).
+    `on_iteration_done(row)` gets each finished iteration's row on the process that computed its
+    loss (e.g. to report progress). Hard failures need `membership` (real/elastic.py's `Membership`,
+    from launch.py's supervisor), which forms the process group itself (`communicator` is unused).
     """
+    if config.failure_mode == "hard":
+        if membership is None:
+            raise InputError(
+                "failure_mode 'hard' needs the local launcher, which replaces killed stage processes "
+                "(churnsim real run or launch_local); under torchrun use failure_mode 'soft'"
+            )
+        return _HardFailureTrainer(config, membership, run_dir, on_iteration_done).run()
+    assert communicator is not None
     if communicator.world_size != config.num_stages:
         raise InputError(
             f"world size {communicator.world_size} differs from num_stages {config.num_stages}: "
             "start one process per stage"
         )
-    stage, last = communicator.rank, config.num_stages - 1
-    device = communicator.device
-    set_determinism(config, stage)
-    module = StageModule(config.model, stage, config.num_stages, seed=config.seed).to(device)
-
-    def make_optimizer(lr_scale: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            module.parameters(),
-            lr=config.learning_rate * lr_scale,
-            betas=config.adam_betas,
-            weight_decay=config.weight_decay,
-        )
-
-    data = None
-    if stage in (0, last):
-        data = TokenData.load(
-            config.corpus,
-            seq_len=config.model.seq_len,
-            held_out_fraction=config.held_out_fraction,
-            max_bytes=config.corpus_max_bytes,
-        )
-    spans = SpanRecorder(rank=communicator.rank, stage=stage, device=device)
-    runtime = StageRuntime(module=module, optimizer=make_optimizer(1.0))
-    context = MethodContext(
-        stage=stage,
-        num_stages=config.num_stages,
-        model_config=config.model,
-        runtime=runtime,
-        make_optimizer=make_optimizer,
-        communicator=communicator,
-        device=device,
-        run_dir=run_dir,
-        spans=spans,
-        seed=config.seed,
-        num_iterations=config.num_iterations,
-        run_id=config.run_id,
-        resume=config.resume,
-    )
-    method = build_method(config.method, context)
-    pipeline = PipelineStage(
-        module=module,
-        communicator=communicator,
-        spans=spans,
-        schedule=config.schedule,
-        num_microbatches=config.num_microbatches,
-        microbatch_size=config.microbatch_size,
-        swap_odd_microbatches=method.swap_odd_microbatches,
-        after_forward_hop=method.after_forward_hop,
-    )
-    eval_batches = (
-        data.held_out_batches(num_batches=config.num_eval_batches, num_sequences=config.microbatch_size)
-        if data is not None
-        else None
-    )
-    result = RankResult(rank=communicator.rank, stage=stage)
+    parts = _Stage(config, communicator, run_dir)
+    stage, spans, method, result = parts.stage, parts.spans, parts.method, parts.result
     due_failures = _DueFailures(config, communicator, spans, result)
 
     communicator.barrier()
@@ -280,45 +409,10 @@ def train_stage(
             spans.step = step
             failed = due_failures.stages_failing_before(step)
             if failed:
-                iteration = _apply_failures(config, failed, step, iteration, method, runtime, make_optimizer, spans, result)
-            inputs = targets = None
-            if data is not None:
-                tokens, next_tokens = data.train_batch(
-                    seed=config.seed,
-                    iteration=iteration,
-                    num_sequences=config.num_microbatches * config.microbatch_size,
-                )
-                inputs = split_microbatches(tokens, config.num_microbatches) if stage == 0 else None
-                targets = split_microbatches(next_tokens, config.num_microbatches) if stage == last else None
-            train_loss = pipeline.run_iteration(step, inputs=inputs, targets=targets)
-            blocked_s = method.before_optimizer_step(iteration)
-            with spans.span("optimizer", step):
-                _clip_gradients(config, module, communicator)
-                runtime.optimizer.step()
-                runtime.optimizer.zero_grad(set_to_none=True)
-            method.after_optimizer_step(iteration)
-            eval_loss = None
-            if (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
-                iteration + 1 == config.num_iterations
-            ):
-                eval_loss = pipeline.evaluate(
-                    step,
-                    num_batches=config.num_eval_batches,
-                    inputs=[b[0] for b in eval_batches] if eval_batches is not None and stage == 0 else None,
-                    targets=[b[1] for b in eval_batches] if eval_batches is not None and stage == last else None,
-                )
-            result.iteration_rows.append(
-                {
-                    "step": step,
-                    "iteration": iteration,
-                    "end_s": spans.now_s(),
-                    "train_loss": train_loss if train_loss is not None else math.nan,
-                    "eval_loss": eval_loss if eval_loss is not None else math.nan,
-                    "blocked_s": blocked_s,
-                }
-            )
-            if on_iteration_done is not None:
-                on_iteration_done(result.iteration_rows[-1])
+                iteration = _apply_failures(config, failed, step, iteration, parts)
+            row = parts.run_iteration(step, iteration)
+            if on_iteration_done is not None and parts.pipeline.runs_head:
+                on_iteration_done(row)
             step += 1
             iteration += 1
     finally:
@@ -327,18 +421,9 @@ def train_stage(
     return result
 
 
-def _apply_failures(
-    config: TrainingConfig,
-    failed: frozenset[int],
-    step: int,
-    iteration: int,
-    method: Any,
-    runtime: StageRuntime,
-    make_optimizer: Any,
-    spans: SpanRecorder,
-    result: RankResult,
-) -> int:
+def _apply_failures(config: TrainingConfig, failed: frozenset[int], step: int, iteration: int, parts: _Stage) -> int:
     """Destroy the failed stages' state, run the collective recovery; returns the iteration to run."""
+    method, runtime, spans = parts.method, parts.runtime, parts.spans
     # Stages the method declares reliable (CheckFree's `edge_stages_reliable`) stay in the failure
     # table, as the simulator records them ("ignored"), but keep their state and need no recovery.
     failed = failed - method.reliable_stages
@@ -352,15 +437,56 @@ def _apply_failures(
                 # replacement starts: fresh random weights, fresh optimizer, nothing remembered.
                 method.forget_node_state()
                 runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, stage, step))
-                runtime.optimizer = make_optimizer(1.0)
+                runtime.optimizer = parts.make_optimizer(1.0)
                 runtime.lr_scale = 1.0
-    started = time.perf_counter()
+    measure = _RecoveryMeasure(parts)
     outcome = method.recover(failed, iteration)
+    costs = measure.gather()
     if stage == 0:
         row = outcome.as_row(step=step, iteration=iteration)
-        row["recovery_s"] = time.perf_counter() - started
-        result.recoveries.append(row)
+        row["recovery_s"] = costs.pop("recovery_s")
+        parts.result.recoveries.append(row | {"failure_mode": config.failure_mode} | costs)
     return outcome.resume_iteration if outcome.resume_iteration is not None else iteration
+
+
+RECOVERY_SPAN_KINDS = {"recovery.transfer": "transfer_s", "recovery.load": "load_s", "recovery.rebuild": "rebuild_s"}
+
+
+class _RecoveryMeasure:
+    """What one collective recovery cost on every rank: seconds per kind, bytes over the network and
+    from files, levels read. `gather()` is collective; rank 0's answer has every rank's numbers."""
+
+    def __init__(self, parts: _Stage) -> None:
+        self.parts = parts
+        self.started_perf_s = time.perf_counter()
+        self.first_span = len(parts.spans.rows)
+        self.bytes_received = parts.communicator.bytes_received
+        self.file_bytes = parts.context.reads.file_bytes
+        self.levels_read = len(parts.context.reads.levels)
+
+    def gather(self, **extra: Any) -> dict[str, Any]:
+        parts = self.parts
+        mine: dict[str, Any] = {"recovery_s": time.perf_counter() - self.started_perf_s} | extra
+        for kind in RECOVERY_SPAN_KINDS.values():
+            mine[kind] = 0.0
+        for row in parts.spans.rows[self.first_span :]:
+            if row["kind"] in RECOVERY_SPAN_KINDS:
+                mine[RECOVERY_SPAN_KINDS[row["kind"]]] += row["end_s"] - row["start_s"]
+        mine["network_bytes"] = parts.communicator.bytes_received - self.bytes_received
+        mine["file_bytes"] = parts.context.reads.file_bytes - self.file_bytes
+        mine["levels_read"] = parts.context.reads.levels[self.levels_read :]
+        gathered = parts.communicator.all_gather_objects(mine)
+        stages = parts.communicator.group_stages
+        costs: dict[str, Any] = {}
+        for key in mine:
+            values = [each[key] for each in gathered]
+            if key in ("network_bytes", "file_bytes"):
+                costs[key] = int(sum(values))  # bytes the recovery moved, over all ranks
+            elif key == "levels_read":
+                costs[key] = {stage: levels for stage, levels in zip(stages, values) if levels}
+            else:
+                costs[key] = max(values)  # ranks work in parallel: the slowest sets the pace
+        return costs
 
 
 class _DueFailures:
@@ -390,3 +516,332 @@ class _DueFailures:
                 self.result.failures.append({"time_s": now_s, "iteration": step, "stage": event.stage, "kind": event.kind})
         due = self.communicator.all_reduce_sum(due)
         return scheduled | frozenset(int(stage) for stage in torch.nonzero(due).flatten().tolist())
+
+    def at_boundary(self, step: int, *, decided_through: int, newer_generation: bool) -> tuple[frozenset[int], bool]:
+        """Hard failures: one all-reduce at every boundary, of the failures due (scheduled for this
+        step unless decided before, or from the failure path) and of "a newer generation exists"
+        (seen by any rank). Returns (stages failing, switch to the newer generation)."""
+        recorder = self.communicator.rank == 0
+        now_s = self.spans.now_s()
+        flags = torch.zeros(self.num_stages + 1, dtype=torch.int64, device=self.communicator.device)
+        if recorder:
+            if step > decided_through:  # a step re-run after a re-formed group fails only once
+                for stage in sorted(self.by_step.get(step, frozenset())):
+                    flags[stage] = 1
+                    self.result.failures.append({"time_s": now_s, "iteration": step, "stage": stage, "kind": FAILURE_KIND})
+            if self.cursor is not None:
+                for event in self.cursor.take_due(now_s):
+                    flags[event.stage] = 1
+                    self.result.failures.append(
+                        {"time_s": now_s, "iteration": step, "stage": event.stage, "kind": event.kind, "event_time_s": event.time_s}
+                    )
+        flags[self.num_stages] = int(newer_generation)
+        flags = self.communicator.all_reduce_sum(flags)
+        failed = frozenset(int(stage) for stage in torch.nonzero(flags[: self.num_stages]).flatten().tolist())
+        return failed, bool(flags[self.num_stages] > 0)
+
+    def skip_handed_out(self, failure_rows: list[dict[str, Any]]) -> None:
+        """A replacement of stage 0: its predecessor handed out the path's events up to the newest
+        in its journal; walk past them so that none fails twice."""
+        times = [row["event_time_s"] for row in failure_rows if "event_time_s" in row]
+        if self.cursor is not None and times:
+            self.cursor.take_due(max(times))
+
+
+class _HardFailureTrainer:
+    """The training loop of one stage process under hard failures (module docstring)."""
+
+    def __init__(self, config: TrainingConfig, membership: Any, run_dir: Path | None, on_iteration_done: Any) -> None:
+        from .elastic import journal_path
+        from .journal import RankJournal
+
+        self.config = config
+        self.membership = membership
+        self.on_iteration_done = on_iteration_done
+        settings = membership.settings
+        self.parts = _Stage(config, membership.communicator, run_dir, run_started_ns=settings.run_started_unix_ns)
+        self.ready_perf_s = time.perf_counter()
+        parts = self.parts
+        self.journal = RankJournal(
+            journal_path(settings.directory, parts.stage),
+            {"iteration": parts.result.iteration_rows, "span": parts.spans.rows, "failure": parts.result.failures,
+             "recovery": parts.result.recoveries},
+        )  # fmt: skip
+        self.due_failures = _DueFailures(config, parts.communicator, parts.spans, parts.result)
+        self.has_state = not membership.is_replacement
+        """Whether this process holds its stage's trained state (a replacement does once recovered)."""
+        self.step = 0
+        self.iteration = 0
+        """The next step and iteration to run: advanced as soon as an iteration's update is applied."""
+        self.decided_through = -1
+        """Steps whose scheduled failures were decided already (they do not fire again on a re-run)."""
+        self.scheduled_kills: set[int] = set()
+        """Stages the injector killed whose deaths are not yet matched with the launcher's (their rows exist)."""
+        self.handled_deaths: set[int] = set()
+        """The launcher's death ids already recorded (or matched with a scheduled kill)."""
+        self.full_group = True
+        self.join_s = 0.0
+        """A replacement: from its predecessor's death to ready to rendezvous."""
+        self._join_recorded = False
+        self.rendezvous_s = 0.0
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> RankResult:
+        config, parts, membership = self.config, self.parts, self.membership
+        needs_group = True
+        try:
+            if membership.is_replacement:
+                self.journal.replay()
+                if parts.stage == 0:
+                    self.due_failures.skip_handed_out(parts.result.failures)
+            else:
+                self._join_first_generation()
+                needs_group = False
+            while True:
+                try:
+                    if needs_group:
+                        self._reform()
+                        needs_group = False
+                    if self.iteration >= config.num_iterations:
+                        if not self.full_group:
+                            needs_group = True  # the replacement is coming: hand its stage over first
+                            continue
+                        parts.communicator.barrier()  # nobody leaves while a peer may still need it
+                        break
+                    needs_group = self._one_step()
+                except GroupBroken:
+                    needs_group = True
+        finally:
+            self.journal.flush()
+            parts.method.close()
+        parts.result.spans = parts.spans.rows
+        return parts.result
+
+    def _join_first_generation(self) -> None:
+        parts = self.parts
+        self.membership.join()
+        parts.communicator.barrier()
+        parts.spans.restart_clock()
+        if parts.stage == 0:
+            self.membership.mark_started()
+        if self.config.resume:
+            started = time.perf_counter()
+            outcome = parts.method.resume()
+            self.step = self.iteration = outcome.resume_iteration or 0
+            self.decided_through = self.step - 1
+            if parts.stage == 0:
+                row = outcome.as_row(step=self.step, iteration=self.iteration)
+                parts.result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
+
+    def _one_step(self) -> bool:
+        """Run the next step; True when the group must re-form first (a kill, or a newer generation)."""
+        config, parts = self.config, self.parts
+        step, iteration = self.step, self.iteration
+        parts.spans.step = step
+        failed, switch = self.due_failures.at_boundary(
+            step, decided_through=self.decided_through, newer_generation=self.membership.newer_generation_announced()
+        )
+        if failed:
+            self.decided_through = step
+            self.journal.flush()  # the failure rows outlive whichever process dies now
+        # A stage already down (run by its host) cannot fail again.
+        failed = (failed - parts.method.reliable_stages) & frozenset(parts.communicator.group_stages)
+        if failed and parts.method.destroys_state_on_failure:
+            if parts.stage in failed:
+                self.journal.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # the injector: this stage's process dies here
+                time.sleep(60)  # SIGKILL is not deliverable late; never reached
+            self.scheduled_kills |= failed
+            return True  # also when a newer generation exists: the kill comes first
+        if switch:
+            return True
+        if failed:  # `none`: recorded, state kept (the no-failure reference)
+            self.iteration = _apply_failures(config, failed, step, iteration, parts)
+            iteration = self.iteration
+
+        def applied() -> None:
+            self.step, self.iteration = step + 1, iteration + 1
+
+        row = parts.run_iteration(step, iteration, after_update=applied)
+        self.journal.flush()
+        if self.on_iteration_done is not None and parts.pipeline.runs_head:
+            self.on_iteration_done(row)
+        return False
+
+    # -- re-forming the group ------------------------------------------------------------------
+
+    def _reform(self) -> None:
+        """Leave the broken group, join the next generation, agree on the state, recover."""
+        parts, method = self.parts, self.parts.method
+        started_perf_s = time.perf_counter()
+        parts.pipeline.reset()
+        for runtime in parts.hosted.values():
+            runtime.module.zero_grad(set_to_none=True)
+        if parts.hosted:
+            method.leave_degraded()  # the hosted stage's state stays in the method for whatever comes next
+            parts.set_hosted({}, None)
+        while True:
+            announcement = self.membership.join()
+            agreed = self._agree(announcement, started_perf_s)
+            if agreed is None:
+                continue  # a group of the survivors that cannot train: wait for the next one
+            return
+
+    def _agree(self, announcement: Any, started_perf_s: float) -> bool | None:
+        """One all-gather on the new group, then degraded training or recovery; None: wait for the next group."""
+        parts, method, config = self.parts, self.parts.method, self.config
+        communicator = parts.communicator
+        members = announcement.members
+        mine = {
+            "stage": parts.stage,
+            "has_state": self.has_state,
+            "step": self.step,
+            "iteration": self.iteration,
+            "decided_through": self.decided_through,
+            "origin_s": parts.spans.origin_s if self.has_state else None,
+            "metadata": method.replicated_metadata() if self.has_state else None,
+            "hostable": sorted(method.hostable_stages()) if self.has_state else [],
+            "scheduled_kills": sorted(self.scheduled_kills),
+            "handled_deaths": sorted(self.handled_deaths),
+            "arrived_perf_s": announcement.arrived_perf_s,
+            "formed_perf_s": announcement.formed_perf_s,
+        }
+        gathered = communicator.all_gather_objects(mine)
+        # The rendezvous proper: from the last member's arrival to the group formed everywhere.
+        self.rendezvous_s = max(each["formed_perf_s"] for each in gathered) - max(each["arrived_perf_s"] for each in gathered)
+        survivors = [each for each in gathered if each["has_state"]]
+        if not survivors:
+            raise RuntimeError(
+                f"generation {announcement.generation}: every stage process of the group lost its state at once, "
+                "nothing to recover from; continue the run with --resume from its durable checkpoints"
+            )
+        first = survivors[0]
+        if not self.has_state:
+            # A replacement: the run's clock and the state every rank keeps alike, from a survivor.
+            parts.spans.set_origin(first["origin_s"])
+            method.adopt_replicated_metadata([each["metadata"] for each in survivors])
+        furthest = max(survivors, key=lambda each: each["step"])
+        step, iteration = furthest["step"], furthest["iteration"]
+        parts.spans.step = step
+        self.decided_through = max(each["decided_through"] for each in survivors)
+        self.scheduled_kills = {stage for each in gathered for stage in each["scheduled_kills"]}
+        self.handled_deaths = {death for each in survivors for death in each["handled_deaths"]}
+        self._record_rejoin_spans(announcement, started_perf_s, step)
+        self._record_deaths(announcement, step)
+        self.journal.truncate_from(step)
+        behind = sorted(each["stage"] for each in survivors if each["step"] < step)
+        present = frozenset(members)
+        lost = frozenset(range(config.num_stages)) - {each["stage"] for each in survivors}
+        if not announcement.full:
+            absent = frozenset(range(config.num_stages)) - present
+            hosts = {stage: [each["stage"] for each in survivors if stage in each["hostable"]] for stage in absent}
+            viable = (
+                method.runs_degraded
+                and lost == absent  # every process present holds its state
+                and all(len(candidates) == 1 for candidates in hosts.values())
+            )
+            if not viable:
+                return None
+            self.step, self.iteration = step, iteration
+            self._enter_degraded({stage: candidates[0] for stage, candidates in hosts.items()}, behind, started_perf_s)
+            return True
+        self._recover(lost, step, iteration, behind, started_perf_s, announcement)
+        return True
+
+    def _record_rejoin_spans(self, announcement: Any, started_perf_s: float, step: int) -> None:
+        spans, origin_s = self.parts.spans, self.parts.spans.origin_s
+        settings = self.membership.settings
+        if not self.has_state and settings.death_detected_perf_s is not None and not self._join_recorded:
+            # From the launcher seeing the death to this process ready to rendezvous: the join delay,
+            # the process start, the model build.
+            spans.add("recovery.join", step, None, settings.death_detected_perf_s - origin_s, self.ready_perf_s - origin_s)
+            self._join_recorded = True
+            self.join_s = self.ready_perf_s - settings.death_detected_perf_s
+        if self.has_state and announcement.arrived_perf_s > started_perf_s:
+            spans.add("recovery.wait", step, None, started_perf_s - origin_s, announcement.arrived_perf_s - origin_s)
+        spans.add("recovery.rendezvous", step, None, announcement.arrived_perf_s - origin_s, announcement.formed_perf_s - origin_s)
+
+    def _record_deaths(self, announcement: Any, step: int) -> None:
+        """Stage 0 records each death not recorded yet: a scheduled kill has its row already. In a
+        group without stage 0 (its process is down) nothing is marked: a later group records them."""
+        parts = self.parts
+        if 0 not in announcement.members:
+            return
+        for death in sorted(announcement.deaths, key=lambda death: death["id"]):
+            if death["id"] in self.handled_deaths:
+                continue
+            self.handled_deaths.add(death["id"])
+            if death["stage"] in self.scheduled_kills:
+                self.scheduled_kills.discard(death["stage"])  # the injector's kill: its row exists
+                continue
+            if parts.stage == 0:
+                parts.result.failures.append(
+                    {
+                        "time_s": death["detected_perf_s"] - parts.spans.origin_s,
+                        "iteration": step,
+                        "stage": death["stage"],
+                        "kind": EXTERNAL_KILL_KIND,
+                        "death_id": death["id"],
+                    }
+                )
+
+    def _enter_degraded(self, hosts: dict[int, int], behind: list[int], started_perf_s: float) -> None:
+        """Train without the absent stages: each runs on its host from what the host holds."""
+        parts = self.parts
+        placement = tuple(hosts.get(stage, stage) for stage in range(self.config.num_stages))
+        mine = frozenset(stage for stage, host in hosts.items() if host == parts.stage)
+        measure = _RecoveryMeasure(parts)
+        hosted = parts.method.enter_degraded(mine) if mine else {}
+        parts.set_hosted(hosted, placement)
+        self.full_group = False
+        costs = measure.gather(join_s=0.0, rendezvous_s=self.rendezvous_s, stalled_s=time.perf_counter() - started_perf_s)
+        if parts.stage == 0:
+            notes = [f"degraded: stage {host} runs stage {stage} from its replica until the replacement joins" for stage, host in sorted(hosts.items())]
+            if behind:
+                notes.append(f"stages {behind} had not applied the update of step {self.step - 1} when the group broke; they skip it")
+            row = {
+                "step": self.step, "iteration": self.iteration, "failed_stages": sorted(hosts), "resume_iteration": None,
+                "lr_scale": 1.0, "rebuilt_from": {stage: f"degraded: run by stage {host}" for stage, host in sorted(hosts.items())},
+                "notes": notes, "failure_mode": "hard", "degraded": True,
+            }  # fmt: skip
+            parts.result.recoveries.append(row | costs)
+        self.journal.flush()
+
+    def _recover(self, lost: frozenset[int], step: int, iteration: int, behind: list[int], started_perf_s: float, announcement: Any) -> None:
+        parts, config = self.parts, self.config
+        runtime = parts.runtime
+        parts.set_hosted({}, None)
+        self.full_group = True
+        if not self.has_state:
+            # The replacement's own start: fresh random weights, as a soft failure's re-initialisation.
+            runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, parts.stage, step))
+            runtime.optimizer = parts.make_optimizer(1.0)
+            runtime.lr_scale = 1.0
+        runtime.module.zero_grad(set_to_none=True)
+        self.step, self.iteration = step, iteration
+        if not lost:
+            return
+        parts.context.killed_stages = lost
+        measure = _RecoveryMeasure(parts)
+        try:
+            outcome = parts.method.recover(lost, iteration)
+        finally:
+            parts.context.killed_stages = frozenset()
+        self.has_state = True
+        costs = measure.gather(
+            join_s=self.join_s if parts.stage in lost else 0.0,
+            rendezvous_s=self.rendezvous_s,
+            stalled_s=time.perf_counter() - started_perf_s,
+        )
+        if outcome.resume_iteration is not None:
+            self.iteration = outcome.resume_iteration
+        if parts.stage == 0:
+            row = outcome.as_row(step=step, iteration=iteration)
+            unplanned = sorted(lost - set(outcome.rebuilt_from))
+            if unplanned:  # e.g. an edge the method declares reliable, killed from outside all the same
+                row["rebuilt_from"] |= {stage: "random init (the method has no recovery for this stage)" for stage in unplanned}
+            if behind:
+                row["notes"] = [*row["notes"], f"stages {behind} had not applied the update of step {step - 1} when the group broke; they skip it"]
+            parts.result.recoveries.append(row | {"failure_mode": "hard", "degraded": False, "generation": announcement.generation} | costs)
+        self.journal.flush()

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .results import BADPUT_CATEGORIES
+from . import results
 
 WAIT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall_s", "recovery_downtime_s", "method_overhead_s")
 """Categories a wait (time with no training) can be charged to."""
@@ -124,7 +124,7 @@ def split_time(
     tolerance_s = RELATIVE_TOLERANCE * max(wall_clock_s, 1.0)
     assert faster_saving_s <= tolerance_s, f"time accounting: {faster_saving_s} s saved by faster states left unbooked"
     assert min(goodput_s, *badput.values()) >= -tolerance_s, f"time accounting: a negative category in {badput}"
-    assert tuple(badput) == BADPUT_CATEGORIES
+    assert tuple(badput) == results.BADPUT_CATEGORIES
     total_s = goodput_s + sum(badput.values())
     assert abs(total_s - wall_clock_s) <= tolerance_s, (
         f"time accounting does not add up: goodput + badput = {total_s} s, wall-clock {wall_clock_s} s"

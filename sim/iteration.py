@@ -19,6 +19,11 @@ has no regular work ready, is preempted the instant regular work becomes ready a
 waits until its redundant forwards are done. No redundant forward is run by the last stage, nor
 where the successor already runs on the same node (a degraded node runs that stage for real).
 Approximation: preemption is instantaneous and free (a real GPU would finish the current kernel).
+
+A separate (de)embedding node (`PipelineState.embedding_node`, the authors' CheckFree layout): it
+runs two schedule parts, the embedding (first hop) and the head (last hop), as two processes that
+share the node's compute in request order and its all-reduce link; spans and `busy_s` report it as
+stage S (one past the last stage). Stages 0 and S-1 then run only their blocks.
 """
 
 from __future__ import annotations
@@ -60,13 +65,19 @@ class IterationResult:
     spans: tuple[Span, ...]
     """Sorted by (start_s, stage, kind, microbatch). Zero-length sends and all-reduces are omitted."""
     busy_s: tuple[float, ...]
-    """Per stage: its compute time (forward, backward, redundant forward, optimizer step)."""
+    """Per stage: its compute time (forward, backward, redundant forward, optimizer step); with a
+    separate embedding node, one more entry for it (index S)."""
     bubble_fraction: float
-    """1 − Σ busy_s / (num_stages · time_s): the idle share of the stages' compute."""
+    """1 − Σ busy_s / (len(busy_s) · time_s): the idle share of the compute nodes' time."""
 
 
 @lru_cache(maxsize=256)
-def _operation_orders(schedule: str, num_stages: int, num_microbatches: int, swap: bool) -> tuple:
+def _operation_orders(schedule: str, num_stages: int, num_microbatches: int, swap: bool, separate: bool = False) -> tuple:
+    """Per schedule unit: the stages 0..S-1, then (separate node only) its embedding and head parts."""
+    placement = "separate_node" if separate else "edge_stages"
+    units = [(stage, None) for stage in range(num_stages)]
+    if separate:
+        units += [(num_stages, "embedding"), (num_stages, "head")]
     return tuple(
         stage_operation_order(
             schedule,
@@ -74,15 +85,18 @@ def _operation_orders(schedule: str, num_stages: int, num_microbatches: int, swa
             num_microbatches=num_microbatches,
             stage=stage,
             swap_odd_microbatches=swap,
+            embedding_placement=placement,
+            part=part,
         )
-        for stage in range(num_stages)
+        for stage, part in units
     )
 
 
 @lru_cache(maxsize=256)
-def _routes(num_stages: int, num_microbatches: int, swap: bool) -> tuple:
+def _routes(num_stages: int, num_microbatches: int, swap: bool, separate: bool = False) -> tuple:
+    placement = "separate_node" if separate else "edge_stages"
     return tuple(
-        microbatch_route(num_stages, microbatch, swap_odd_microbatches=swap)
+        microbatch_route(num_stages, microbatch, swap_odd_microbatches=swap, embedding_placement=placement)
         for microbatch in range(num_microbatches)
     )
 
@@ -179,18 +193,30 @@ class _IterationRun:
         self.state = state
         self.env = simpy.Environment()
         self.spans: list[tuple] = []
-        self.busy_s = [0.0] * state.num_stages
-        self.nodes = {node: _Node(self.env, self._record) for node in set(state.node_of_stage)}
+        num_stages = state.num_stages
+        separate = state.embedding_node is not None
+        # Schedule units: the stages, then the embedding node's embedding and head parts. Each unit
+        # is one process; `unit_stage` is the stage its spans report (S for the embedding node).
+        self.unit_node = tuple(state.node_of_stage) + ((state.embedding_node,) * 2 if separate else ())
+        self.unit_stage = tuple(range(num_stages)) + ((num_stages,) * 2 if separate else ())
+        self.unit_gradient_bytes = tuple(state.gradient_bytes_per_stage) + (
+            (state.embedding_gradient_bytes, state.head_gradient_bytes) if separate else ()
+        )
+        self.busy_s = [0.0] * (num_stages + 1 if separate else num_stages)
+        self.nodes = {node: _Node(self.env, self._record) for node in set(self.unit_node)}
         self.links: dict[tuple[int, int], FifoMessageLink] = {}
         self.allreduce_links: dict[int, ProcessorSharingLink] = {}
         self.arrived: set = set()
         self.waiting: dict = {}
-        self.routes = _routes(state.num_stages, state.num_microbatches, state.swap_odd_microbatches)
+        self.routes = _routes(num_stages, state.num_microbatches, state.swap_odd_microbatches, separate)
         self.orders = _operation_orders(
-            state.schedule, state.num_stages, state.num_microbatches, state.swap_odd_microbatches
+            state.schedule, num_stages, state.num_microbatches, state.swap_odd_microbatches, separate
         )
-        self.current_operation: list = [None] * state.num_stages
-        self.finished_s = [math.nan] * state.num_stages
+        self.current_operation: list = [None] * len(self.unit_node)
+        self.finished_s = [math.nan] * len(self.unit_node)
+        # The embedding node steps its optimizer once, in its embedding part (which finishes last),
+        # after the head part's all-reduce.
+        self.head_part_reduced = self.env.event() if separate else None
 
     def _record(self, stage: int, kind: str, microbatch: int, start_s: float, end_s: float) -> None:
         self.spans.append((start_s, stage, kind, microbatch, end_s))
@@ -200,14 +226,20 @@ class _IterationRun:
     def _hop_seconds(self, hop, direction: str) -> float:
         state = self.state
         if direction == "forward":
-            parts = (state.embedding_forward_s, state.block_forward_s[hop.stage], state.head_forward_s)
+            embedding_s, blocks, head_s = state.embedding_forward_s, state.block_forward_s, state.head_forward_s
         else:
-            parts = (state.embedding_backward_s, state.block_backward_s[hop.stage], state.head_backward_s)
+            embedding_s, blocks, head_s = state.embedding_backward_s, state.block_backward_s, state.head_backward_s
         return (
-            (parts[0] if hop.runs_embedding else 0.0)
-            + (parts[1] if hop.runs_blocks else 0.0)
-            + (parts[2] if hop.runs_head else 0.0)
+            (embedding_s if hop.runs_embedding else 0.0)
+            + (blocks[hop.stage] if hop.runs_blocks else 0.0)
+            + (head_s if hop.runs_head else 0.0)
         )
+
+    def _unit_of(self, hop) -> int:
+        """The schedule unit that runs `hop`: its stage, or one of the embedding node's two parts."""
+        if hop.stage < self.state.num_stages:
+            return hop.stage
+        return hop.stage + (0 if hop.runs_embedding else 1)
 
     def _deliver(self, key) -> None:
         event = self.waiting.pop(key, None)
@@ -216,9 +248,10 @@ class _IterationRun:
         else:
             event.succeed()
 
-    def _send(self, sender_stage: int, receiver_stage: int, microbatch: int, key) -> None:
+    def _send(self, sender_unit: int, receiver_unit: int, microbatch: int, key) -> None:
         state = self.state
-        source, target = state.node_of_stage[sender_stage], state.node_of_stage[receiver_stage]
+        source, target = self.unit_node[sender_unit], self.unit_node[receiver_unit]
+        sender_stage = self.unit_stage[sender_unit]
         if source == target:
             self._deliver(key)
             return
@@ -249,13 +282,15 @@ class _IterationRun:
             or state.node_of_stage[successor] == state.node_of_stage[stage]
         ):
             return None
-        head_s = state.head_forward_s if successor == state.num_stages - 1 else 0.0
-        return state.block_forward_s[successor] + head_s
+        # The head runs on the last stage only when the embedding node does not run it.
+        head_on_successor = successor == state.num_stages - 1 and state.embedding_node is None
+        return state.block_forward_s[successor] + (state.head_forward_s if head_on_successor else 0.0)
 
-    def _stage(self, stage: int):
+    def _stage(self, unit: int):
         state, env = self.state, self.env
-        node = self.nodes[state.node_of_stage[stage]]
-        redundant_s = self._redundant_forward_s(stage)
+        stage = self.unit_stage[unit]
+        node = self.nodes[self.unit_node[unit]]
+        redundant_s = self._redundant_forward_s(stage) if unit < state.num_stages else None
         # Every microbatch gets one redundant forward; the optimizer step waits for all of them.
         pending_redundant = [0 if redundant_s is None else state.num_microbatches]
         redundant_done = env.event()
@@ -265,9 +300,9 @@ class _IterationRun:
             if pending_redundant[0] == 0:
                 redundant_done.succeed()
 
-        operations = self.orders[stage]
+        operations = self.orders[unit]
         for position, operation in enumerate(operations):
-            self.current_operation[stage] = operation
+            self.current_operation[unit] = operation
             microbatch, hop_index = operation.microbatch, operation.hop_index
             route = self.routes[microbatch]
             forward = operation.direction == "forward"
@@ -284,21 +319,29 @@ class _IterationRun:
                            operation.direction, microbatch)
             if forward:
                 if hop_index + 1 < len(route):
-                    self._send(stage, route[hop_index + 1].stage, microbatch, (True, microbatch, hop_index + 1))
+                    self._send(unit, self._unit_of(route[hop_index + 1]), microbatch, (True, microbatch, hop_index + 1))
                 if redundant_s is not None and self._is_last_forward_of(operations, position, stage):
                     node.add_background(_BackgroundTask(stage, microbatch, redundant_s, one_redundant_done))
             elif hop_index > 0:
-                self._send(stage, route[hop_index - 1].stage, microbatch, (False, microbatch, hop_index - 1))
-        self.current_operation[stage] = "all-reduce"
-        yield from self._allreduce(stage)
+                self._send(unit, self._unit_of(route[hop_index - 1]), microbatch, (False, microbatch, hop_index - 1))
+        self.current_operation[unit] = "all-reduce"
+        yield from self._allreduce(unit)
         if pending_redundant[0] > 0:
-            self.current_operation[stage] = "waiting for its redundant forwards"
+            self.current_operation[unit] = "waiting for its redundant forwards"
             yield redundant_done
-        self.current_operation[stage] = "optimizer step"
+        if unit > state.num_stages:  # the embedding node's head part: its optimizer step is the embedding part's
+            self.head_part_reduced.succeed()
+            self.current_operation[unit] = None
+            self.finished_s[unit] = env.now
+            return
+        if unit == state.num_stages:
+            self.current_operation[unit] = "waiting for the head part's all-reduce"
+            yield self.head_part_reduced
+        self.current_operation[unit] = "optimizer step"
         if state.optimizer_step_s > 0:
             yield node.run(state.optimizer_step_s, stage, "optimizer", NO_MICROBATCH)
-        self.current_operation[stage] = None
-        self.finished_s[stage] = env.now
+        self.current_operation[unit] = None
+        self.finished_s[unit] = env.now
 
     @staticmethod
     def _is_last_forward_of(operations, position: int, stage: int) -> bool:
@@ -311,7 +354,7 @@ class _IterationRun:
             and following.microbatch == operation.microbatch
         )
 
-    def _allreduce(self, stage: int):
+    def _allreduce(self, unit: int):
         """Ring all-reduce, 2(D−1)/D · bytes / bandwidth + 2(D−1) · latency (Patarasuk & Yuan 2009).
 
         Stages on the same node share that node's data-parallel bandwidth (one PS link per node).
@@ -320,7 +363,8 @@ class _IterationRun:
         degree = state.data_parallel_degree
         if degree == 1:
             return
-        node = state.node_of_stage[stage]
+        stage = self.unit_stage[unit]
+        node = self.unit_node[unit]
         link = self.allreduce_links.get(node)
         if link is None:
             link = ProcessorSharingLink(
@@ -331,18 +375,22 @@ class _IterationRun:
             )
             self.allreduce_links[node] = link
         start_s = self.env.now
-        yield link.transfer(2 * (degree - 1) / degree * state.gradient_bytes_per_stage[stage])
+        yield link.transfer(2 * (degree - 1) / degree * self.unit_gradient_bytes[unit])
         if self.env.now > start_s:
             self._record(stage, "allreduce", NO_MICROBATCH, start_s, self.env.now)
 
+    def _unit_name(self, unit: int) -> str:
+        if unit < self.state.num_stages:
+            return f"stage {unit}"
+        return f"embedding node ({'embedding' if unit == self.state.num_stages else 'head'})"
+
     def run(self) -> IterationResult:
-        state = self.state
-        for stage in range(state.num_stages):
-            self.env.process(self._stage(stage))
+        for unit in range(len(self.unit_node)):
+            self.env.process(self._stage(unit))
         self.env.run()
         stuck = [
-            f"stage {stage} at {operation}"
-            for stage, operation in enumerate(self.current_operation)
+            f"{self._unit_name(unit)} at {operation}"
+            for unit, operation in enumerate(self.current_operation)
             if operation is not None
         ]
         if stuck:
@@ -355,7 +403,7 @@ class _IterationRun:
             )
         )
         busy_s = tuple(self.busy_s)
-        bubble = 1.0 - sum(busy_s) / (state.num_stages * time_s) if time_s > 0 else 0.0
+        bubble = 1.0 - sum(busy_s) / (len(busy_s) * time_s) if time_s > 0 else 0.0
         return IterationResult(time_s=time_s, spans=spans, busy_s=busy_s, bubble_fraction=bubble)
 
 

@@ -13,6 +13,12 @@ sequence length, at peak × utilisation. The embedding lookup is taken as free (
 the head (lm_head) costs 2·(vocab·d)·tokens forward and twice that backward. Links come from the
 scenario's network section (`calibration.network.link_matrices`), one node per stage; a degraded
 node that runs two stages is expressed through `node_of_stage`.
+
+Unequal stages (`pipeline.layers_per_stage`): FLOPs follow each stage's blocks; an explicit scalar
+block time is the time of a stage of average size, scaled by each stage's share of the layers.
+A separate (de)embedding node (`pipeline.embedding_placement = "separate_node"`) is node S
+(`embedding_node`): it runs the embedding and the head and all-reduces their gradients; the stages
+then hold and all-reduce only their blocks.
 """
 
 from __future__ import annotations
@@ -57,6 +63,14 @@ class PipelineState:
     """[a][b] for the direction a → b; None means infinite everywhere."""
     swap_odd_microbatches: bool = False
     """CheckFree+ routes (see calibration.pipeline_schedule)."""
+    embedding_node: int | None = None
+    """Node that runs the embedding and the head when they have a node of their own (a scenario's
+    `pipeline.embedding_placement = "separate_node"`; it must differ from every stage's node). None:
+    they run with the blocks of stages 0 and S-1."""
+    embedding_gradient_bytes: float = 0.0
+    """Bytes the embedding node all-reduces for the embedding (with `embedding_node` only)."""
+    head_gradient_bytes: float = 0.0
+    """Bytes the embedding node all-reduces for the final norm and lm_head (with `embedding_node` only)."""
     redundant_forward: bool = False
     """Bamboo: each stage also runs its successor's forward in idle time (see sim.iteration)."""
     data_parallel_degree: int = 1
@@ -83,7 +97,8 @@ class PipelineState:
         self._set("gradient_bytes_per_stage", _seconds_vector(
             "gradient_bytes_per_stage", (0.0,) * stages if gradient is None else gradient, stages))
         for name in ("embedding_forward_s", "embedding_backward_s", "head_forward_s", "head_backward_s",
-                     "activation_bytes", "allreduce_latency_s", "optimizer_step_s"):
+                     "activation_bytes", "allreduce_latency_s", "optimizer_step_s",
+                     "embedding_gradient_bytes", "head_gradient_bytes"):
             self._set(name, _non_negative(name, getattr(self, name)))
         bandwidth = float(self.allreduce_bandwidth_bytes_per_s)
         if not bandwidth > 0:
@@ -96,6 +111,13 @@ class PipelineState:
             )
         self._set("node_of_stage", nodes)
         num_nodes = max(nodes) + 1
+        embedding_node = self.embedding_node
+        if embedding_node is not None:
+            if not (isinstance(embedding_node, int) and embedding_node >= 0) or embedding_node in nodes:
+                raise InputError(
+                    f"embedding_node = {embedding_node!r} must be a node index >= 0 that runs no stage (stages run on {nodes})"
+                )
+            num_nodes = max(num_nodes, embedding_node + 1)
         self._set("_num_nodes", num_nodes)
         latency = self.link_latency_s
         self._set("link_latency_s", _matrix(
@@ -135,6 +157,8 @@ class PipelineState:
         """
         nodes = other.get("node_of_stage")
         num_nodes = num_stages if nodes is None else max(nodes) + 1
+        if other.get("embedding_node") is not None:
+            num_nodes = max(num_nodes, other["embedding_node"] + 1)
         return cls(
             num_stages=num_stages,
             num_microbatches=num_microbatches,
@@ -180,10 +204,15 @@ def _matrix(name: str, rows: Any, size: int, *, allow_zero: bool) -> Matrix:
     return matrix
 
 
-def _per_stage(value: float | tuple[float, ...], num_stages: int) -> tuple[float, ...]:
+def _per_stage(value: float | tuple[float, ...], num_stages: int, layers: tuple[int, ...]) -> tuple[float, ...]:
+    """Per-stage times: a tuple as given; a scalar is the time of a stage of average size, scaled by
+    each stage's share of the layers (equal stages: the scalar itself)."""
     if isinstance(value, tuple):
         return value
-    return (float(value),) * num_stages
+    if len(set(layers)) == 1:
+        return (float(value),) * num_stages
+    mean_layers = sum(layers) / num_stages
+    return tuple(float(value) * count / mean_layers for count in layers)
 
 
 def build_pipeline_state(
@@ -196,26 +225,31 @@ def build_pipeline_state(
     """The pipeline state of `scenario` with the given method flags and stage placement."""
     model, pipeline, compute = scenario.model, scenario.pipeline, scenario.compute
     num_stages = pipeline.num_stages
+    layers = scenario.stage_layer_counts
     if isinstance(compute, ExplicitCompute):
-        block_forward_s = _per_stage(compute.block_forward_s, num_stages)
-        block_backward_s = _per_stage(compute.block_backward_s, num_stages)
+        block_forward_s = _per_stage(compute.block_forward_s, num_stages, layers)
+        block_backward_s = _per_stage(compute.block_backward_s, num_stages, layers)
         embedding_forward_s, embedding_backward_s = compute.embedding_forward_s, compute.embedding_backward_s
         head_forward_s, head_backward_s = compute.head_forward_s, compute.head_backward_s
     else:
         assert isinstance(compute, FlopsCompute)
         flops_per_s = compute.peak_flops_per_s * compute.utilization
         tokens = pipeline.microbatch_size * model.sequence_length
-        block_parameters = scenario.layers_per_stage * model.parameters_per_layer
-        block_forward_s = (2.0 * block_parameters * tokens / flops_per_s,) * num_stages
-        block_backward_s = (4.0 * block_parameters * tokens / flops_per_s,) * num_stages
+        block_parameters = tuple(count * model.parameters_per_layer for count in layers)
+        block_forward_s = tuple(2.0 * parameters * tokens / flops_per_s for parameters in block_parameters)
+        block_backward_s = tuple(4.0 * parameters * tokens / flops_per_s for parameters in block_parameters)
         embedding_forward_s = embedding_backward_s = 0.0  # a lookup: negligible next to the blocks
         head_forward_s = 2.0 * model.vocab_size * model.hidden_size * tokens / flops_per_s
         head_backward_s = 2.0 * head_forward_s
-    latency, bandwidth = link_matrices(scenario.network, num_stages)
+    separate = pipeline.embedding_placement == "separate_node"
+    # The separate (de)embedding node is node S: its links are those of the S-th node of the network.
+    latency, bandwidth = link_matrices(scenario.network, num_stages + 1 if separate else num_stages)
     network = scenario.network
-    gradient_bytes = tuple(
-        scenario.stage_parameters(stage) * model.weight_bytes_per_parameter for stage in range(num_stages)
-    )
+    weight_bytes = model.weight_bytes_per_parameter
+    gradient_bytes = tuple(scenario.stage_parameters(stage) * weight_bytes for stage in range(num_stages))
+    if separate:
+        # The stages all-reduce only their blocks; the embedding node all-reduces the rest.
+        gradient_bytes = tuple(count * model.parameters_per_layer * weight_bytes for count in layers)
     return PipelineState(
         num_stages=num_stages,
         num_microbatches=pipeline.num_microbatches,
@@ -232,6 +266,9 @@ def build_pipeline_state(
         link_bandwidth_bytes_per_s=bandwidth,
         swap_odd_microbatches=swap_odd_microbatches,
         redundant_forward=redundant_forward,
+        embedding_node=num_stages if separate else None,
+        embedding_gradient_bytes=model.embedding_parameters * weight_bytes if separate else 0.0,
+        head_gradient_bytes=model.head_parameters * weight_bytes if separate else 0.0,
         data_parallel_degree=pipeline.data_parallel_degree,
         gradient_bytes_per_stage=gradient_bytes,
         allreduce_bandwidth_bytes_per_s=network.allreduce_bandwidth_bytes_per_s,

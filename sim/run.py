@@ -21,17 +21,29 @@ Approximation: these links are separate from the activation traffic inside an it
 iteration model has its own links), so a background flush over a pipeline link does not slow
 training, and a transfer cannot be cancelled: an abandoned one finishes on its own link.
 Time accounting: see `sim/accounting.py`.
+
+Two engines compute this model. `Run` below is the event model: every chunk, checkpoint write, flush
+and failure is a SimPy event; it is the reference (`simulate_run(..., reference_events=True)`).
+By default `simulate_run` uses the closed-form engine (`sim/closed_form/`), which computes the same
+run between failures without scheduling events where nothing contends, and falls back to `Run`
+where it cannot (`NeedsEventModel`, or a policy without a closed-form twin); the differential test
+`tests/sim/test_closed_form_equivalence.py` holds both to the same results. The environment variable
+CHURNSIM_REFERENCE_EVENTS=1 makes the event model the default (benchmarks, debugging).
+Python's garbage collector is paused while a run is simulated: a run only appends to its result
+lists, and full collections over them (and over the caller's sweep) would otherwise dominate.
 """
 
 from __future__ import annotations
 
+import gc
 import math
-from typing import Generator
+import os
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Generator, Iterator
 
 import simpy
 from simpy import Interrupt
 
-from churnsim.calibration.failure_sampling import FailureEvent, LazyFailurePath
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
@@ -40,10 +52,24 @@ from .iteration import IterationModel, simulate_iteration
 from .methods import build_policy
 from .methods.base import RecoveryPolicy
 from .pipeline_state import build_pipeline_state, compute_only_state
-from .results import RunResult, TimelineEvent
+from .results import (
+    HANDLED_ROW_WIDTH,
+    TIMELINE_ROW_WIDTH,
+    TRAJECTORY_ROW_WIDTH,
+    RecordSequence,
+    RunResult,
+    handled_failure_from_row,
+    timeline_event_from_row,
+)
 from .run_context import RunContext
 
+if TYPE_CHECKING:  # imported where needed: it imports numpy, which `import churnsim.sim.run` need not
+    from churnsim.calibration.failure_sampling import FailureEvent, LazyFailurePath
+
 _CREDIT_TOLERANCE = 1e-9  # relative: an interrupt at the exact end of an iteration credits it
+
+
+REFERENCE_EVENTS_VARIABLE = "CHURNSIM_REFERENCE_EVENTS"
 
 
 def simulate_run(
@@ -55,21 +81,180 @@ def simulate_run(
     seed: int = 0,
     iteration_model: IterationModel | None = None,
     per_microbatch_everywhere: bool = False,
+    reference_events: bool | None = None,
 ) -> RunResult:
     """Simulate one run of `method_config` on `scenario` under the failure path `failures`.
 
+    `reference_events=True` simulates it event by event (the reference model, `Run`); the default
+    (None: unless CHURNSIM_REFERENCE_EVENTS=1) computes the same result in closed form.
     `per_microbatch_everywhere=True` advances one iteration at a time and simulates every iteration
     per microbatch without the cache: same result, much slower (for the benchmark of the two levels).
     """
-    policy = build_policy(method_config, scenario)
-    run = Run(
+    return simulate_run_and_policy(
+        scenario,
+        method_config,
+        failures,
+        replication=replication,
+        seed=seed,
+        iteration_model=iteration_model,
+        per_microbatch_everywhere=per_microbatch_everywhere,
+        reference_events=reference_events,
+    ).result
+
+
+class SimulatedRun:
+    """A run's result, the policy object after it (its counters: checkpoints written, rebuilds...),
+    and the engine that computed it: "closed_form" or "event_model"."""
+
+    __slots__ = ("result", "policy", "engine")
+
+    def __init__(self, result: RunResult, policy: RecoveryPolicy, engine: str) -> None:
+        self.result = result
+        self.policy = policy
+        self.engine = engine
+
+
+def simulate_run_and_policy(
+    scenario: Scenario,
+    method_config: MethodConfig,
+    failures: tuple[FailureEvent, ...] | LazyFailurePath,
+    *,
+    replication: int = 0,
+    seed: int = 0,
+    iteration_model: IterationModel | None = None,
+    per_microbatch_everywhere: bool = False,
+    reference_events: bool | None = None,
+) -> SimulatedRun:
+    """`simulate_run`, also returning the policy object and which engine computed the run."""
+    if reference_events is None:
+        reference_events = os.environ.get(REFERENCE_EVENTS_VARIABLE, "") not in ("", "0")
+    iteration_model = iteration_model or IterationModel()
+    from churnsim.calibration.failure_sampling import LazyFailurePath
+
+    # A lazy path is already in time order and must not be sampled to its end up front.
+    failures = failures if isinstance(failures, LazyFailurePath) else tuple(sorted(failures))
+    with _collector_paused():
+        if not reference_events and not per_microbatch_everywhere:
+            from .closed_form import NeedsEventModel, twin_for
+
+            policy = build_policy(method_config, scenario)
+            twin = twin_for(policy, scenario)
+            if twin is not None:
+                try:
+                    result = _closed_form_result(scenario, policy, twin, failures, iteration_model, replication, seed)
+                    return SimulatedRun(result, policy, "closed_form")
+                except NeedsEventModel:
+                    pass  # simulated again below, from the start, event by event
+        policy = build_policy(method_config, scenario)
+        run = Run(scenario, policy, failures, iteration_model=iteration_model, per_microbatch_everywhere=per_microbatch_everywhere)
+        return SimulatedRun(run.execute(replication=replication, seed=seed), policy, "event_model")
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (if it runs) while a run is simulated."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _reference_iteration_times(scenario: Scenario, iteration_model: IterationModel) -> tuple[float, float, float]:
+    """(plain pipeline's iteration time, compute-only iteration time, compute-only bubble fraction)."""
+    reference_state = build_pipeline_state(scenario)
+    reference = iteration_model.result(reference_state)
+    compute_only = iteration_model.result(compute_only_state(reference_state))
+    return reference.time_s, compute_only.time_s, compute_only.bubble_fraction
+
+
+def _closed_form_result(scenario, policy, twin, failures, iteration_model, replication: int, seed: int) -> RunResult:
+    from .closed_form import ClosedFormRun
+
+    reference_s, compute_only_s, compute_only_bubble = _reference_iteration_times(scenario, iteration_model)
+    run = ClosedFormRun(scenario, policy, twin, failures, iteration_model=iteration_model, healthy_state=policy.healthy_state())
+    healthy_s = run.iteration_time_s
+    run.execute()
+    return _run_result(
         scenario,
         policy,
-        failures,
-        iteration_model=iteration_model or IterationModel(),
-        per_microbatch_everywhere=per_microbatch_everywhere,
+        ledger=run.ledger(),
+        progress=run.progress,
+        wall_clock_s=run.now,
+        reached_target=run.reached_target,
+        healthy_iteration_time_s=healthy_s,
+        reference_times=(reference_s, compute_only_s, compute_only_bubble),
+        handled=run.handled,
+        trajectory=run.trajectory,
+        timeline=run.timeline,
+        background_timeline=run.background_timeline,
+        notes=run.notes,
+        replication=replication,
+        seed=seed,
     )
-    return run.execute(replication=replication, seed=seed)
+
+
+def _run_result(
+    scenario: Scenario,
+    policy: RecoveryPolicy,
+    *,
+    ledger,
+    progress: float,
+    wall_clock_s: float,
+    reached_target: bool,
+    healthy_iteration_time_s: float,
+    reference_times: tuple[float, float, float],
+    handled: list,
+    trajectory: list,
+    timeline: list,  # flat lists of fields (results.py `RecordSequence`)
+    notes: list,
+    replication: int,
+    seed: int,
+    background_timeline: list | None = None,
+) -> RunResult:
+    """The `RunResult` of a finished run, whichever engine simulated it."""
+    reference_s, compute_only_s, compute_only_bubble = reference_times
+    goodput_s, badput = split_time(
+        ledger,
+        progress_iterations=progress,
+        healthy_iteration_time_s=healthy_iteration_time_s,
+        reference_iteration_time_s=reference_s,
+        compute_only_iteration_time_s=compute_only_s,
+        compute_only_bubble_fraction=compute_only_bubble,
+        wall_clock_s=wall_clock_s,
+    )
+    if policy.config.uses_setbacks:
+        notes.append(_setback_note(scenario, policy.name))
+    return RunResult(
+        method=policy.name,
+        replication=replication,
+        seed=seed,
+        reached_target=reached_target,
+        wall_clock_s=wall_clock_s,
+        target_iterations=scenario.target_iterations,
+        progress_iterations=progress,
+        iterations_executed=ledger.iterations_executed,
+        healthy_iteration_time_s=healthy_iteration_time_s,
+        reference_iteration_time_s=reference_s,
+        goodput_s=goodput_s,
+        badput=badput,
+        failures=RecordSequence(handled, HANDLED_ROW_WIDTH, handled_failure_from_row),
+        trajectory=RecordSequence(trajectory, TRAJECTORY_ROW_WIDTH),
+        timeline=RecordSequence(timeline, TIMELINE_ROW_WIDTH, timeline_event_from_row, background_fields=background_timeline),
+        notes=tuple(notes),
+    )
+
+
+def _setback_note(scenario: Scenario, method: str) -> str:
+    """Where this run's setbacks come from and the values it charged (its replication's draw, if drawn)."""
+    convergence = scenario.convergence
+    interior, edge = (convergence.setback_iterations(method, position) for position in ("interior", "edge"))
+    words = {"measured": "measured", "paper_fitted": "fitted to the CheckFree paper's ablation", "default": "uncalibrated defaults"}
+    source = words.get(convergence.setback_source or "default", str(convergence.setback_source))
+    return f"convergence setbacks {source}: {interior:.3g} (interior), {edge:.3g} (edge) iterations per rebuilt stage"
 
 
 class Run:
@@ -88,18 +273,16 @@ class Run:
         self.env = simpy.Environment()
         self.scenario = scenario
         self.policy = policy
+        from churnsim.calibration.failure_sampling import LazyFailurePath
+
         # A lazy path is already in time order and must not be sampled to its end up front.
         self.failures = failures if isinstance(failures, LazyFailurePath) else tuple(sorted(failures))
         self.iteration_model = iteration_model
         self.per_microbatch_everywhere = per_microbatch_everywhere
         self.num_stages = scenario.pipeline.num_stages
         self.target_iterations = scenario.target_iterations
-        reference_state = build_pipeline_state(scenario)
-        reference = iteration_model.result(reference_state)
-        self.reference_iteration_time_s = reference.time_s
-        compute_only = iteration_model.result(compute_only_state(reference_state))
-        self.compute_only_iteration_time_s = compute_only.time_s
-        self.compute_only_bubble_fraction = compute_only.bubble_fraction
+        self.reference_times = _reference_iteration_times(scenario, iteration_model)
+        self.reference_iteration_time_s = self.reference_times[0]
         self.context = RunContext(
             scenario, env=self.env, healthy_state=policy.healthy_state(), iteration_model=iteration_model
         )
@@ -121,45 +304,22 @@ class Run:
         self.env.process(self._churn())
         self.env.process(self._deadline())
         self.env.run(until=self._trainer)
-        wall_clock_s = self.env.now
-        goodput_s, badput = split_time(
-            context.ledger,
-            progress_iterations=context.progress,
+        return _run_result(
+            self.scenario,
+            self.policy,
+            ledger=context.ledger,
+            progress=context.progress,
+            wall_clock_s=self.env.now,
+            reached_target=self.reached_target,
             healthy_iteration_time_s=self.healthy_iteration_time_s,
-            reference_iteration_time_s=self.reference_iteration_time_s,
-            compute_only_iteration_time_s=self.compute_only_iteration_time_s,
-            compute_only_bubble_fraction=self.compute_only_bubble_fraction,
-            wall_clock_s=wall_clock_s,
-        )
-        if self.policy.config.uses_setbacks:
-            context.notes.append(self._setback_note())
-        return RunResult(
-            method=self.policy.name,
+            reference_times=self.reference_times,
+            handled=context.handled,
+            trajectory=context.trajectory,
+            timeline=context.timeline,
+            notes=context.notes,
             replication=replication,
             seed=seed,
-            reached_target=self.reached_target,
-            wall_clock_s=wall_clock_s,
-            target_iterations=self.target_iterations,
-            progress_iterations=context.progress,
-            iterations_executed=context.ledger.iterations_executed,
-            healthy_iteration_time_s=self.healthy_iteration_time_s,
-            reference_iteration_time_s=self.reference_iteration_time_s,
-            goodput_s=goodput_s,
-            badput=badput,
-            failures=tuple(context.handled),
-            trajectory=tuple(context.trajectory),
-            timeline=tuple(context.timeline),
-            notes=tuple(context.notes),
         )
-
-    def _setback_note(self) -> str:
-        """Where this run's setbacks come from and the values it charged (its replication's draw, if drawn)."""
-        convergence = self.scenario.convergence
-        method = self.policy.name
-        interior, edge = (convergence.setback_iterations(method, position) for position in ("interior", "edge"))
-        words = {"measured": "measured", "paper_fitted": "fitted to the CheckFree paper's ablation", "default": "uncalibrated defaults"}
-        source = words.get(convergence.setback_source or "default", str(convergence.setback_source))
-        return f"convergence setbacks {source}: {interior:.3g} (interior), {edge:.3g} (edge) iterations per rebuilt stage"
 
     def _train_loop(self) -> Generator:
         context = self.context
@@ -236,7 +396,7 @@ class Run:
         context.progress += iterations
         context.iterations_executed += iterations
         context.ledger.iterations_executed += iterations
-        context.trajectory.append((self.env.now, context.progress))
+        context.trajectory.extend((self.env.now, context.progress))
 
     def _book_training(self, start_s: float, iteration_time_s: float) -> None:
         """Book the time since `start_s`, trained at `iteration_time_s` (the state's before any change)."""
@@ -258,7 +418,7 @@ class Run:
     def _arrive(self, event: FailureEvent) -> None:
         context = self.context
         now = self.env.now
-        context.timeline.append(TimelineEvent(name=f"failure ({event.kind})", category="failure", stage=event.stage, start_s=now, end_s=now))
+        context.timeline.extend((f"failure ({event.kind})", "failure", event.stage, now, now, None))
         if self.policy.config.ignores_failures or event.stage in self.policy.reliable_stages:
             context.record_failure(event, "ignored")
             return

@@ -14,19 +14,20 @@ the context, never the trainer, so it can:
 
 from __future__ import annotations
 
-from typing import Callable, Generator
+from typing import TYPE_CHECKING, Callable, Generator
 
 import simpy
 from simpy import Interrupt
 
-from churnsim.calibration.failure_sampling import FailureEvent
 from churnsim.calibration.scenario import Scenario
 
 from .accounting import Ledger
 from .iteration import IterationModel
 from .links import ProcessorSharingLink, all_transfers_done
 from .pipeline_state import PipelineState
-from .results import HandledFailure, TimelineEvent
+
+if TYPE_CHECKING:
+    from churnsim.calibration.failure_sampling import FailureEvent
 
 
 class RunContext:
@@ -53,9 +54,13 @@ class RunContext:
         """Stage → time its replacement joins (kept after the join; compare with `env.now`)."""
         self.node_generation = [0] * self.num_stages
         self.ledger = Ledger()
-        self.trajectory: list[tuple[float, float]] = [(0.0, 0.0)]
-        self.timeline: list[TimelineEvent] = []
-        self.handled: list[HandledFailure] = []
+        # Records as flat lists of fields (results.py `RecordSequence` builds the records on first read).
+        self.trajectory: list[float] = [0.0, 0.0]
+        """Points (time_s, progress_iterations), two fields each."""
+        self.timeline: list = []
+        """`TimelineEvent`s: (name, category, stage, start_s, end_s, track), six fields each."""
+        self.handled: list = []
+        """`HandledFailure`s: (time_s, stage, kind, handled_as, iteration), five fields each."""
         self.notes: list[str] = []
         self._links: dict[tuple, ProcessorSharingLink] = {}
         self._tier_links: dict[tuple, ProcessorSharingLink] = {}
@@ -111,7 +116,7 @@ class RunContext:
         if lost > 0:
             self.progress = progress
             self.ledger.rolled_back_iterations += lost
-            self.trajectory.append((self.env.now, self.progress))
+            self.trajectory.extend((self.env.now, self.progress))
             return lost
         return 0.0
 
@@ -121,7 +126,7 @@ class RunContext:
         if applied > 0:
             self.progress -= applied
             self.ledger.setback_iterations += applied
-            self.trajectory.append((self.env.now, self.progress))
+            self.trajectory.extend((self.env.now, self.progress))
         return applied
 
     def lose_iterations(self, iterations: float) -> float:
@@ -130,19 +135,17 @@ class RunContext:
         if applied > 0:
             self.progress -= applied
             self.ledger.rolled_back_iterations += applied
-            self.trajectory.append((self.env.now, self.progress))
+            self.trajectory.extend((self.env.now, self.progress))
         return applied
 
     def record_failure(self, event: FailureEvent, handled_as: str) -> None:
-        self.handled.append(
-            HandledFailure(time_s=event.time_s, stage=event.stage, kind=event.kind, handled_as=handled_as, iteration=int(self.progress))
-        )
+        self.handled.extend((event.time_s, event.stage, event.kind, handled_as, int(self.progress)))
 
     def span(
         self, name: str, category: str, start_s: float, *, end_s: float | None = None, stage: int = -1, track: str | None = None
     ) -> None:
         end = self.env.now if end_s is None else end_s
-        self.timeline.append(TimelineEvent(name=name, category=category, stage=stage, start_s=start_s, end_s=end, track=track))
+        self.timeline.extend((name, category, stage, start_s, end, track))
 
     def all_transfers_done(self, requests) -> simpy.Event:
         """Start `requests` ((link, bytes) pairs) in order; an event that fires as their `AllOf` would (cheaper)."""

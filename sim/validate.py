@@ -374,6 +374,13 @@ def validate_record(record: RunRecord, calibration: Calibration | None) -> RunVa
 
 def validate_runs(directories: Sequence[str | Path], calibration: Calibration | None) -> ValidationReport:
     """Validate every record; refuses runs the calibration was fitted on (held-out discipline)."""
+    return validate_records(load_held_out_records(directories, calibration), calibration)
+
+
+def load_held_out_records(directories: Sequence[str | Path], calibration: Calibration | None) -> list:
+    """Read and check every run record (InputError naming the first bad one), before any work.
+
+    Refuses a run the calibration was fitted on, and a run given twice."""
     fitted = set(calibration.provenance.fit_run_ids) if calibration is not None else set()
     records = []
     for directory in run_record_directories(directories):
@@ -389,6 +396,12 @@ def validate_runs(directories: Sequence[str | Path], calibration: Calibration | 
         if record.manifest.run_id in seen:
             raise InputError(f"run {record.manifest.run_id!r} is given twice; pass each run record once")
         seen.add(record.manifest.run_id)
+    return records
+
+
+def validate_records(records: Sequence, calibration: Calibration | None) -> ValidationReport:
+    """Replay each checked record (`load_held_out_records`) in the simulator; predicted against measured."""
+    fitted = set(calibration.provenance.fit_run_ids) if calibration is not None else set()
     runs = tuple(validate_record(record, calibration) for record in records)
     table = pd.concat([run.rows for run in runs], ignore_index=True) if runs else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return ValidationReport(

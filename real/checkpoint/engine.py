@@ -15,6 +15,10 @@ called from whichever thread did the work, so it must be thread-safe. Kinds:
 "snapshot" copy of one save's tensors out of the live state (device → host);
 "flush"    one checkpoint written and committed at one level;
 "load"     one load().
+
+A level may sit behind a bandwidth-limited path (`read_bytes_per_s` per level name, and each
+backend's write throttles): loads from it take at least size / rate, so the cost of reading a remote
+level is measurable on one machine.
 """
 
 from __future__ import annotations
@@ -121,6 +125,8 @@ class CheckpointEngine(abc.ABC):
         assert len(set(names)) == len(names), "level names are unique"
         self._levels = levels
         self._record_span = record_span
+        self.read_bytes_per_s: dict[str, float] = {}
+        """Level name -> bandwidth its loads are paced to (emulates a slow path); unlisted: unpaced."""
         self._counters = _Counters(level_names=tuple(names))
         self._sequence_lock = threading.Lock()
         self._last_sequence = 0
@@ -228,6 +234,9 @@ class CheckpointEngine(abc.ABC):
         # The header is checked against the manifest again as it is read: a file swapped in since
         # verify() cannot slip through.
         _, state = read_data_file(verified.data_path, header_sha256=verified.header_sha256)
+        rate = self.read_bytes_per_s.get(level.name)
+        if rate is not None:
+            time.sleep(max(0.0, verified.file_nbytes / rate - (time.perf_counter() - start_s)))
         self._span("load", start_s, time.perf_counter())
         return state
 
@@ -287,10 +296,15 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         record_span: SpanCallback | None = None,
         run_id: str = DEFAULT_RUN_ID,
         stage: int = 0,
+        throttle_bytes_per_s: float | None = None,
     ) -> None:
+        """`throttle_bytes_per_s`: writes and loads at this level take at least size / rate (a slow path)."""
         if keep_last < 1:
             raise InputError(f"keep_last = {keep_last}; use 1 or more")
+        if throttle_bytes_per_s is not None and not throttle_bytes_per_s > 0:
+            raise InputError(f"throttle_bytes_per_s = {throttle_bytes_per_s}; use a positive rate or None")
         check_binding_arguments(run_id, stage)
+        self._throttle_bytes_per_s = throttle_bytes_per_s
         storage = LevelDirectory(
             directory, name=level, survives_node_loss=survives_node_loss, keep_last=keep_last,
             run_id=run_id, stage=stage,
@@ -298,6 +312,8 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         super().__init__([storage], record_span)
         self._storage = storage
         self._closed = False
+        if throttle_bytes_per_s is not None:
+            self.read_bytes_per_s[level] = throttle_bytes_per_s
 
     def save(self, state: dict[str, torch.Tensor | Any], iteration: int) -> None:
         if self._closed:
@@ -318,6 +334,8 @@ class SynchronousCheckpointEngine(CheckpointEngine):
                 if entry.nbytes:
                     writer.write_piece(entry.key, 0, data.numpy())
             header = writer.commit(metadata_bytes)
+            if self._throttle_bytes_per_s is not None:  # the slow path: training stays blocked meanwhile
+                time.sleep(max(0.0, layout.file_nbytes / self._throttle_bytes_per_s - (time.perf_counter() - start_s)))
         except BaseException:
             writer.abort()
             raise

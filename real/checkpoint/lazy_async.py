@@ -67,7 +67,8 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
     """Host pool → local directory → remote directory, training blocked only for unfinished copies.
 
     `throttle_local_bytes_per_s` / `throttle_remote_bytes_per_s` cap each level's write rate (sleeping
-    after each piece); they emulate slower storage and let tests provoke back-pressure.
+    after each piece) and pace loads from it; they emulate slower storage (a remote level behind a
+    slow path) and let tests provoke back-pressure.
     """
 
     background_nice_increment: int = 10
@@ -117,6 +118,8 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         self._chunk_bytes = chunk_bytes - chunk_bytes % ALIGNMENT_BYTES
         self._throttle = {LOCAL_LEVEL: throttle_local_bytes_per_s,
                           REMOTE_LEVEL: throttle_remote_bytes_per_s}
+        # The same slow paths when recovery reads back.
+        self.read_bytes_per_s.update({name: rate for name, rate in self._throttle.items() if rate is not None})
         self._copy_stream = torch.cuda.Stream(self._device) if self._cuda else None
         self._condition = threading.Condition()
         self._num_pending_copies = 0

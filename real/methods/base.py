@@ -15,6 +15,14 @@ Life of a method object (one per rank, built by `build_method`):
   group or through files and returns a `RecoveryOutcome` (the same on every rank).
 - `close()` at the end of the run.
 
+Hard failures (`context.failure_mode == "hard"`): the failed stage's process is gone. Its
+replacement builds a fresh method object, adopts what every rank knows alike from a survivor
+(`replicated_metadata` / `adopt_replicated_metadata`, e.g. which checkpoints belong to an abandoned
+timeline), and then every rank calls `recover` as above. A method with `runs_degraded` may keep the
+survivors training while the replacement starts: a survivor that can run a lost stage
+(`hostable_stages`) takes it over (`enter_degraded`) until the replacement is there
+(`leave_degraded`, then `recover` hands the stage over).
+
 The context hands a method everything it may touch: the stage's module and optimizer (through
 `StageRuntime`, which the method may replace the optimizer of), an optimizer factory, the
 communicator, the device, the run directory and the span recorder.
@@ -22,6 +30,7 @@ communicator, the device, the run directory and the span recorder.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +61,21 @@ class StageRuntime:
     """Learning-rate multiplier currently applied to this stage (1.0 unless rebuilt)."""
 
 
+@dataclass
+class RecoveryReads:
+    """What this rank's recoveries read from checkpoint files (the run record's bytes per recovery)."""
+
+    file_bytes: int = 0
+    levels: list[str] = field(default_factory=list)
+    """Level of every checkpoint file read, in order (e.g. "remote")."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, level: str, nbytes: int) -> None:
+        with self._lock:
+            self.file_bytes += nbytes
+            self.levels.append(level)
+
+
 @dataclass(kw_only=True)
 class MethodContext:
     """What a method may use on its rank."""
@@ -62,6 +86,8 @@ class MethodContext:
     runtime: StageRuntime
     make_optimizer: Callable[[float], torch.optim.Optimizer]
     """Fresh optimizer for `runtime.module` at base learning rate × the given scale."""
+    optimizer_for: Callable[[torch.nn.Module, float], torch.optim.Optimizer] | None = None
+    """Fresh optimizer, with the run's settings, for another module (a stage run from a replica)."""
     communicator: Communicator
     device: torch.device
     run_dir: Path | None
@@ -73,6 +99,19 @@ class MethodContext:
     """The run this rank belongs to: checkpoints are bound to it (and to the stage) and refused otherwise."""
     resume: bool = False
     """This run continues an earlier attempt of `run_id` from its durable checkpoints (`RecoveryMethod.resume`)."""
+    failure_mode: str = "soft"
+    """"soft": a failed stage re-initialises in place; "hard": its process was killed and replaced."""
+    run_started_ns: int | None = None
+    """Wall clock (ns) at which the run started, the same for every incarnation of every stage
+    (hard failures); None: when this process built its method."""
+    remote_checkpoint_dir: str | None = None
+    """Root of the checkpoints' remote level; None: `<run_dir>/checkpoints`."""
+    remote_bytes_per_s: float | None = None
+    """Bandwidth of the path to the remote level (writes and reads paced to it); None: unthrottled."""
+    reads: RecoveryReads = field(default_factory=RecoveryReads)
+    killed_stages: frozenset[int] = frozenset()
+    """During a `recover` after hard failures: the failed stages whose processes were killed (their
+    replacements hold fresh random weights); empty otherwise."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,3 +200,27 @@ class RecoveryMethod(ABC):
 
     def close(self) -> None:
         """End of run: finish background work, release resources."""
+
+    # -- hard failures ---------------------------------------------------------------------------
+
+    runs_degraded: ClassVar[bool] = False
+    """Whether survivors can keep training while a lost stage's replacement starts (a survivor runs
+    the lost stage from what it holds), instead of waiting for it."""
+
+    def replicated_metadata(self) -> Any:
+        """Small JSON-encodable state every rank keeps alike, which a replacement adopts from a survivor."""
+        return None
+
+    def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
+        """A replacement process, before `recover`: the `replicated_metadata` of every survivor."""
+
+    def hostable_stages(self) -> frozenset[int]:
+        """Lost stages this rank could run itself, from what it holds now (`runs_degraded`)."""
+        return frozenset()
+
+    def enter_degraded(self, hosted: frozenset[int]) -> dict[int, StageRuntime]:
+        """Start running the lost stages `hosted` here; returns their module and optimizer to train."""
+        raise NotImplementedError(f"method {self.name!r} does not run degraded")
+
+    def leave_degraded(self) -> None:
+        """The replacements are here: stop running hosted stages and keep their state for `recover`."""

@@ -34,6 +34,13 @@ agrees again without that tag. Tag 0 (the initial weights) always loads, so reco
 
 Resume (`resume`, a run continued with `--resume` after it failed or was killed): every stage
 restores, the same agreement, the newest tag all stages hold at levels that survive node loss.
+
+Levels apart: the remote level may live under `training.remote_checkpoint_dir` (another file
+system; `<dir>/<run id>/stage-<s>`) and behind a path of `training.remote_checkpoint_bytes_per_s`
+(writes and reads paced). Hard failures: the launcher deletes a killed stage's node-local level
+(`<run_dir>/local/stage-<s>`: its disk died with it), and the replacement, a new process, reads only
+the levels that survive node loss; which level every recovery read, and how many bytes, is recorded
+(`MethodContext.reads`).
 """
 
 from __future__ import annotations
@@ -94,7 +101,11 @@ class CheckpointDirectories:
         else:
             root = Path(context.run_dir)
         stage_directory = f"stage-{context.stage}"
-        self.remote = root / "checkpoints" / stage_directory
+        if context.remote_checkpoint_dir is not None:
+            # Another file system, shared by runs: each run below its own id.
+            self.remote = Path(context.remote_checkpoint_dir) / context.run_id / stage_directory
+        else:
+            self.remote = root / "checkpoints" / stage_directory
         """The "remote" tier (checkpoint_dir): survives node loss."""
         self.local = root / "local" / stage_directory
         """Node-local disk: dies with the node."""
@@ -108,8 +119,9 @@ def synchronous_engine(
     context: MethodContext, directories: CheckpointDirectories, tier: str, *, keep_last: int = 2
 ) -> SynchronousCheckpointEngine:
     """A blocking engine on `tier`: the remote checkpoint dir, or node-local disk."""
+    throttle = None
     if tier == REMOTE_TIER:
-        directory, survives = directories.remote, True
+        directory, survives, throttle = directories.remote, True, context.remote_bytes_per_s
     elif tier in LOCAL_TIERS:
         directory, survives = directories.local, False
     else:
@@ -122,6 +134,7 @@ def synchronous_engine(
         record_span=EngineSpans(context.spans),
         run_id=context.run_id,
         stage=context.stage,
+        throttle_bytes_per_s=throttle,
     )
 
 
@@ -147,7 +160,9 @@ class CheckpointKeeper:
         # (tag k, time): checkpoints of tags > k saved before that time are from an abandoned timeline.
         # The first entry discards everything an earlier run of the same run id left in the same
         # directories, unless this run resumes that one (`resume` then abandons beyond its tag).
-        self._abandoned: list[tuple[int, int]] = [] if context.resume else [(-1, time.time_ns())]
+        # Under hard failures a replacement process uses the run's start, not its own.
+        started_ns = context.run_started_ns if context.run_started_ns is not None else time.time_ns()
+        self._abandoned: list[tuple[int, int]] = [] if context.resume else [(-1, started_ns)]
 
     # -- steady state ---------------------------------------------------------------------------
 
@@ -173,6 +188,16 @@ class CheckpointKeeper:
             self.directories.cleanup()
 
     # -- recovery -------------------------------------------------------------------------------
+
+    def replicated_metadata(self) -> list[list[int]]:
+        """The abandoned timelines (every rank appends the same at each rollback)."""
+        return [list(entry) for entry in self._abandoned]
+
+    def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
+        """A replacement continues the survivors' timeline: the longest list any survivor keeps."""
+        known = [entries for entries in survivors if entries is not None]
+        if known:
+            self._abandoned = [(int(tag), int(ns)) for tag, ns in max(known, key=len)]
 
     def _is_current(self, info: CheckpointInfo) -> bool:
         return not any(info.iteration > tag and info.sequence < abandoned_ns for tag, abandoned_ns in self._abandoned)
@@ -204,6 +229,7 @@ class CheckpointKeeper:
                 except CheckpointCorruptError as error:
                     problem = str(error)
                     continue
+                context.reads.add(info.level, info.file_nbytes)
                 torch.set_rng_state(state.pop(RNG_KEY))
                 restore_stage_state(runtime, context.make_optimizer, state)
                 return None
@@ -325,6 +351,12 @@ class CheckpointingMethod(RecoveryMethod):
     def forget_node_state(self) -> None:
         self.keeper.forget_node_state()
 
+    def replicated_metadata(self) -> Any:
+        return self.keeper.replicated_metadata()
+
+    def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
+        self.keeper.adopt_replicated_metadata(survivors)
+
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         return self.keeper.recover(failed_stages, iteration)
 
@@ -376,5 +408,6 @@ class AsyncCheckpointMethod(CheckpointingMethod):
             record_span=EngineSpans(self.context.spans),
             run_id=self.context.run_id,
             stage=self.context.stage,
+            throttle_remote_bytes_per_s=self.context.remote_bytes_per_s,
         )
 

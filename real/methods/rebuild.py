@@ -127,6 +127,13 @@ class NeighbourRebuildMethod(RecoveryMethod):
         if self.edge_keeper is not None:
             self.edge_keeper.close()
 
+    def replicated_metadata(self) -> Any:
+        return {"edge_keeper": self.edge_keeper.replicated_metadata() if self.edge_keeper is not None else None}
+
+    def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
+        if self.edge_keeper is not None:
+            self.edge_keeper.adopt_replicated_metadata([each["edge_keeper"] for each in survivors if each is not None])
+
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         context = self.context
         plans = self.plan(failed_stages)
@@ -278,6 +285,16 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
     @property
     def swap_odd_microbatches(self) -> bool:
         return True
+
+    def replicated_metadata(self) -> Any:
+        return super().replicated_metadata() | {"replica_valid": dict(self.replica_valid)}
+
+    def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
+        super().adopt_replicated_metadata(survivors)
+        for each in survivors:
+            if each is not None and "replica_valid" in each:
+                self.replica_valid = {part: bool(valid) for part, valid in each["replica_valid"].items()}
+                break
 
     def forget_node_state(self) -> None:
         super().forget_node_state()

@@ -18,6 +18,10 @@ On failure: restart from the newest snapshot durable at a level that survives no
 and local disk die with their node); all stages read their part from that level. Every snapshot not
 yet durable there is abandoned (its in-flight transfers finish on links nobody uses any more).
 `rollback = "stage"` as for `checkpoint` (see `checkpointing.py`).
+Bytes and serialization come from the cost functions of `base.py`: the host buffer and the copy
+hold one node's part (`checkpoint_part_bytes`, 1/DP of the stage under data-parallel sharding), each
+level's links carry `tier_flow_bytes`, and a level with a serialization rate costs its flush
+`serialization_s` first (a background cost; DataStates-LLM itself writes raw bytes).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING, Generator, Iterable
 from simpy import AllOf
 
 from ..links import relayed_event
-from .base import RecoveryPolicy, stage_checkpoint_bytes
+from .base import RecoveryPolicy, checkpoint_part_bytes, serialization_s, tier_flow_bytes
 from .checkpointing import RestartRecovery
 
 if TYPE_CHECKING:
@@ -55,7 +59,12 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
     def __init__(self, config, scenario) -> None:
         super().__init__(config, scenario)
         self.levels = tuple(config.levels)
-        self.stage_bytes = tuple(stage_checkpoint_bytes(scenario, stage) for stage in range(self.num_stages))
+        # One node's part (host buffer, copy) and the bytes on each level's links (base.py: sharding).
+        self.stage_bytes = tuple(checkpoint_part_bytes(scenario, stage) for stage in range(self.num_stages))
+        self.level_bytes = tuple(tuple(tier_flow_bytes(scenario, stage, name) for stage in range(self.num_stages)) for name in self.levels)
+        self.level_serialization_s = tuple(
+            tuple(serialization_s(scenario, stage, name) for stage in range(self.num_stages)) for name in self.levels
+        )
         self.slots_per_stage = tuple(
             2 if config.host_buffer_bytes is None else max(1, int(config.host_buffer_bytes // size))
             for size in self.stage_bytes
@@ -121,7 +130,11 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
                 yield env.timeout(snapshot.ready_s - env.now)
             if epoch != self._epoch:
                 return
-            yield context.tier_link(self.levels[0], "write", stage, generation=epoch).transfer(self.stage_bytes[stage])
+            if self.level_serialization_s[0][stage] > 0:
+                yield env.timeout(self.level_serialization_s[0][stage])
+                if epoch != self._epoch:
+                    return
+            yield context.tier_link(self.levels[0], "write", stage, generation=epoch).transfer(self.level_bytes[0][stage])
             if epoch != self._epoch:
                 return
             self._release_slot(stage)
@@ -142,8 +155,12 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
                 continue
             last_number = candidate.number
             name = self.levels[level]
+            if max(self.level_serialization_s[level]) > 0:
+                yield env.timeout(max(self.level_serialization_s[level]))
+                if epoch != self._epoch:
+                    return
             yield context.all_transfers_done(
-                (context.tier_link(name, "write", stage, generation=epoch), size) for stage, size in enumerate(self.stage_bytes)
+                (context.tier_link(name, "write", stage, generation=epoch), size) for stage, size in enumerate(self.level_bytes[level])
             )
             if epoch != self._epoch:
                 return
@@ -211,8 +228,9 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
     def _read(self, context: "RunContext", stages: Iterable[int]) -> Generator:
         if self.restore_point is None:
             return
-        level_name = self.levels[self.restore_point[1]]
-        reads = context.all_transfers_done((context.tier_link(level_name, "read", stage), self.stage_bytes[stage]) for stage in stages)
+        level = self.restore_point[1]
+        level_name = self.levels[level]
+        reads = context.all_transfers_done((context.tier_link(level_name, "read", stage), self.level_bytes[level][stage]) for stage in stages)
         yield from context.wait(reads, "recovery_downtime_s", f"checkpoint read ({level_name})")
 
     def on_failures(self, context: "RunContext", failures) -> Generator:

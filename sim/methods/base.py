@@ -81,8 +81,41 @@ class RecoveryPolicy(ABC):
 
 # ---------------------------------------------------------------- sizes shared by the policies
 def stage_checkpoint_bytes(scenario: Scenario, stage: int) -> float:
-    """Weights + optimizer state of one stage (`checkpoint_bytes_per_parameter` per parameter)."""
+    """Weights + optimizer state of one stage (`checkpoint_bytes_per_parameter` per parameter), all
+    its data-parallel shards together; a stage's blocks follow `pipeline.layers_per_stage`."""
     return scenario.stage_parameters(stage) * scenario.model.checkpoint_bytes_per_parameter
+
+
+def checkpoint_writers_per_stage(scenario: Scenario) -> int:
+    """Nodes that write (and read) parts of one stage's checkpoint: its data-parallel replicas under
+    `pipeline.checkpoint_sharding = "data_parallel"`, else one."""
+    pipeline = scenario.pipeline
+    return pipeline.data_parallel_degree if pipeline.checkpoint_sharding == "data_parallel" else 1
+
+
+def checkpoint_part_bytes(scenario: Scenario, stage: int) -> float:
+    """What one node of `stage` writes, copies to its host buffer or reads: the stage's checkpoint,
+    or its 1/DP shard when checkpoints are sharded across the data-parallel replicas."""
+    writers = checkpoint_writers_per_stage(scenario)
+    whole = stage_checkpoint_bytes(scenario, stage)
+    return whole if writers == 1 else whole / writers
+
+
+def tier_flow_bytes(scenario: Scenario, stage: int, tier_name: str) -> float:
+    """Bytes of `stage`'s checkpoint on the simulator's link to tier `tier_name` (one link per stage,
+    or one for all on a `shared` tier). On a per-node link: one node's part (the replicas write their
+    shards at the same time over links of their own, so one shard on one link takes as long); on a
+    shared link: the whole stage, since every replica's shard crosses that one link."""
+    if scenario.tier(tier_name).shared:
+        return stage_checkpoint_bytes(scenario, stage)
+    return checkpoint_part_bytes(scenario, stage)
+
+
+def serialization_s(scenario: Scenario, stage: int, tier_name: str) -> float:
+    """Seconds a node of `stage` spends serializing its part before writing it to `tier_name`
+    (`serialization_bytes_per_s` of the tier, on the node's own CPU); 0 for raw writes."""
+    rate = scenario.tier(tier_name).serialization_bytes_per_s
+    return 0.0 if rate is None else checkpoint_part_bytes(scenario, stage) / rate
 
 
 def stage_weight_bytes(scenario: Scenario, stage: int) -> float:
@@ -90,9 +123,10 @@ def stage_weight_bytes(scenario: Scenario, stage: int) -> float:
     return scenario.stage_parameters(stage) * scenario.model.weight_bytes_per_parameter
 
 
-def block_weight_bytes(scenario: Scenario) -> float:
-    """Weights of one stage's transformer blocks (what a neighbour contributes to a rebuild)."""
-    return scenario.layers_per_stage * scenario.model.parameters_per_layer * scenario.model.weight_bytes_per_parameter
+def block_weight_bytes(scenario: Scenario, stage: int = 0) -> float:
+    """Weights of one stage's transformer blocks (what a neighbour contributes to a rebuild; the
+    rebuild methods need equal stages, so any stage's count serves)."""
+    return scenario.stage_layers(stage) * scenario.model.parameters_per_layer * scenario.model.weight_bytes_per_parameter
 
 
 def embedding_weight_bytes(scenario: Scenario) -> float:

@@ -2,7 +2,10 @@
 
 Every K executed iterations (counted from the last checkpoint or restart) every stage writes its
 weights + optimizer state (`stage parameters × checkpoint_bytes_per_parameter`) to the tier;
-training is blocked until all writes are done (a shared tier makes them share one link). A write
+training is blocked until all writes are done (a shared tier makes them share one link). The bytes
+per link and the serialization before the write come from the cost functions of `base.py`
+(`tier_flow_bytes`: data-parallel sharding; `serialization_s`: the tier's serialization rate, paid
+by every writer before its write, the slowest setting the wait). A write
 interrupted by a failure is not a checkpoint; a checkpoint on a tier that does not survive node loss
 is gone after any failure (a part of it died with the node). Progress 0 is an implicit checkpoint (the seeded
 initialisation), so a failure before the first checkpoint needs no read.
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Generator, Iterable
 
 from churnsim.calibration.scenario import Scenario
 
-from .base import RecoveryPolicy, stage_checkpoint_bytes
+from .base import RecoveryPolicy, serialization_s, tier_flow_bytes
 
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
@@ -49,8 +52,10 @@ class SyncCheckpointer:
         self.survives_node_loss = scenario.tier(tier).survives_node_loss
         self.interval_iterations = interval_iterations
         self.num_stages = scenario.pipeline.num_stages
-        self.stage_bytes = tuple(stage_checkpoint_bytes(scenario, stage) for stage in range(self.num_stages))
+        self.stage_bytes = tuple(tier_flow_bytes(scenario, stage, tier) for stage in range(self.num_stages))
         self.stages = tuple(range(self.num_stages)) if stages is None else tuple(stages)
+        # Every writer serializes its part, then writes (torch.save); the slowest sets the wait.
+        self.serialization_s = max((serialization_s(scenario, stage, tier) for stage in self.stages), default=0.0)
         self.committed_progress = 0.0
         self.has_checkpoint = False
         self.num_written = 0
@@ -69,6 +74,8 @@ class SyncCheckpointer:
         self._origin = context.iterations_executed
 
     def write(self, context: "RunContext") -> Generator:
+        if self.serialization_s > 0:
+            yield from context.wait(self.serialization_s, "checkpoint_stall_s", f"checkpoint serialization ({self.tier})")
         writes = context.all_transfers_done((context.tier_link(self.tier, "write", stage), self.stage_bytes[stage]) for stage in self.stages)
         yield from context.wait(writes, "checkpoint_stall_s", f"checkpoint write ({self.tier})")
         self.committed_progress = context.progress

@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as multiprocessing
 
 from churnsim.real.checkpoint import LazyAsyncCheckpointEngine, SynchronousCheckpointEngine
+from churnsim.real.launch import FORKSERVER_PRELOAD
 
 NUM_KILLS = 20
 RUN = "crash-run"
@@ -71,7 +72,7 @@ def _last_reported(report: Path) -> int:
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_writer_killed_at_random_moments_never_leaves_a_wrong_or_lost_checkpoint(tmp_path, kind):
     # The fork server run_distributed uses (torch imported once), so a writer starts in milliseconds.
-    multiprocessing.set_forkserver_preload(["torch", "churnsim.real.trainer", "churnsim.real.launch"])
+    multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # the launcher's list: whoever starts the server first sets it
     context = multiprocessing.get_context("forkserver")
     rng = random.Random(20240611)
     report = tmp_path / "durable.txt"

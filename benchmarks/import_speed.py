@@ -1,0 +1,85 @@
+"""How long do a CLI process's help and an import of the simulator take? (issue 11, target ≤ 0.3 s)
+
+Each command runs in a fresh interpreter (`subprocess`), wall clock from start to exit, repeated
+until two runs agree within 20 % (benchmarks/speed_common.py):
+- `churnsim simulate --help` (the console script: typer, rich, the command modules);
+- `python -c "import churnsim.sim"` (the package, as the target names it);
+- `python -c "import churnsim.sim.run"` (what a script that calls `simulate_run` imports);
+- `python -c "pass"` (the interpreter's own start, for scale).
+Also lists the ten heaviest imports of `churnsim.sim.run` (`python -X importtime`). There is no
+event-model reference here: imports are the same in both engines. Writes
+benchmarks/results/import-speed.json.
+
+    python benchmarks/import_speed.py [--max-rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
+
+TARGET_S = 0.3
+
+
+def commands() -> dict[str, list[str]]:
+    console_script = shutil.which("churnsim") or str(Path(sys.executable).with_name("churnsim"))
+    return {
+        "churnsim simulate --help": [console_script, "simulate", "--help"],
+        "import churnsim.sim": [sys.executable, "-c", "import churnsim.sim"],
+        "import churnsim.sim.run": [sys.executable, "-c", "import churnsim.sim.run"],
+        "python (empty)": [sys.executable, "-c", "pass"],
+    }
+
+
+def heaviest_imports(module: str, count: int = 10) -> list[tuple[str, float]]:
+    completed = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True)
+    rows = []
+    for line in completed.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line or "cumulative" in line:
+            continue
+        _, cumulative, name = (part.strip() for part in line.split("|"))
+        rows.append((name.strip(), int(cumulative.split(":")[-1]) / 1e6))
+    top_level = [(name, seconds) for name, seconds in rows]
+    return sorted(top_level, key=lambda row: -row[1])[:count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-rounds", type=int, default=8)
+    arguments = parser.parse_args()
+    to_run = commands()
+
+    def one_round() -> dict:
+        result = {}
+        for name, command in to_run.items():
+            wall, cpu, completed = timed(lambda: subprocess.run(command, capture_output=True, check=True))
+            result[name] = (wall, cpu)
+        return result
+
+    timings = repeat_until_agreed(one_round, max_rounds=arguments.max_rounds, min_rounds=3)
+    rows = {}
+    for name, timing in timings.items():
+        seconds = timing.agreed_s
+        target = None if name.startswith("python") else TARGET_S
+        rows[name] = {**timing.summary(), "target_s": target, "meets_target": None if target is None else seconds <= target}
+        verdict = "" if target is None else ("met" if seconds <= target else "NOT met")
+        print(f"{name:28s} {seconds:6.3f} s  [{min(timing.wall_s):.3f}–{max(timing.wall_s):.3f}]  {verdict}")
+    heavy = heaviest_imports("churnsim.sim.run")
+    print("heaviest imports of churnsim.sim.run (cumulative s):", ", ".join(f"{name} {seconds:.3f}" for name, seconds in heavy))
+    path = write_result(
+        "import-speed",
+        {"benchmark": "fresh-interpreter wall clock of CLI help and simulator imports", "commands": rows,
+         "heaviest_imports_of_churnsim.sim.run_s": heavy},
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Closed-form twins of `sim/methods/rebuild.py`: CheckFree, CheckFree+ and the rebuild ablations.
+
+A rebuild is a sequence of waits (join delay, restart, weight transfers over the node links with any
+edge checkpoint reads), each one comparison with the next failure; a failure during it re-enters it
+with the merged set of lost stages, as the event model does. The plan of a set of lost stages is the
+contract's pure function (`plan_rebuild`), so it is computed once per set. CheckFree+'s replica
+refresh is a background transfer group whose completion (and span) the engine books when the run
+reaches it; a rebuild transfer that shares its link delays it exactly as in the event model.
+"""
+
+from __future__ import annotations
+
+from churnsim.calibration.scenario import Scenario
+
+from ..methods.base import embedding_weight_bytes, head_weight_bytes
+from ..methods.checkpointing import stale_stage_loss_iterations
+from ..methods.rebuild import CheckFreePlusPolicy, RebuildPolicy
+from .checkpointing import SyncCheckpointerTwin
+from .engine import ClosedFormPolicy, ClosedFormRun, TransferGroup
+
+
+class _LostSet:
+    """What a set of stages lost together costs, worked out once (the plan is a pure function of the set)."""
+
+    __slots__ = ("plans", "restored", "sends", "label", "copies_edge", "transfers")
+
+    def __init__(self, policy: RebuildPolicy, lost: set[int]) -> None:
+        self.plans = plans = policy.plan(lost)
+        self.restored = sorted(stage for stage, plan in plans.items() if plan.blocks_from == "edge_checkpoint")
+        self.sends = [
+            (source, stage, policy.source_bytes(plan, index)) for stage, plan in plans.items() for index, source in enumerate(plan.sources)
+        ]
+        """(source stage, lost stage, bytes) of every weight transfer, in the event model's order."""
+        self.label = f"rebuild of stages {sorted(lost)}"
+        self.copies_edge = any(plan.edge_part == "random_init" and plan.sources for plan in plans.values())
+        """Whether `RebuildPolicy._note_random_edge_parts` may have something to say."""
+        self.transfers: list | None = None
+        """The weight transfers as (node link, bytes), once resolved (node links never change)."""
+
+
+class RebuildTwin(ClosedFormPolicy):
+    """`RebuildPolicy.on_failures` and the edge checkpoints of CheckFree (`edge_fallback = "checkpoint"`)."""
+
+    policy: RebuildPolicy
+
+    def __init__(self, policy: RebuildPolicy, scenario: Scenario) -> None:
+        super().__init__(policy, scenario)
+        edge = policy.edge_checkpointer
+        self.edge_checkpointer = self.periodic_writer = SyncCheckpointerTwin(edge, scenario) if edge is not None else None
+        self._lost_sets: dict[frozenset[int], _LostSet] = {}
+        self.restart_s = scenario.recovery.restart_s
+
+    def at_boundary(self, run: ClosedFormRun) -> None:
+        if self.edge_checkpointer is not None:
+            self.edge_checkpointer.write(run)
+
+    def on_failures(self, run: ClosedFormRun, failures) -> None:
+        policy = self.policy
+        rebuilding = policy.rebuilding
+        for event in failures:
+            rebuilding.add(event.stage)
+        lost = set(rebuilding)
+        key = frozenset(lost)
+        known = self._lost_sets.get(key)
+        if known is None:
+            known = self._lost_sets[key] = _LostSet(policy, lost)
+        plans, restored = known.plans, known.restored
+        for event in failures:
+            run.record_failure(event, plans[event.stage].handled_as)
+        if known.copies_edge and not policy._noted_random_edge_parts:
+            policy._note_random_edge_parts(run, plans)
+        if restored:
+            assert policy.edge_checkpointer is not None
+            policy.edge_checkpointer.node_lost()
+        start_s = run.now
+        run.wait_for_replacements(lost)
+        run.wait(self.restart_s, "recovery_downtime_s", "restart")
+        transfers = known.transfers
+        if transfers is None:
+            transfers = known.transfers = [(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends]
+        if restored:
+            assert self.edge_checkpointer is not None
+            transfers = transfers + self.edge_checkpointer.read_requests(run, restored)
+        if transfers:
+            name = "weight transfer and edge checkpoint read" if restored else "weight transfer"
+            run.wait_transfers(transfers, "recovery_downtime_s", name)
+        stale_iterations = 0.0
+        if restored:
+            stale_iterations = max(run.progress - policy.edge_checkpointer.committed_progress, 0.0)
+        progress = run.progress
+        setback = 0
+        for plan in plans.values():
+            setback += policy.setback_iterations(plan, progress)
+        run.apply_setback(setback)
+        if restored:
+            run.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))
+            policy.num_edge_restores += len(restored)
+        run.span(known.label, "recovery", start_s)
+        policy.num_rebuilds += len(lost)
+        rebuilding.clear()
+
+
+class CheckFreePlusTwin(RebuildTwin):
+    """CheckFree+: the (de)embedding replica refresh in the background, instead of edge checkpoints."""
+
+    policy: CheckFreePlusPolicy
+
+    def __init__(self, policy: CheckFreePlusPolicy, scenario: Scenario) -> None:
+        super().__init__(policy, scenario)
+        self.periodic_writer = None  # its boundary is the refresh
+        self._refresh: TransferGroup | None = None
+        self._refresh_processed = True
+        last = self.num_stages - 1
+        self._refresh_track = f"links 0→1, {last}→{last - 1}"
+        self._refresh_bytes = (embedding_weight_bytes(scenario), head_weight_bytes(scenario))
+
+    def at_boundary(self, run: ClosedFormRun) -> None:
+        policy = self.policy
+        if self._refresh is not None and not self._refresh_processed:
+            run.wait_until(self._refresh.end_s, "method_overhead_s", "replica refresh backlog")
+        last = self.num_stages - 1
+        start_s = run.now
+        track = self._refresh_track
+
+        def done() -> None:
+            self._refresh_processed = True
+            run.span("(de)embedding replica refresh", "flush", start_s, track=track)  # booked in time order: on the heap
+
+        self._refresh_processed = False
+        self._refresh = run.start_transfers(
+            [(run.node_link(0, 1), self._refresh_bytes[0]), (run.node_link(last, last - 1), self._refresh_bytes[1])],
+            on_done=done,
+        )
+        policy._refresh_origin = run.iterations_executed
+        policy.num_refreshes += 1

@@ -1,0 +1,128 @@
+"""Closed-form twin of `sim/methods/redundant.py`: Bamboo-style redundancy with a checkpoint fallback.
+
+The event model runs one process per replacement (wait for the node, restart, receive the stage's
+and its successor's weights); here a replacement is a small object whose steps are background
+callbacks on the engine's heap: its transfers start when the node is ready, and their completions
+(timed on the node links, with any transfers of earlier replacements still in flight there) make
+the stage healthy again, which re-times the chunk in progress exactly as the event model's
+state-change interrupt does.
+"""
+
+from __future__ import annotations
+
+from churnsim.calibration.scenario import Scenario
+
+from ..methods.base import stage_weight_bytes
+from ..methods.redundant import RedundantPolicy
+from .checkpointing import SyncCheckpointerTwin, recover
+from .engine import ClosedFormPolicy, ClosedFormRun
+
+
+class RedundantTwin(ClosedFormPolicy):
+    policy: RedundantPolicy
+
+    def __init__(self, policy: RedundantPolicy, scenario: Scenario) -> None:
+        super().__init__(policy, scenario)
+        self.checkpointer = self.periodic_writer = SyncCheckpointerTwin(policy.checkpointer, scenario)
+        self.restart_s = scenario.recovery.restart_s
+        self.weight_bytes = tuple(stage_weight_bytes(scenario, stage) for stage in range(self.num_stages))
+
+    def at_boundary(self, run: ClosedFormRun) -> None:
+        self.checkpointer.write(run)
+
+    def on_failures(self, run: ClosedFormRun, failures) -> None:
+        policy = self.policy
+        if policy.restart.in_progress:
+            self._restart(run, failures)
+            return
+        fatal = []
+        for event in sorted(failures, key=lambda event: event.stage):
+            stage = event.stage
+            if stage in policy.hosted_by:
+                run.record_failure(event, "replacement_lost")
+                self._start_replacement(run, stage)
+            elif policy.is_fatal(stage):
+                fatal.append(event)
+            else:
+                run.record_failure(event, "degraded")
+                policy.hosted_by[stage] = stage - 1
+                if stage + 1 < self.num_stages:
+                    policy.replica_missing.add(stage + 1)
+                self._start_replacement(run, stage)
+        if fatal:
+            policy.num_fatal += 1
+            self._restart(run, tuple(fatal))
+        else:
+            run.set_pipeline_state(policy._state())
+
+    def _restart(self, run: ClosedFormRun, failures) -> None:
+        policy = self.policy
+        policy._epoch += 1  # replacements in progress are taken over by the restart
+        policy.checkpointer.node_lost()
+        policy.restart.stages.update(policy.hosted_by)
+        recover(
+            policy.restart,
+            run,
+            failures,
+            restore_progress=policy.checkpointer.committed_progress,
+            read=self.checkpointer.read,
+            handled_as="fatal_restart",
+        )
+        policy.hosted_by.clear()
+        policy.replica_missing.clear()
+        run.set_pipeline_state(policy.healthy_state())
+        policy.checkpointer.restart_origin(run)
+
+    def _start_replacement(self, run: ClosedFormRun, stage: int) -> None:
+        policy = self.policy
+        policy._replacement_token[stage] += 1
+        replacement = _Replacement(self, run, stage, policy._epoch, policy._replacement_token[stage], run.now)
+        ready_s = run.down_until[stage] + self.restart_s
+        now = run.now
+        run.schedule(now + (ready_s - now) if ready_s > now else now, replacement.ready)
+
+
+class _Replacement:
+    """`RedundantPolicy._replace` for one replacement node: ready, then the stage's weights, then its successor's."""
+
+    __slots__ = ("twin", "run", "stage", "epoch", "token", "failed_s", "waiting_for_replica", "replica_arrived")
+
+    def __init__(self, twin: RedundantTwin, run: ClosedFormRun, stage: int, epoch: int, token: int, failed_s: float) -> None:
+        self.twin = twin
+        self.run = run
+        self.stage = stage
+        self.epoch = epoch
+        self.token = token
+        self.failed_s = failed_s
+        self.waiting_for_replica = False
+        self.replica_arrived = False
+
+    def stale(self) -> bool:
+        policy = self.twin.policy
+        return self.epoch != policy._epoch or self.token != policy._replacement_token[self.stage]
+
+    def ready(self) -> None:
+        if self.stale():
+            return
+        run, stage, weight_bytes = self.run, self.stage, self.twin.weight_bytes
+        run.start_transfers([(run.node_link(stage - 1, stage), weight_bytes[stage])], on_done=self.own_done)
+        if stage + 1 < self.twin.num_stages:
+            run.start_transfers([(run.node_link(stage + 1, stage), weight_bytes[stage + 1])], on_done=self.replica_done)
+
+    def own_done(self) -> None:
+        if self.stale():
+            return
+        policy, run, stage = self.twin.policy, self.run, self.stage
+        del policy.hosted_by[stage]
+        run.set_pipeline_state(policy._state())
+        run.span(f"stage {stage} run by node {stage - 1}", "degraded", self.failed_s, stage=stage)
+        if stage + 1 < self.twin.num_stages:
+            if self.replica_arrived:
+                policy.replica_missing.discard(stage + 1)  # its event had fired: the process goes on at once
+            else:
+                self.waiting_for_replica = True
+
+    def replica_done(self) -> None:
+        self.replica_arrived = True
+        if self.waiting_for_replica and not self.stale():
+            self.twin.policy.replica_missing.discard(self.stage + 1)

@@ -1,0 +1,297 @@
+"""The closed-form engine (sim/closed_form/) gives the event model's results (sim/run.py `Run`).
+
+Differential test: random scenarios (hypothesis; derandomized under CI=1, tests/conftest.py), every
+recovery method and every churn model, both engines on the same failure path; every numeric field of
+`RunResult` (time accounting included), every handled failure, trajectory point and timeline span,
+and the policies' counters (checkpoints written, snapshots, rebuilds, refreshes) must agree to 1e-9
+relative. The scenarios are small and fast-failing on purpose, so that failures strike during
+checkpoint writes, reads, flushes, refreshes and recoveries, and transfers contend on links.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from churnsim.calibration.churn import BurstChurn, NoChurn, PoissonChurn, ScheduleChurn, StageHourlyChurn, TraceChurn, WeibullChurn
+from churnsim.calibration.convergence import ConvergenceSpec, PowerLawLossCurve
+from churnsim.calibration.failure_sampling import failures_for_replication
+from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
+from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.presets import preset
+from churnsim.calibration.scenario import (
+    ExplicitCompute,
+    ModelSpec,
+    PipelineSpec,
+    RecoverySpec,
+    Scenario,
+    StorageTier,
+    TargetSpec,
+    UniformNetwork,
+)
+from churnsim.sim.iteration import IterationModel
+from churnsim.sim.results import BADPUT_CATEGORIES
+from churnsim.sim.run import SimulatedRun, simulate_run_and_policy
+
+RELATIVE = 1e-9
+METHOD_NAMES = ("none", "checkpoint", "async_checkpoint", "redundant", "checkfree", "checkfree_plus", "copy", "uniform", "random")
+CHURN_KINDS = ("none", "stage_hourly", "poisson", "weibull", "burst", "trace", "schedule")
+COUNTERS = ("num_snapshots", "num_durable", "num_fatal", "num_rebuilds", "num_edge_restores", "num_refreshes")
+# Examples per churn model; raise it for a deeper search (e.g. CHURNSIM_EQUIVALENCE_EXAMPLES=300).
+EXAMPLES = int(os.environ.get("CHURNSIM_EQUIVALENCE_EXAMPLES", "6"))
+
+
+# ----------------------------------------------------------------------------- comparison
+def _close(a: float, b: float) -> bool:
+    if a == b:
+        return True
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return abs(a - b) <= RELATIVE * max(abs(a), abs(b), 1.0)
+
+
+def _assert_same_run(reference: SimulatedRun, closed_form: SimulatedRun, where: str) -> None:
+    ref, fast = reference.result, closed_form.result
+    for field in ("method", "replication", "seed", "reached_target", "target_iterations", "iterations_executed"):
+        assert getattr(ref, field) == getattr(fast, field), f"{where}: {field} {getattr(ref, field)!r} != {getattr(fast, field)!r}"
+    for field in ("wall_clock_s", "progress_iterations", "healthy_iteration_time_s", "reference_iteration_time_s", "goodput_s"):
+        assert _close(getattr(ref, field), getattr(fast, field)), f"{where}: {field} {getattr(ref, field)!r} != {getattr(fast, field)!r}"
+    assert tuple(ref.badput) == tuple(fast.badput) == BADPUT_CATEGORIES
+    for category in BADPUT_CATEGORIES:
+        assert _close(ref.badput[category], fast.badput[category]), f"{where}: {category} {ref.badput[category]!r} != {fast.badput[category]!r}"
+    assert ref.summary().keys() == fast.summary().keys()
+    assert len(ref.failures) == len(fast.failures), f"{where}: {len(ref.failures)} != {len(fast.failures)} handled failures"
+    for index, (a, b) in enumerate(zip(ref.failures, fast.failures)):
+        assert (a.stage, a.kind, a.handled_as, a.iteration) == (b.stage, b.kind, b.handled_as, b.iteration) and _close(a.time_s, b.time_s), (
+            f"{where}: handled failure {index}: {a} != {b}"
+        )
+    assert len(ref.trajectory) == len(fast.trajectory), f"{where}: {len(ref.trajectory)} != {len(fast.trajectory)} trajectory points"
+    for index, (a, b) in enumerate(zip(ref.trajectory, fast.trajectory)):
+        assert _close(a[0], b[0]) and _close(a[1], b[1]), f"{where}: trajectory point {index}: {a} != {b}"
+    _assert_same_timeline(list(ref.timeline), list(fast.timeline), where)
+    assert ref.notes == fast.notes, f"{where}: notes differ"
+    _assert_same_counters(reference.policy, closed_form.policy, where)
+
+
+def _assert_same_timeline(ref: list, fast: list, where: str) -> None:
+    """Equal spans in the same order, except that spans ending at the same instant may come in any
+    order (the event model orders them by when each event was scheduled; they mean the same)."""
+    assert len(ref) == len(fast), f"{where}: {len(ref)} != {len(fast)} timeline events"
+    index = 0
+    while index < len(ref):
+        end_s = ref[index].end_s
+        stop = index + 1
+        while stop < len(ref) and _close(ref[stop].end_s, end_s) and _close(fast[stop].end_s, end_s):
+            stop += 1
+        block_ref = sorted(ref[index:stop], key=_span_key)
+        block_fast = sorted(fast[index:stop], key=_span_key)
+        for a, b in zip(block_ref, block_fast):
+            same = (a.name, a.category, a.stage, a.track) == (b.name, b.category, b.stage, b.track)
+            assert same and _close(a.start_s, b.start_s) and _close(a.end_s, b.end_s), f"{where}: timeline event {index}: {a} != {b}"
+        index = stop
+
+
+def _span_key(event) -> tuple:
+    return (event.name, event.category, event.stage, event.track or "", event.start_s)
+
+
+def _assert_same_counters(reference, closed_form, where: str) -> None:
+    for name in COUNTERS:
+        if hasattr(reference, name):
+            assert getattr(reference, name) == getattr(closed_form, name), f"{where}: {name}"
+    for name in ("checkpointer", "edge_checkpointer"):
+        ref, fast = getattr(reference, name, None), getattr(closed_form, name, None)
+        if ref is not None:
+            assert (ref.num_written, ref.has_checkpoint) == (fast.num_written, fast.has_checkpoint), f"{where}: {name} writes"
+            assert _close(ref.committed_progress, fast.committed_progress), f"{where}: {name} committed progress"
+
+
+def _run_both(scenario: Scenario, failures, where: str, *, expect_closed_form: bool = True) -> None:
+    iteration_model = IterationModel()
+    for method in scenario.methods:
+        reference = simulate_run_and_policy(scenario, method, failures, iteration_model=iteration_model, reference_events=True)
+        closed_form = simulate_run_and_policy(scenario, method, failures, iteration_model=iteration_model, reference_events=False)
+        assert reference.engine == "event_model"
+        if expect_closed_form:
+            assert closed_form.engine == "closed_form", f"{where}, {method.name}: fell back to the event model"
+        _assert_same_run(reference, closed_form, f"{where}, {method.name}")
+
+
+# ----------------------------------------------------------------------------- random scenarios
+NUM_STAGES = st.sampled_from((4, 5, 6))
+POSITIVE = st.floats(min_value=0.05, max_value=3.0)
+
+
+@st.composite
+def methods(draw) -> tuple:
+    """Every method, with knobs drawn so that periodic work is frequent and slow."""
+    tier = st.sampled_from(("remote", "local_disk"))
+    return (
+        method_from_name("none"),
+        method_from_name(
+            "checkpoint",
+            interval_iterations=draw(st.integers(1, 12)),
+            tier=draw(tier),
+            rollback=draw(st.sampled_from(("all", "stage"))),
+        ),
+        method_from_name(
+            "async_checkpoint",
+            interval_iterations=draw(st.integers(1, 8)),
+            host_buffer_bytes=draw(st.sampled_from((None, 1, 3_000_000, 30_000_000))),
+            levels=draw(st.sampled_from((("local_disk", "remote"), ("remote",), ("host_memory", "local_disk", "remote")))),
+            rollback=draw(st.sampled_from(("all", "stage"))),
+        ),
+        method_from_name("redundant", fallback_interval_iterations=draw(st.integers(1, 15)), fallback_tier=draw(tier)),
+        method_from_name(
+            "checkfree",
+            edge_fallback=draw(st.sampled_from(("checkpoint", "copy", "random"))),
+            edge_checkpoint_interval_iterations=draw(st.integers(1, 10)),
+            edge_checkpoint_tier=draw(tier),
+            edge_stages_reliable=draw(st.booleans()),
+        ),
+        method_from_name("checkfree_plus", replica_refresh_iterations=draw(st.integers(1, 10))),
+        method_from_name("copy"),
+        method_from_name("uniform"),
+        method_from_name("random"),
+    )
+
+
+# Each tier's bandwidths times its own generic factor: two background completions (flush rounds of
+# two levels) then never coincide to the bit, which only commensurate round numbers make happen and
+# whose order the event model decides by SimPy's event queue (sim/closed_form/async_checkpoint.py).
+GENERIC = {"host_memory": 1 + 1 / math.sqrt(13), "local_disk": 1 + 1 / math.sqrt(7), "remote": 1 + 1 / math.sqrt(11)}
+
+
+def _tiers(draw) -> tuple[StorageTier, ...]:
+    remote_bandwidth = draw(st.sampled_from((2e5, 1e6, 5e6, 5e7, math.inf)))
+    host, local, remote = GENERIC["host_memory"], GENERIC["local_disk"], GENERIC["remote"]
+    return (
+        StorageTier(
+            name="host_memory",
+            write_bandwidth_bytes_per_s=draw(st.sampled_from((1e6, 1e9))) * host,
+            read_bandwidth_bytes_per_s=1e9 * host,
+            survives_node_loss=False,
+        ),
+        StorageTier(
+            name="local_disk",
+            write_bandwidth_bytes_per_s=draw(st.sampled_from((3e5, 2e6, 1e8))) * local,
+            read_bandwidth_bytes_per_s=draw(st.sampled_from((3e5, 2e6, 1e8))) * local,
+            latency_s=draw(st.sampled_from((0.0, 0.02))),
+            survives_node_loss=False,
+        ),
+        StorageTier(
+            name="remote",
+            write_bandwidth_bytes_per_s=remote_bandwidth * remote,
+            read_bandwidth_bytes_per_s=draw(st.sampled_from((remote_bandwidth, 3e5, 4e6))) * remote,
+            latency_s=draw(st.sampled_from((0.0, 0.1, 1.3))),
+            survives_node_loss=True,
+            shared=draw(st.booleans()),
+        ),
+    )
+
+
+@st.composite
+def scenarios(draw, churn_kind: str) -> tuple[Scenario, str]:
+    num_stages = draw(NUM_STAGES)
+    forward_s = draw(POSITIVE)
+    iteration_estimate_s = (4 + num_stages) * 3 * forward_s
+    target_iterations = draw(st.integers(20, 140))
+    churn, schedule = _churn(draw, churn_kind, num_stages, iteration_estimate_s)
+    scenario = Scenario(
+        name="equivalence",
+        model=ModelSpec(num_layers=num_stages * draw(st.integers(1, 2)), hidden_size=64, num_heads=4, vocab_size=draw(st.sampled_from((100, 3000))), sequence_length=16),
+        pipeline=PipelineSpec(
+            num_stages=num_stages,
+            schedule=draw(st.sampled_from(("gpipe", "1f1b"))),
+            microbatch_size=1,
+            num_microbatches=draw(st.integers(1, 4)),
+        ),
+        compute=ExplicitCompute(block_forward_s=forward_s, block_backward_s=2 * forward_s, optimizer_step_s=draw(st.sampled_from((0.0, 0.3, 50.0)))),
+        network=UniformNetwork(latency_s=draw(st.sampled_from((0.0, 0.003, 0.2))), bandwidth_bytes_per_s=draw(st.sampled_from((math.inf, 3e5, 5e7)))),
+        storage=_tiers(draw),
+        churn=churn,
+        recovery=RecoverySpec(join_delay_s=draw(st.floats(0.0, 80.0)), restart_s=draw(st.floats(0.0, 40.0))),
+        methods=draw(methods()),
+        convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=1.0, scale=10.0, exponent=0.5)),
+        target=TargetSpec(
+            iterations=target_iterations,
+            # Often a deadline inside the run: the wall-clock limit must stop both engines alike.
+            max_wall_clock_s=draw(st.sampled_from((0.4, 1.5, 6.0))) * target_iterations * iteration_estimate_s,
+        ),
+        seed=draw(st.integers(0, 2**20)),
+    )
+    return scenario, schedule
+
+
+def _churn(draw, kind: str, num_stages: int, iteration_s: float):
+    # Failures every few iterations for the whole pipeline: recoveries, writes and reads overlap them.
+    pipeline_gap_s = draw(st.floats(2.0, 25.0)) * iteration_s
+    per_stage_hour = 3600.0 / (pipeline_gap_s * num_stages)
+    if kind == "none":
+        return NoChurn(kind="none"), ""
+    if kind == "stage_hourly":
+        return StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=min(0.999, -math.expm1(-per_stage_hour))), ""
+    if kind == "poisson":
+        return PoissonChurn(kind="poisson", failures_per_node_hour=per_stage_hour), ""
+    if kind == "weibull":
+        return WeibullChurn(kind="weibull", shape=draw(st.sampled_from((0.6, 1.0, 2.5))), mean_lifetime_s=pipeline_gap_s * num_stages), ""
+    if kind == "burst":
+        return BurstChurn(kind="burst", bursts_per_hour=3600.0 / pipeline_gap_s / 2), ""
+    if kind == "trace":
+        # Bamboo's p3 trace (removals at whole minutes, up to 6 at once), squeezed and looped.
+        return TraceChurn(kind="trace", path="bamboo/p3-trace.csv", format="bamboo_csv", time_scale=draw(st.sampled_from((0.05, 0.2))), repeat=True), ""
+    assert kind == "schedule"
+    # Hand-written schedules: simultaneous failures, repeats of one stage, failures at time 0.
+    times = draw(st.lists(st.floats(0.0, 40.0 * iteration_s), min_size=1, max_size=25))
+    failures = []
+    for time_s in times:
+        failures.append(ScheduledFailure(time_s=time_s, stage=draw(st.integers(0, num_stages - 1))))
+        if draw(st.booleans()):
+            failures.append(ScheduledFailure(time_s=time_s, stage=draw(st.integers(0, num_stages - 1))))
+    return NoChurn(kind="none"), FailureSchedule(failures=tuple(sorted(failures))).to_csv()  # churn set by the test
+
+
+@pytest.mark.parametrize("churn_kind", CHURN_KINDS)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_scenarios_give_the_event_models_results(churn_kind: str, data) -> None:
+    scenario, schedule_csv = data.draw(scenarios(churn_kind))
+    with tempfile.TemporaryDirectory() as directory:
+        if churn_kind == "schedule":
+            path = Path(directory) / "schedule.csv"
+            path.write_text(schedule_csv, encoding="utf-8")
+            scenario = scenario.model_copy(update={"churn": ScheduleChurn(kind="schedule", path=str(path))})
+        failures = failures_for_replication(scenario, replication=data.draw(st.integers(0, 3)))
+        # A shared first flush level with a backlog, or a level named twice, is left to the event model.
+        _run_both(scenario, failures, f"{churn_kind} churn, {len(failures)} failures", expect_closed_form=False)
+
+
+# ----------------------------------------------------------------------------- the benchmarks' scenarios
+def test_paper_preset_matches_for_every_method() -> None:
+    """`checkfree-500m-geo-16pct` (a shared WAN checkpoint tier, geo links), short and failure-dense."""
+    scenario = preset("checkfree-500m-geo-33pct")
+    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=600, max_wall_clock_s=60 * 3600.0)})
+    _run_both(scenario, failures_for_replication(scenario, replication=1), "checkfree-500m-geo-33pct")
+
+
+def test_p3_trace_replay_matches_for_every_method() -> None:
+    """The p3 trace replay of benchmarks/scenarios/spot-p3-trace-span.json, its first two hours."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios" / "spot-p3-trace-span.json"
+    scenario = Scenario.model_validate_json(path.read_text(encoding="utf-8"))
+    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=10**9, max_wall_clock_s=2 * 3600.0)})
+    _run_both(scenario, failures_for_replication(scenario), "spot-p3-trace-span")
+
+
+def test_closed_form_is_used_for_the_usual_configurations() -> None:
+    """The built-in methods run in closed form on the presets (no silent fallback to events)."""
+    scenario = preset("checkfree-124m-geo-33pct")
+    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=300, max_wall_clock_s=30 * 3600.0)})
+    failures = failures_for_replication(scenario)
+    for method in scenario.methods:
+        assert simulate_run_and_policy(scenario, method, failures).engine == "closed_form", method.name

@@ -1,0 +1,329 @@
+"""Fuzz: every kind of input, mutated at random, meets the promise for bad input.
+
+Kinds: a scenario file, a calibration file, a failure schedule, a spot-instance trace (two formats),
+a run record (its manifest and tables), and command-line flags. Each case mutates one valid input
+(a value swapped for a wrong type, an extreme or a non-number; a key deleted or added; the file
+truncated, emptied or filled with bytes that are not UTF-8; a CSV cell, header or row broken) and runs
+the command that reads it, in this process. The promise: the command either succeeds (exit 0; many
+mutations are still valid inputs) or exits with code 2 after exactly one stderr line
+`churnsim: error: ...`, with no traceback and nothing written. An exception escaping `main` fails
+the case with its traceback.
+
+The cases are drawn from a seeded generator (deterministic under CI); `CHURNSIM_FUZZ_CASES` sets how
+many per kind, `CHURNSIM_FUZZ_SEED` the seed, to hunt with more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from churnsim.calibration.builtin import CALIBRATION_DIRECTORY
+from churnsim.calibration.churn import TRACE_DIRECTORY
+from churnsim.calibration.presets import preset
+from churnsim.cli import main
+
+CASES_PER_KIND = int(os.environ.get("CHURNSIM_FUZZ_CASES", "24"))
+SEED = int(os.environ.get("CHURNSIM_FUZZ_SEED", "20261126"))
+
+BAD_VALUES = (
+    None, -1, 0, -0.5, 1e308, 10**12, -(10**15), "", "abc", "1e999", "NaN", [], [1, "x"], {}, {"kind": "nope"},
+    True, 2.5, 10**9, "../../etc/passwd", "\u0000", "ü" * 200,
+)
+BAD_CELLS = ("", "nan", "inf", "-1", "-1e9", "1e309", "abc", "12abc", "99999999999999999999", "0x10", " ", "1,2", '"', "\x00")
+
+
+# -- mutations ---------------------------------------------------------------------------------------
+
+
+def _leaf_paths(value, prefix=()):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaf_paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _leaf_paths(item, (*prefix, index))
+    if prefix:
+        yield prefix
+
+
+def _container(data, path):
+    for key in path[:-1]:
+        data = data[key]
+    return data
+
+
+def mutate_json_text(text: str, rng: random.Random) -> bytes:
+    """One mutation of a JSON document: a value, a deleted or added key, or broken bytes."""
+    choice = rng.random()
+    if choice < 0.15:
+        return _mutate_bytes(text.encode(), rng)
+    data = json.loads(text)
+    paths = list(_leaf_paths(data))
+    path = rng.choice(paths)
+    container = _container(data, path)
+    if choice < 0.30:
+        if isinstance(container, dict):
+            del container[path[-1]]
+        else:
+            container.pop(path[-1])
+    elif choice < 0.40 and isinstance(container, dict):
+        container[rng.choice(["extra", "Kind", "num_stagez", "__class__"])] = rng.choice(BAD_VALUES)
+    else:
+        container[path[-1]] = rng.choice(BAD_VALUES)
+    # json.dumps writes NaN/Infinity for floats that are not finite; strict readers must refuse them.
+    return json.dumps(data).encode()
+
+
+def mutate_lines_text(text: str, rng: random.Random, separator: str | None = ",") -> bytes:
+    """One mutation of a line-based file (CSV or JSON lines): a cell, the header, rows, or bytes."""
+    choice = rng.random()
+    if choice < 0.15:
+        return _mutate_bytes(text.encode(), rng)
+    lines = text.splitlines()
+    data_lines = [i for i, line in enumerate(lines) if line and not line.startswith("#")]
+    index = rng.choice(data_lines)
+    if choice < 0.25:
+        del lines[index]
+    elif choice < 0.35:
+        lines.insert(index, lines[index])  # a duplicated row (or header)
+    elif choice < 0.45:
+        lines = lines[: index + 1] + lines[index + 1 :][::-1]  # rows out of order
+    elif separator is None:  # JSON lines: break one record
+        lines[index] = mutate_json_text(lines[index], rng).decode("utf-8", "replace").replace("\n", " ")
+    else:
+        cells = lines[index].split(separator)
+        cell = rng.randrange(len(cells))
+        if rng.random() < 0.2 and len(cells) > 1:
+            cells.pop(cell)
+        else:
+            cells[cell] = rng.choice(BAD_CELLS)
+        lines[index] = separator.join(cells)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    choice = rng.random()
+    if choice < 0.25:
+        return b""
+    if choice < 0.5:
+        return data[: rng.randrange(max(1, len(data)))]
+    if choice < 0.75:
+        position = rng.randrange(max(1, len(data)))
+        return data[:position] + bytes(rng.randrange(256) for _ in range(8)) + data[position:]
+    return b"\xff\xfe\x00garbage\x80\x81" * 4
+
+
+# -- running one case --------------------------------------------------------------------------------
+
+
+def _listing(directory: Path) -> set[str]:
+    return {str(path.relative_to(directory)) for path in directory.rglob("*")}
+
+
+def assert_promise(arguments: list[str], directory: Path, capsys, description: str) -> tuple[int, str]:
+    """Run `churnsim ARGUMENTS` in `directory`: exit 0, or exit 2 with one line and nothing written.
+
+    Returns the exit code and stderr."""
+    before = _listing(directory)
+    previous = Path.cwd()
+    os.chdir(directory)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(arguments)
+            raise SystemExit(0)
+    finally:
+        os.chdir(previous)
+    stderr = capsys.readouterr().err
+    code = ended.value.code
+    assert code in (0, 2), f"{description}: exit code {code}\n{stderr}"
+    if code == 2:
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("churnsim: error: "), f"{description}: {stderr!r}"
+        assert "Traceback" not in stderr and "object has no attribute" not in stderr, f"{description}: {stderr!r}"
+        assert _listing(directory) == before, f"{description}: wrote {sorted(_listing(directory) - before)}"
+    return code, stderr
+
+
+def _cases(kind: str) -> list[int]:
+    return [pytest.param(index, id=f"{kind}-{index}") for index in range(CASES_PER_KIND)]
+
+
+def _rng(kind: str, index: int) -> random.Random:
+    return random.Random(f"{SEED}-{kind}-{index}")
+
+
+# -- a small valid scenario the mutations start from -------------------------------------------------
+
+
+def _base_scenario() -> dict:
+    """cpu-tiny narrowed so that a mutation that stays valid simulates in well under a second."""
+    data = json.loads(preset("cpu-tiny").model_dump_json())
+    data["methods"] = [method for method in data["methods"] if method["name"] == "checkfree"]
+    data["replications"] = 1
+    data["target"] = {"loss": None, "iterations": 40, "max_wall_clock_s": 4 * 3600.0}
+    return data
+
+
+def _scenario_with_churn(churn: dict) -> dict:
+    data = _base_scenario()
+    data["churn"] = churn
+    return data
+
+
+@pytest.mark.parametrize("index", _cases("scenario"))
+def test_a_mutated_scenario_file(index, tmp_path, capsys):
+    rng = _rng("scenario", index)
+    (tmp_path / "scenario.json").write_bytes(mutate_json_text(json.dumps(_base_scenario()), rng))
+    command = rng.choice([["simulate", "scenario.json", "--out", "out"], ["real", "run", "scenario.json", "--write-config", "x.json", "--out", "out"]])
+    assert_promise(command, tmp_path, capsys, f"scenario case {index}")
+
+
+@pytest.mark.parametrize("index", _cases("schedule"))
+def test_a_mutated_failure_schedule(index, tmp_path, capsys):
+    rng = _rng("schedule", index)
+    schedule = "# churnsim failure schedule, schema_version 1\ntime_s,iteration,stage,kind\n1.5,,1,scheduled\n30,,2,scheduled\n95.25,,0,scheduled\n"
+    (tmp_path / "failures.csv").write_bytes(mutate_lines_text(schedule, rng))
+    (tmp_path / "scenario.json").write_text(json.dumps(_scenario_with_churn({"kind": "schedule", "path": "failures.csv"})))
+    assert_promise(["simulate", "scenario.json", "--out", "out"], tmp_path, capsys, f"schedule case {index}")
+
+
+@pytest.mark.parametrize("index", _cases("trace"))
+def test_a_mutated_trace(index, tmp_path, capsys):
+    rng = _rng("trace", index)
+    if rng.random() < 0.5:
+        text = (TRACE_DIRECTORY / "bamboo" / "p3-trace.csv").read_text()
+        (tmp_path / "trace.csv").write_bytes(mutate_lines_text("\n".join(text.splitlines()[:60]), rng))
+        churn = {"kind": "trace", "path": "trace.csv", "format": "bamboo_csv"}
+    else:
+        text = (TRACE_DIRECTORY / "parcae" / "gpt-1.5b_trace_hl_15_25.jsonl").read_text()
+        (tmp_path / "trace.jsonl").write_bytes(mutate_lines_text("\n".join(text.splitlines()[:30]), rng, separator=None))
+        churn = {"kind": "trace", "path": "trace.jsonl", "format": "parcae_jsonl"}
+    (tmp_path / "scenario.json").write_text(json.dumps(_scenario_with_churn(churn)))
+    assert_promise(["simulate", "scenario.json", "--out", "out"], tmp_path, capsys, f"trace case {index}")
+
+
+@pytest.fixture(scope="module")
+def run_record(tmp_path_factory) -> Path:
+    """A simulated run record of cpu-tiny (the same format a real run writes)."""
+    directory = tmp_path_factory.mktemp("record")
+    (directory / "scenario.json").write_text(json.dumps(_base_scenario()))
+    previous = Path.cwd()
+    os.chdir(directory)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(["simulate", "scenario.json", "--out", "simulated"])
+            raise SystemExit(0)
+    finally:
+        os.chdir(previous)
+    assert ended.value.code == 0
+    return directory / "simulated" / "records" / "checkfree-r0"
+
+
+@pytest.mark.parametrize("index", _cases("record"))
+def test_a_mutated_run_record(index, tmp_path, capsys, run_record):
+    rng = _rng("record", index)
+    record = tmp_path / "record"
+    shutil.copytree(run_record, record)
+    victim = rng.choice(sorted(path for path in record.iterdir() if path.is_file()))
+    text = victim.read_text()
+    victim.write_bytes(mutate_json_text(text, rng) if victim.suffix == ".json" else mutate_lines_text(text, rng))
+    assert_promise(["validate", "--calibration", "cpu-tiny", "record", "--out", "out", "--no-figures"], tmp_path, capsys, f"record case {index} ({victim.name})")
+
+
+@pytest.mark.parametrize("index", _cases("calibration"))
+def test_a_mutated_calibration_file(index, tmp_path, capsys, run_record):
+    rng = _rng("calibration", index)
+    text = (CALIBRATION_DIRECTORY / "cpu-tiny.json").read_text()
+    (tmp_path / "calibration.json").write_bytes(mutate_json_text(text, rng))
+    shutil.copytree(run_record, tmp_path / "record")
+    assert_promise(["validate", "--calibration", "calibration.json", "record", "--out", "out", "--no-figures"], tmp_path, capsys, f"calibration case {index}")
+
+
+FLAG_COMMANDS = (  # on the small scenario, so that a command whose flags stay valid finishes in seconds
+    ["simulate", "tiny.json", "--method", "checkfree", "--replications", "1", "--out", "out"],
+    ["whatif", "--scenario", "tiny.json", "--quick", "--rates", "0.1", "--workers", "1", "--no-figures", "--out", "out"],
+    ["sweep", "tiny.json", "--replications", "1", "--set", "pipeline.num_microbatches=2,4", "--out", "out"],
+    ["recommend", "tiny.json", "--replications", "1", "--workers", "1"],
+    ["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "x.json", "--out", "out"],
+    ["plot", "missing-results"],
+)
+FLAG_VALUES = ("-1", "0", "abc", "", "1e999", "nan", "99999999999999999999", "/proc/x", "--", "=", "a=b=c", "pipeline.num_stages=")
+
+
+@pytest.mark.parametrize("index", _cases("flags"))
+def test_mutated_flags(index, tmp_path, capsys):
+    rng = _rng("flags", index)
+    (tmp_path / "tiny.json").write_text(json.dumps(_base_scenario()))
+    command = list(rng.choice(FLAG_COMMANDS))
+    flag_positions = [i for i, word in enumerate(command) if word.startswith("--") and i + 1 < len(command) and not command[i + 1].startswith("--")]
+    choice = rng.random()
+    if choice < 0.5 and flag_positions:
+        command[rng.choice(flag_positions) + 1] = rng.choice(FLAG_VALUES)  # a bad value for a real flag
+    elif choice < 0.7:
+        command.append(rng.choice(["--set", "--rates", "--seed", "--replications", "--workers", "--method", "--out"]))  # a flag without its value
+        if rng.random() < 0.5:
+            command.append(rng.choice(FLAG_VALUES))
+    elif choice < 0.85:
+        command.insert(rng.randrange(1, len(command) + 1), rng.choice(["--no-such-flag", "-x", "--preset", "extra-argument"]))
+    else:
+        command += ["--set", rng.choice(["pipeline.num_microbatches=1000000000000", "churn.failure_probability_per_stage_hour=1",
+                                         "target.max_wall_clock_s=1e15", "replications=1000000000", "model.num_layers=-3",
+                                         "pipeline.num_stages=100000", "seed=nan"])]
+    if command[0] in ("whatif", "recommend") and "--set" in command:
+        command = [word for word in command if word != "--set"]  # they take no --set: an unknown-argument case
+    assert_promise(command, tmp_path, capsys, f"flags case {index}: {command}")
+
+
+def test_the_mutations_are_not_all_trivially_refused(tmp_path):
+    """Guards the fuzzer itself: some mutated scenarios must still be valid scenario files."""
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.scenario import load_scenario
+
+    valid = 0
+    for index in range(40):
+        path = tmp_path / f"s{index}.json"
+        path.write_bytes(mutate_json_text(json.dumps(_base_scenario()), _rng("guard", index)))
+        try:
+            load_scenario(str(path))
+            valid += 1
+        except InputError:
+            pass
+    assert 0 < valid < 40
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        (["simulate", "tiny.json", "--set", "pipeline.num_microbatches=1000000000000", "--out", "out"], "pipeline.num_microbatches = 1000000000000"),
+        (["simulate", "poisson.json", "--out", "out"], "expected to fail 1.6e+10 stages"),
+        (["simulate", "tiny.json", "--set", "replications=100000000", "--out", "out"], "replications = 100000000"),
+        (["sweep", "tiny.json", "--set", "replications=1,100000000", "--out", "out"], "grid point"),
+        (["recommend", "tiny.json", "--replications", "100000000"], "replications = 100000000"),
+        (["whatif", "--scenario", "tiny.json", "--replications", "100000000", "--out", "out"], "replications = 100000000"),
+        (["whatif", "--scenario", "tiny.json", "--workers", "99999999999", "--out", "out"], "--workers 99999999999"),
+        (["simulate", "tiny.json", "--out", "/proc/churnsim-out"], "cannot write there"),
+        (["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "/proc/x.json", "--out", "out"], "cannot write a file"),
+    ],
+)
+def test_sizes_that_would_exhaust_memory_or_time_are_refused_up_front(arguments, fragment, tmp_path, capsys):
+    (tmp_path / "tiny.json").write_text(json.dumps(_base_scenario()))
+    (tmp_path / "poisson.json").write_text(json.dumps(_scenario_with_churn({"kind": "poisson", "failures_per_node_hour": 1e9})))
+    code, stderr = assert_promise(arguments, tmp_path, capsys, " ".join(arguments))
+    assert code == 2 and fragment in stderr, stderr
+
+
+@pytest.mark.parametrize("stages", [10_000])
+def test_ten_thousand_stages_are_refused_naming_the_field(stages, tmp_path, capsys):
+    data = _base_scenario()
+    data["model"]["num_layers"] = stages
+    data["pipeline"]["num_stages"] = stages
+    data["compute"]["block_forward_s"] = data["compute"]["block_backward_s"] = 0.001  # one time for every stage
+    (tmp_path / "big.json").write_text(json.dumps(data))
+    code, stderr = assert_promise(["simulate", "big.json", "--out", "out"], tmp_path, capsys, "10,000 stages")
+    assert code == 2 and "pipeline.num_stages = 10000" in stderr, stderr
