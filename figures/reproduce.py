@@ -19,7 +19,7 @@ from churnsim.calibration.tables import read_table
 from .style import FIGURE_DPI, FIGURE_RC, method_color, method_label, method_marker, percent, shared_legend_below, style_axes
 
 ENGINE_METHODS = {"DeepSpeed": "checkpoint", "DataStates-LLM": "async_checkpoint"}
-LAYOUT_STYLES = {"separate_node": "-", "edge_stages": "--"}
+LAYOUT_STYLES = {"separate_node": "-", "edge_stages": (0, (5, 3))}
 LAYOUT_WORDS = {"separate_node": "separate embedding node", "edge_stages": "embedding on edge stages"}
 
 
@@ -106,7 +106,7 @@ def plot_checkfree_speedups(table: pd.DataFrame) -> Figure:
             rates = sorted(rows["failure_probability_per_stage_hour"].unique())
             ax.set_xticks([100 * r for r in rates], [percent(r) for r in rates])
             style_axes(ax)
-    shared_legend_below(figure, [ax for row in axes for ax in row])
+    shared_legend_below(figure, [ax for row in axes for ax in row], handlelength=4, ncols=3)  # dashes visible
     return figure
 
 

@@ -170,8 +170,9 @@ def legend_outside(ax: Axes, **keywords) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **keywords)
 
 
-def shared_legend_below(figure, axes) -> None:
-    """One legend under all `axes` for the entries they draw (each label once, in drawing order)."""
+def shared_legend_below(figure, axes, **legend_options) -> None:
+    """One legend under all `axes` for the entries they draw (each label once, in drawing order);
+    `legend_options` go to matplotlib (e.g. a longer `handlelength` so dashed lines read as dashed)."""
     entries: dict[str, object] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -180,7 +181,8 @@ def shared_legend_below(figure, axes) -> None:
     order = {name: index for index, name in enumerate(METHOD_NAMES)}
     entries = dict(sorted(entries.items(), key=lambda item: order.get(str(item[1].get_gid()), len(order))))
     if entries:
-        figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(len(entries), 5))
+        options = {"ncols": min(len(entries), 5), **legend_options}
+        figure.legend(list(entries.values()), list(entries), loc="outside lower center", **options)
 
 
 NOT_REACHED_TEXT = "did not reach target"

@@ -35,20 +35,7 @@ class RedundantTwin(ClosedFormPolicy):
         if policy.restart.in_progress:
             self._restart(run, failures)
             return
-        fatal = []
-        for event in sorted(failures, key=lambda event: event.stage):
-            stage = event.stage
-            if stage in policy.hosted_by:
-                run.record_failure(event, "replacement_lost")
-                self._start_replacement(run, stage)
-            elif policy.is_fatal(stage):
-                fatal.append(event)
-            else:
-                run.record_failure(event, "degraded")
-                policy.hosted_by[stage] = stage - 1
-                if stage + 1 < self.num_stages:
-                    policy.replica_missing.add(stage + 1)
-                self._start_replacement(run, stage)
+        fatal = policy.admit_failures(failures, run.record_failure, lambda stage: self._start_replacement(run, stage))
         if fatal:
             policy.num_fatal += 1
             self._restart(run, tuple(fatal))

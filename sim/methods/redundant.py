@@ -52,6 +52,25 @@ class RedundantPolicy(RecoveryPolicy):
     def at_boundary(self, context: "RunContext") -> Generator:
         yield from self.checkpointer.write(context)
 
+    def admit_failures(self, failures, record_failure, start_replacement) -> list:
+        """Go degraded for each failure a predecessor can take over, starting its replacement; return
+        the fatal ones (they need a restart). Shared by the event model and its closed-form twin."""
+        fatal = []
+        for event in sorted(failures, key=lambda event: event.stage):
+            stage = event.stage
+            if stage in self.hosted_by:
+                record_failure(event, "replacement_lost")
+                start_replacement(stage)
+            elif self.is_fatal(stage):
+                fatal.append(event)
+            else:
+                record_failure(event, "degraded")
+                self.hosted_by[stage] = stage - 1
+                if stage + 1 < self.num_stages:
+                    self.replica_missing.add(stage + 1)
+                start_replacement(stage)
+        return fatal
+
     def is_fatal(self, stage: int) -> bool:
         return (
             stage == 0
@@ -69,20 +88,7 @@ class RedundantPolicy(RecoveryPolicy):
         if self.restart.in_progress:
             yield from self._restart(context, failures)
             return
-        fatal = []
-        for event in sorted(failures, key=lambda event: event.stage):
-            stage = event.stage
-            if stage in self.hosted_by:
-                context.record_failure(event, "replacement_lost")
-                self._start_replacement(context, stage)
-            elif self.is_fatal(stage):
-                fatal.append(event)
-            else:
-                context.record_failure(event, "degraded")
-                self.hosted_by[stage] = stage - 1
-                if stage + 1 < self.num_stages:
-                    self.replica_missing.add(stage + 1)
-                self._start_replacement(context, stage)
+        fatal = self.admit_failures(failures, context.record_failure, lambda stage: self._start_replacement(context, stage))
         if fatal:
             self.num_fatal += 1
             yield from self._restart(context, tuple(fatal))
