@@ -204,8 +204,8 @@ def test_redundant_trains_degraded_until_the_replacement_has_the_weights_and_los
     ]  # fmt: skip
     assert handed_over
     for entered, handover in handed_over:
-        (stage,) = entered["failed_stages"]
-        assert handover["rebuilt_from"] == {stage: f"replica on stage {stage - 1}"}
+        # Usually one stage; two stages that are not neighbours can be down together, each hosted by its predecessor.
+        assert handover["rebuilt_from"] == {stage: f"replica on stage {stage - 1}" for stage in entered["failed_stages"]}
         assert handover["step"] > entered["step"]  # the predecessor trained both stages meanwhile
         assert handover["network_bytes"] > 0
     # While a stage was down its predecessor ran its forward passes: more forward spans on the host.
