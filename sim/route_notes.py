@@ -66,6 +66,11 @@ def swapped_route_notes(scenario: Scenario) -> tuple[str, ...]:
             f"{method.name}: odd microbatches take the swapped route, {trips} over links the plain "
             f"pipeline never uses, the slowest {_where(scenario, a)} ↔ {_where(scenario, b)} at {8 * bandwidth_bytes_per_s / 1e6:.0f} Mb/s "
             f"and {1e3 * latency_s:.0f} ms (the plain route's slowest: {8 * slowest_plain_bytes_per_s / 1e6:.0f} Mb/s); "
-            "the CheckFree paper's emulator did not measure this cost, and another stage placement changes it"
+            + (
+                "the CheckFree paper's emulator kept the (de)embedding on a node of its own, where these trips vanish "
+                "(pipeline.embedding_placement=separate_node); another stage placement changes the cost too"
+                if placement == "edge_stages"
+                else "another stage placement changes this cost"
+            )
         )
     return tuple(notes)
