@@ -182,8 +182,12 @@ class LevelDirectory:
         return self.path / f"{stem}{_MANIFEST_SUFFIX}"
 
     def remove_temporary_files(self) -> None:
+        """Remove the temp files of writers that are gone. A live process's write in progress is left
+        alone: under hard failures a redundant host writes a lost stage's checkpoints while that
+        stage's replacement starts and opens the same directory."""
         for leftover in self.path.glob("*.tmp"):
-            leftover.unlink(missing_ok=True)
+            if not _writer_alive(leftover):
+                leftover.unlink(missing_ok=True)
 
     def commit(self, *, stem: str, iteration: int, sequence: int, header: bytes,
                file_nbytes: int, protected_stems: frozenset[str] = frozenset()) -> CheckpointInfo:
@@ -335,3 +339,20 @@ def copy_data_file(
     os.close(fd)
     os.replace(temporary, final_path)
     return final_path, copied
+
+
+def _writer_alive(temporary: Path) -> bool:
+    """Whether another process that is still running owns `temporary` (`<name>.<pid>.tmp`)."""
+    try:
+        pid = int(temporary.name.rsplit(".", 2)[-2])
+    except (ValueError, IndexError):
+        return False
+    if pid == os.getpid():
+        return False  # our own leftover: nothing of ours is in flight while we clean up
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -379,3 +379,22 @@ def test_cached_layout_equals_a_fresh_plan_across_digit_boundaries():
     signature = tuple((key, t.dtype, tuple(t.shape)) for key, t in tensors.items())
     for iteration in (9, 10, 99, 100, 12345, 12346):
         assert plan_layout(iteration, tensors, 33) == _plan_layout_uncached(iteration, signature, 33)
+
+
+def test_cleanup_leaves_a_live_writers_temp_file_and_removes_a_dead_ones(tmp_path):
+    """A redundant host may be writing a lost stage's checkpoint while the replacement opens the level."""
+    import os
+    import subprocess
+    import sys
+
+    from churnsim.real.checkpoint.levels import LevelDirectory
+
+    level = LevelDirectory(tmp_path, name="local", survives_node_loss=False, keep_last=2, run_id="run", stage=0)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)  # exited: its pid is free (reuse within this test is vanishingly unlikely)
+    live = tmp_path / f"iter0000000010-1.ckpt.{os.getppid()}.tmp"
+    dead = tmp_path / f"iter0000000010-2.ckpt.{dead_pid}.tmp"
+    for path in (live, dead):
+        path.write_bytes(b"partial")
+    level.remove_temporary_files()
+    assert live.exists() and not dead.exists()
