@@ -55,10 +55,7 @@ class RedundantTwin(ClosedFormPolicy):
             read=self.checkpointer.read,
             handled_as="fatal_restart",
         )
-        policy.hosted_by.clear()
-        policy.replica_missing.clear()
-        run.set_pipeline_state(policy.healthy_state())
-        policy.checkpointer.restart_origin(run)
+        policy.after_fatal_restart(run)
 
     def _start_replacement(self, run: ClosedFormRun, stage: int) -> None:
         policy = self.policy

@@ -52,6 +52,14 @@ class RedundantPolicy(RecoveryPolicy):
     def at_boundary(self, context: "RunContext") -> Generator:
         yield from self.checkpointer.write(context)
 
+    def after_fatal_restart(self, context) -> None:
+        """Back to the healthy pipeline after a checkpoint restart: no stage hosted, every replica
+        current, checkpoint intervals counted from here. Shared with the closed-form twin."""
+        self.hosted_by.clear()
+        self.replica_missing.clear()
+        context.set_pipeline_state(self.healthy_state())
+        self.checkpointer.restart_origin(context)
+
     def admit_failures(self, failures, record_failure, start_replacement) -> list:
         """Go degraded for each failure a predecessor can take over, starting its replacement; return
         the fatal ones (they need a restart). Shared by the event model and its closed-form twin."""
@@ -106,10 +114,7 @@ class RedundantPolicy(RecoveryPolicy):
             read=self.checkpointer.read,
             handled_as="fatal_restart",
         )
-        self.hosted_by.clear()
-        self.replica_missing.clear()
-        context.set_pipeline_state(self.healthy_state())
-        self.checkpointer.restart_origin(context)
+        self.after_fatal_restart(context)
 
     def _start_replacement(self, context: "RunContext", stage: int) -> None:
         self._replacement_token[stage] += 1
