@@ -2,7 +2,8 @@
 
 Each command runs in a fresh interpreter (`subprocess`), wall clock from start to exit, repeated
 until two runs agree within 20 % (benchmarks/speed_common.py):
-- `churnsim simulate --help` (the console script: typer, rich, the command modules);
+- `churnsim simulate --help` (the console script: typer and the command modules; rich, pydantic and
+  the simulator load only when a command runs);
 - `python -c "import churnsim.sim"` (the package, as the target names it);
 - `python -c "import churnsim.sim.run"` (what a script that calls `simulate_run` imports);
 - `python -c "pass"` (the interpreter's own start, for scale).

@@ -8,7 +8,10 @@ numbers).
 
 Prefix property: for a fixed seed, a longer horizon only appends events. Each stage's failures come
 from its own random stream (memoryless and Weibull models), and bursts and trace removals consume
-their stream in time order, so what happens before time t never depends on the horizon.
+their stream in time order, so what happens before time t never depends on the horizon. A
+`FailureSampler` reads a path forward on it: each step to a longer horizon draws only what lies
+between the two horizons and appends those events, so a run whose length is not known in advance
+never samples, or sorts, any part of its path twice.
 
 Trace replay (an approximation: traces give timing and burstiness, not placement): the pipeline's
 stages are taken to sit on `num_stages` of the nodes alive in the trace, placed uniformly at random.
@@ -21,9 +24,10 @@ adds a join delay); every removal counts as a preemption seen, whether or not it
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Iterator, Literal
 
 import numpy as np
 
@@ -85,40 +89,48 @@ def sample_failures_with_stats(
     config: ChurnConfig, *, num_stages: int, horizon_s: float, rng: np.random.Generator
 ) -> FailureSample:
     """As `sample_failures`, also counting the preemptions seen (trace removals that missed every stage too)."""
+    num_stages = _checked_num_stages(num_stages)
+    _check_horizon(horizon_s)
+    sampler = FailureSampler(config, num_stages=num_stages, rng=rng)
+    events = sampler.advance_to(horizon_s)
+    return FailureSample(events=events, num_preemptions_seen=sampler.num_preemptions_seen)
+
+
+class FailureSampler:
+    """One replication's failure path, sampled forward in time one horizon at a time.
+
+    `advance_to(h)` returns the events in [previous horizon, h), sorted, drawing from the random
+    streams exactly what sampling [0, h) in one go draws (the prefix property, module docstring):
+    the events of successive calls, concatenated, are `sample_failures(..., horizon_s=h)`. Takes the
+    same draws from `rng` as `sample_failures`, when it is made.
+    """
+
+    def __init__(self, config: ChurnConfig, *, num_stages: int, rng: np.random.Generator) -> None:
+        self.horizon_s = 0.0
+        self.num_preemptions_seen = 0  # as `FailureSample.num_preemptions_seen`, in [0, horizon_s)
+        self._source = _event_source(config, _checked_num_stages(num_stages), rng)
+
+    def advance_to(self, horizon_s: float) -> tuple[FailureEvent, ...]:
+        """The events in [self.horizon_s, horizon_s), sorted by time, then stage; none for an earlier horizon."""
+        _check_horizon(horizon_s)
+        if horizon_s <= self.horizon_s:
+            return ()
+        events, num_preemptions = self._source.advance_to(horizon_s)
+        self.horizon_s = horizon_s
+        self.num_preemptions_seen += num_preemptions
+        # Every earlier event lies before the previous horizon: sorting the new ones keeps the path sorted.
+        return tuple(sorted(events))
+
+
+def _checked_num_stages(num_stages: int) -> int:
     if isinstance(num_stages, bool) or not isinstance(num_stages, (int, np.integer)) or num_stages < 1:
         raise InputError(f"num_stages = {num_stages!r}: must be a whole number >= 1; use the pipeline's stage count")
+    return int(num_stages)
+
+
+def _check_horizon(horizon_s: float) -> None:
     if not (horizon_s >= 0.0 and math.isfinite(horizon_s)):
         raise InputError(f"horizon_s = {horizon_s!r}: must be a finite number of seconds >= 0")
-    num_stages = int(num_stages)
-    if isinstance(config, NoChurn):
-        return FailureSample(events=(), num_preemptions_seen=0)
-    if isinstance(config, (StageHourlyChurn, PoissonChurn)):
-        streams = _spawn(rng, num_stages)
-        rate_per_s = config.rate_per_stage_s
-        if rate_per_s <= 0.0:
-            return FailureSample(events=(), num_preemptions_seen=0)
-        events = [
-            FailureEvent(time_s=time_s, stage=stage, kind=config.kind)
-            for stage, stream in enumerate(streams)
-            for time_s in _renewal_times(stream, horizon_s, lambda s, n: s.exponential(1.0 / rate_per_s, n))
-        ]
-        return _finish(events)
-    if isinstance(config, WeibullChurn):
-        streams = _spawn(rng, num_stages)
-        scale_s = config.scale_s
-        events = [
-            FailureEvent(time_s=time_s, stage=stage, kind="weibull")
-            for stage, stream in enumerate(streams)
-            for time_s in _renewal_times(stream, horizon_s, lambda s, n: scale_s * s.weibull(config.shape, n))
-        ]
-        return _finish(events)
-    if isinstance(config, BurstChurn):
-        return _finish(_burst_events(config, num_stages, horizon_s, _spawn(rng, 1)[0]))
-    if isinstance(config, TraceChurn):
-        return _replay_trace(config, num_stages, horizon_s, _spawn(rng, 1)[0])
-    if isinstance(config, ScheduleChurn):
-        return _finish([event for event in scheduled_failures(config, num_stages) if event.time_s < horizon_s])
-    raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
 
 
 def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> float:
@@ -168,43 +180,102 @@ def scheduled_failures(config: ScheduleChurn, num_stages: int) -> tuple[FailureE
     return tuple(sorted(events))
 
 
+def _event_source(config: ChurnConfig, num_stages: int, rng: np.random.Generator) -> _EventSource:
+    """The churn model's events, ready to be read forward; takes the model's draws from `rng` now."""
+    if isinstance(config, NoChurn):
+        return _NoEvents()
+    if isinstance(config, (StageHourlyChurn, PoissonChurn)):
+        streams = _spawn(rng, num_stages)
+        rate_per_s = config.rate_per_stage_s
+        if rate_per_s <= 0.0:
+            return _NoEvents()
+        return _RenewalEvents(config.kind, streams, lambda stream, n: stream.exponential(1.0 / rate_per_s, n))
+    if isinstance(config, WeibullChurn):
+        streams = _spawn(rng, num_stages)
+        scale_s = config.scale_s
+        return _RenewalEvents("weibull", streams, lambda stream, n: scale_s * stream.weibull(config.shape, n))
+    if isinstance(config, BurstChurn):
+        stream = _spawn(rng, 1)[0]
+        return _BurstEvents(config, num_stages, stream) if config.bursts_per_hour > 0.0 else _NoEvents()
+    if isinstance(config, TraceChurn):
+        return _TraceRemovalEvents(config, num_stages, _spawn(rng, 1)[0])
+    if isinstance(config, ScheduleChurn):
+        return _ScheduledEvents(scheduled_failures(config, num_stages))
+    raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
+
+
 def _spawn(rng: np.random.Generator, num_streams: int) -> list[np.random.Generator]:
     # Two draws from the caller's stream seed independent children, whatever the horizon.
     root = np.random.SeedSequence([int(value) for value in rng.integers(0, 2**63, size=2)])
     return [np.random.default_rng(child) for child in root.spawn(num_streams)]
 
 
-def _renewal_times(stream: np.random.Generator, horizon_s: float, draw_gaps) -> list[float]:
-    """Partial sums of i.i.d. gaps below the horizon, drawn in fixed chunks (prefix property)."""
-    times: list[float] = []
-    now_s = 0.0
+class _EventSource:
+    """A churn model's events read forward in time: `advance_to(h)` gives those before h not given yet
+    (in any order) and the node preemptions among them, consuming the random streams in time order."""
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        raise NotImplementedError
+
+
+class _NoEvents(_EventSource):
+    """No churn, or a churn model whose rate is zero."""
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        return [], 0
+
+
+class _RenewalEvents(_EventSource):
+    """Memoryless and Weibull churn: every stage a renewal process on its own stream."""
+
+    def __init__(self, kind: FailureKind, streams: list[np.random.Generator], draw_gaps: Callable) -> None:
+        self._kind = kind
+        self._stage_times = [_renewal_times(stream, draw_gaps) for stream in streams]
+        self._next_times_s = [next(times) for times in self._stage_times]  # per stage, the first failure not given yet
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        events = []
+        for stage, times in enumerate(self._stage_times):
+            time_s = self._next_times_s[stage]
+            while time_s < horizon_s:
+                events.append(FailureEvent(time_s=time_s, stage=stage, kind=self._kind))
+                time_s = next(times)
+            self._next_times_s[stage] = time_s
+        return events, len(events)
+
+
+def _renewal_times(stream: np.random.Generator, draw_gaps: Callable) -> Iterator[float]:
+    """The partial sums of i.i.d. gaps, without end, drawn in fixed chunks (prefix property)."""
+    now_s, last_s = 0.0, -math.inf
     while True:
         for gap_s in draw_gaps(stream, _CHUNK):
             now_s += float(gap_s)
-            if now_s >= horizon_s:
-                return times
             # A lifetime that rounds to zero (Weibull shapes well below 1) would make the stage fail
             # twice at one instant; a node that is already gone cannot fail again, so it is dropped.
-            if not times or now_s > times[-1]:
-                times.append(now_s)
+            if now_s > last_s:
+                last_s = now_s
+                yield now_s
 
 
-def _burst_events(config: BurstChurn, num_stages: int, horizon_s: float, stream: np.random.Generator) -> list[FailureEvent]:
-    if config.bursts_per_hour <= 0.0:
-        return []
-    mean_gap_s = 3600.0 / config.bursts_per_hour
-    probabilities = np.asarray(config.burst_size_probabilities, dtype=float)
-    probabilities = probabilities / probabilities.sum()  # exact normalisation of the validated ±1e-6
-    events: list[FailureEvent] = []
-    now_s = 0.0
-    while True:
-        # Per burst, always in this order: gap, size, victims (the stream is consumed in time order).
-        now_s += float(stream.exponential(mean_gap_s))
-        if now_s >= horizon_s:
-            return events
-        size = min(num_stages, 1 + int(stream.choice(len(probabilities), p=probabilities)))
-        for stage in stream.choice(num_stages, size=size, replace=False):
-            events.append(FailureEvent(time_s=now_s, stage=int(stage), kind="burst"))
+class _BurstEvents(_EventSource):
+    """Bursts: one stream, consumed per burst always in this order: gap, size, victims."""
+
+    def __init__(self, config: BurstChurn, num_stages: int, stream: np.random.Generator) -> None:
+        self._num_stages = num_stages
+        self._stream = stream
+        self._mean_gap_s = 3600.0 / config.bursts_per_hour
+        probabilities = np.asarray(config.burst_size_probabilities, dtype=float)
+        self._size_probabilities = probabilities / probabilities.sum()  # exact normalisation of the validated ±1e-6
+        self._next_burst_s = float(stream.exponential(self._mean_gap_s))
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        events = []
+        while self._next_burst_s < horizon_s:
+            size = min(self._num_stages, 1 + int(self._stream.choice(len(self._size_probabilities), p=self._size_probabilities)))
+            for stage in self._stream.choice(self._num_stages, size=size, replace=False):
+                events.append(FailureEvent(time_s=self._next_burst_s, stage=int(stage), kind="burst"))
+            self._next_burst_s += float(self._stream.exponential(self._mean_gap_s))
+        return events, len(events)
 
 
 def _window_events(config: TraceChurn, trace: Trace) -> tuple[list[TraceEvent], int, float]:
@@ -226,36 +297,51 @@ def _window_events(config: TraceChurn, trace: Trace) -> tuple[list[TraceEvent], 
     return shifted, trace.alive_at(start_s), end_s - start_s
 
 
-def _replay_trace(config: TraceChurn, num_stages: int, horizon_s: float, stream: np.random.Generator) -> FailureSample:
-    trace = load_trace(config.path, config.format)
-    window, alive_at_start, window_length_s = _window_events(config, trace)
-    period_s = window_length_s * config.time_scale
-    has_removals = any(event.kind == "remove" for event in window)
-    events: list[FailureEvent] = []
-    preemptions = 0
-    loop = 0
-    while True:
-        loop_start_s = loop * period_s
-        if loop_start_s >= horizon_s or (loop > 0 and (not config.repeat or not has_removals or period_s <= 0)):
-            break
-        alive = alive_at_start  # every loop replays the window from its initial state
-        hit_time_s, hit_stages = None, set()
-        for event in window:
-            time_s = loop_start_s + event.time_s * config.time_scale
-            if time_s >= horizon_s:
-                break
+class _TraceRemovalEvents(_EventSource):
+    """Trace replay (module docstring): the window's events walked in replay order, each removal
+    hitting stages drawn from one stream."""
+
+    def __init__(self, config: TraceChurn, num_stages: int, stream: np.random.Generator) -> None:
+        trace = load_trace(config.path, config.format)
+        window, self._alive_at_start, window_length_s = _window_events(config, trace)
+        period_s = window_length_s * config.time_scale
+        repeats = config.repeat and period_s > 0 and any(event.kind == "remove" for event in window)
+        self._replayed = _replayed(window, period_s=period_s, time_scale=config.time_scale, repeats=repeats)
+        self._next = next(self._replayed, None)  # (loop, time_s, event) of the first event not walked yet
+        self._num_stages = num_stages
+        self._stream = stream
+        self._loop = 0
+        self._alive = self._alive_at_start
+        self._hit_time_s: float | None = None
+        self._hit_stages: set[int] = set()
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        events: list[FailureEvent] = []
+        preemptions = 0
+        while self._next is not None and self._next[1] < horizon_s:
+            loop, time_s, event = self._next
+            if loop != self._loop:  # every loop replays the window from its initial state
+                self._loop, self._alive, self._hit_time_s = loop, self._alive_at_start, None
             if event.kind == "add":
-                alive += event.count
-                continue
-            if time_s != hit_time_s:
-                hit_time_s, hit_stages = time_s, set()
-            preemptions += event.count
-            for stage in _stages_hit(event.count, alive, num_stages, hit_stages, stream):
-                hit_stages.add(stage)
-                events.append(FailureEvent(time_s=time_s, stage=stage, kind="trace_removal"))
-            alive -= event.count
-        loop += 1
-    return FailureSample(events=tuple(sorted(events)), num_preemptions_seen=preemptions)
+                self._alive += event.count
+            else:
+                if time_s != self._hit_time_s:
+                    self._hit_time_s, self._hit_stages = time_s, set()
+                preemptions += event.count
+                for stage in _stages_hit(event.count, self._alive, self._num_stages, self._hit_stages, self._stream):
+                    self._hit_stages.add(stage)
+                    events.append(FailureEvent(time_s=time_s, stage=stage, kind="trace_removal"))
+                self._alive -= event.count
+            self._next = next(self._replayed, None)
+        return events, preemptions
+
+
+def _replayed(window: list[TraceEvent], *, period_s: float, time_scale: float, repeats: bool) -> Iterator[tuple[int, float, TraceEvent]]:
+    """(loop, time_s, event) of the window's events in replay order; without end when the window repeats."""
+    for loop in itertools.count() if repeats else (0,):
+        loop_start_s = loop * period_s
+        for event in window:
+            yield loop, loop_start_s + event.time_s * time_scale, event
 
 
 def _stages_hit(
@@ -273,9 +359,18 @@ def _stages_hit(
     return [free_stages[int(index)] for index in chosen]
 
 
-def _finish(events: list[FailureEvent]) -> FailureSample:
-    ordered = tuple(sorted(events))
-    return FailureSample(events=ordered, num_preemptions_seen=len(ordered))
+class _ScheduledEvents(_EventSource):
+    """A schedule churn: its rows, already sorted, handed out in time order."""
+
+    def __init__(self, events: tuple[FailureEvent, ...]) -> None:
+        self._events = events
+        self._num_given = 0
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        start = self._num_given
+        while self._num_given < len(self._events) and self._events[self._num_given].time_s < horizon_s:
+            self._num_given += 1
+        return list(self._events[start : self._num_given]), self._num_given - start
 
 
 CHURN_STREAM = 1
@@ -308,8 +403,14 @@ class FailurePathSpec:
 
     def sample(self, horizon_s: float) -> tuple[FailureEvent, ...]:
         """The path's events in [0, min(horizon_s, max_time_s))."""
-        rng = np.random.default_rng(np.random.SeedSequence((self.seed, self.replication, CHURN_STREAM)))
-        return sample_failures(self.churn, num_stages=self.num_stages, horizon_s=min(horizon_s, self.max_time_s), rng=rng)
+        return sample_failures(self.churn, num_stages=self.num_stages, horizon_s=min(horizon_s, self.max_time_s), rng=self._churn_rng())
+
+    def sampler(self) -> FailureSampler:
+        """A sampler of the path, to read it forward in time; it does not stop at `max_time_s`, its caller does."""
+        return FailureSampler(self.churn, num_stages=self.num_stages, rng=self._churn_rng())
+
+    def _churn_rng(self) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence((self.seed, self.replication, CHURN_STREAM)))
 
 
 def failures_for_replication(
@@ -326,10 +427,10 @@ class LazyFailurePath:
 
     Iterating yields the events of `spec`'s path in time order; the path is sampled up to a horizon
     that doubles whenever a reader gets past it (from `FIRST_HORIZON_S`, never beyond
-    `spec.max_time_s`). By the prefix property (module docstring) a longer horizon only appends events,
-    so every reader sees exactly the events `failures_for_replication` gives, and a run that ends
-    early never pays for sampling up to the 30-day cap. Several readers (the methods of one
-    replication) share the samples already drawn.
+    `spec.max_time_s`), each doubling appending only the events between the two horizons
+    (`FailureSampler`). By the prefix property (module docstring) every reader sees exactly the
+    events `failures_for_replication` gives, and a run that ends early never pays for sampling up to
+    the 30-day cap. Several readers (the methods of one replication) share the samples already drawn.
     """
 
     FIRST_HORIZON_S = 60.0
@@ -337,7 +438,9 @@ class LazyFailurePath:
     def __init__(self, spec: FailurePathSpec) -> None:
         self.spec = spec
         self._horizon_s = 0.0
-        self._events: tuple[FailureEvent, ...] = ()
+        self._events: list[FailureEvent] = []
+        # Made on the first extension: the churn inputs (a trace, a schedule) are read when first sampled.
+        self._sampler: FailureSampler | None = None
 
     def __iter__(self):
         index = 0
@@ -353,8 +456,10 @@ class LazyFailurePath:
         """Sample at least up to `horizon_s` (capped at the spec's end)."""
         horizon_s = min(horizon_s, self.spec.max_time_s)
         if horizon_s > self._horizon_s:
+            if self._sampler is None:
+                self._sampler = self.spec.sampler()
+            self._events.extend(self._sampler.advance_to(horizon_s))
             self._horizon_s = horizon_s
-            self._events = self.spec.sample(horizon_s)
 
 
 class FailureCursor:

@@ -20,8 +20,10 @@ from churnsim.app import app
 from churnsim.calibration.errors import InputError
 
 def _register_commands() -> None:
-    # Each module adds its commands to `app` / `real_app`; importing them here keeps this file thin.
-    from churnsim import commands_calibrate, commands_real, commands_reproduce, commands_sim  # noqa: F401
+    # Each module adds its commands to `app` / `real_app`, in the order `churnsim --help` lists them;
+    # importing them here keeps this file thin. They import rich, pydantic and the simulator only
+    # inside the commands, so that `--help` stays within 0.3 s (benchmarks/import_speed.py).
+    from churnsim import commands_sim, commands_calibrate, commands_reproduce, commands_real  # noqa: F401
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -32,7 +34,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         returned = app(args=arguments, prog_name="churnsim", standalone_mode=False)
     except InputError as error:
         _fail(str(error))
-    except click_exceptions.NoArgsIsHelpError:
+    except click_exceptions.NoArgsIsHelpError as no_arguments:
+        # `churnsim` or `churnsim real` alone: the group's help, which plain click help only carries in the error.
+        typer.echo(no_arguments.format_message())
         sys.exit(0)
     except click_exceptions.UsageError as error:
         command = error.ctx.command_path if error.ctx else "churnsim"

@@ -14,14 +14,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from churnsim.app import app
-from churnsim.commands_sim import finish
+from churnsim.commands_sim import finish, stderr_console
 from churnsim.extras import require_torch
-
-console = Console(stderr=True)
 
 LINK_PROFILE_FILE = "link_profile.csv"
 """bytes, seconds: the ping-pong measurement, kept next to the run records it belongs to."""
@@ -33,7 +29,7 @@ def _measure_link(device: str):
     require_torch("measuring the link profile (no link_profile.csv beside the run records)")
     from churnsim.real.calibration_suite import measure_link_profile
 
-    console.print("measuring the point-to-point link (1 KiB … 16 MiB ping-pong) ...")
+    stderr_console().print("measuring the point-to-point link (1 KiB … 16 MiB ping-pong) ...")
     return measure_link_profile(device=device)
 
 
@@ -99,6 +95,7 @@ def calibrate_command(
     from churnsim.sim.calibrated import iteration_predictor
     from churnsim.sim.validate import run_record_directories
 
+    console = stderr_console()
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device {device!r}: use cpu or cuda")
     from churnsim.out_directory import check_writable_file
@@ -176,12 +173,16 @@ def calibrate_convergence(
     out: Path, *, base: str, seeds: tuple[int, ...], num_iterations: int, num_failure_points: int, table: Path | None = None
 ) -> None:
     """`calibrate --convergence`: the lab's per-rebuild table beside OUT, and OUT = BASE with measured setbacks."""
+    from rich.console import Console
+    from rich.table import Table
+
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.calibration_file import save_calibration
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.fit_setbacks import methods_told_apart, setback_summary, with_lab_setbacks
     from churnsim.calibration.run_record import provenance_fields
 
+    console = stderr_console()
     if num_iterations < 50 or num_failure_points < 1:
         raise InputError("--lab-iterations must be >= 50 and --failure-points >= 1")
     calibration = resolve_calibration(base)
@@ -256,6 +257,9 @@ def _seconds(value: float) -> str:
 
 def print_calibration(calibration) -> None:
     """The short human-readable summary of a calibration file."""
+    from rich.console import Console
+    from rich.table import Table
+
     out = Console()
     timings = Table("stage", "forward/microbatch [IQR]", "backward/microbatch [IQR]", "samples", title=f"calibration {calibration.name!r}: stage timings")
     for timing in calibration.stage_timings:
@@ -347,6 +351,9 @@ def validate_command(
 
 
 def print_validation(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     from churnsim.sim.validate import median_absolute_error
 
     out = Console(width=max(Console().width, 120))

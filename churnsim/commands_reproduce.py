@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from churnsim.app import app
-from churnsim.commands_sim import OVERWRITE_HELP, console, progress_bar
+from churnsim.commands_sim import OVERWRITE_HELP, progress_bar, stderr_console
 
 
 @app.command("reproduce")
@@ -35,6 +35,7 @@ def reproduce_command(
         remove_previous_outputs(out)
     write_report(reproduction, out, draw_figures=figures)
     counts = reproduction.counts()
+    console = stderr_console()
     console.print(
         f"{counts['claims']} claims: {counts['agree']} agree, {counts['fitted']} fitted, "
         f"{counts['disagree']} disagree, {counts['not_checked']} not checked"

@@ -3,29 +3,40 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from churnsim.app import app
 
-console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@functools.cache
+def stderr_console() -> Console:
+    """The console for progress, notes and messages on stderr, made on first use: importing rich
+    takes ~50 ms that `--help` must not pay."""
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 @contextlib.contextmanager
 def progress_bar(total: int, description: str) -> Iterator[Callable[[], None]]:
     """A progress bar on stderr; yields the function that advances it by one."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr_console(), transient=False) as progress:
         task = progress.add_task(description, total=total)
         yield lambda: progress.advance(task)
 
 
 def finish(out: Path, notes, *, draw_figures: bool, wrote: Path | None = None) -> None:
     """The end of every command that writes results: figures, the caveats, where it all went."""
+    console = stderr_console()
     if draw_figures:
         from churnsim.figures.make_all import make_all_figures
 
@@ -41,6 +52,9 @@ def presets_command(
     show: Optional[str] = typer.Option(None, "--show", help="Print one preset as a scenario JSON file (edit it, then `churnsim simulate FILE`)."),
 ) -> None:
     """List the built-in scenarios, or print one as JSON."""
+    from rich.console import Console
+    from rich.table import Table
+
     from churnsim.calibration.presets import PRESETS, preset
 
     if show is not None:
@@ -202,7 +216,7 @@ def whatif_command(
         if setback_sensitivity:
             from churnsim.sensitivity_report import run_setback_sensitivity
 
-            run_setback_sensitivity(plan, out, workers=workers, client=client, parquet=parquet, console=console)
+            run_setback_sensitivity(plan, out, workers=workers, client=client, parquet=parquet, console=stderr_console())
     finally:
         if client is not None:
             client.close()
@@ -230,6 +244,7 @@ def recommend_command(
         raise InputError(f"--replications {replications}: must be >= 1")
     checked = override_run_settings(scenario, methods=None, replications=replications, seed=None)
     check_up_front([checked], source=scenario_source(scenario_path, preset_name), workers=workers)
+    console = stderr_console()
     console.print(f"recommending for {scenario.name} (methods, interval grids, then robustness cases)")
     result = recommend(scenario, replications=replications, workers=workers, on_pass_done=lambda name: console.print(f"  done: {name}"))
     show_recommendation(result, as_json=as_json)
@@ -298,6 +313,8 @@ def plot_command(
     out: Optional[Path] = typer.Option(None, "--out", help="Where to put the PNGs (default RESULTS/figures)."),
 ) -> None:
     """Remake every figure from saved results."""
+    from rich.console import Console
+
     from churnsim.calibration.errors import InputError
     from churnsim.figures.make_all import make_all_figures
 
