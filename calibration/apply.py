@@ -2,13 +2,17 @@
 
 Two modes:
 
-- `full`: the scenario runs the calibrated model and pipeline (e.g. the tiny CPU model), so every
-  measured quantity replaces its assumption:
-    compute     ExplicitCompute: per-stage block forward/backward medians (edge stages' embedding
-                and head time are inside the block times, as measured); optimizer_step_s = the
-                measured optimizer step + `iteration_overhead_s` (the per-iteration time outside
-                forward, backward and optimizer is charged once per iteration, where the
-                optimizer step sits)
+- `full`: the scenario runs on the calibrated machine (e.g. the tiny CPU model on this CPU), so
+  every measured quantity replaces its assumption:
+    compute     ExplicitCompute (`calibrated_compute`): on the calibrated model and pipeline the
+                per-stage block forward/backward medians (edge stages' embedding and head time are
+                inside the block times, as measured) and optimizer_step_s = the measured optimizer
+                step + `iteration_overhead_s` (the per-iteration time outside forward, backward and
+                optimizer is charged once per iteration, where the optimizer step sits); on any
+                other model or pipeline the same quantities from the compute cost model
+                (calibration.compute_cost), which scales them with layers, sizes and microbatches.
+                Local CPU calibrations set `shared_cores`: the times are core-seconds and the
+                simulator shares the machine's cores among the stage processes.
     network     UniformNetwork(latency, bandwidth) from the link profile; the scenario's all-reduce
                 latency/bandwidth are kept (not measured)
     storage     tiers named in the calibration take its read/write bandwidths; their capacity and
@@ -56,17 +60,43 @@ def _first_difference(left: dict, right: dict) -> str | None:
     return None
 
 
-def _check_same_setup(scenario: Scenario, calibration: Calibration) -> None:
+def _setup_difference(scenario: Scenario, calibration: Calibration) -> str | None:
+    """The first model or pipeline field in which the scenario differs from the calibrated setup."""
     # The model's display name does not change timings; every other field does.
     for part in ("model", "pipeline"):
         left = getattr(scenario, part).model_dump(exclude={"name"})
         right = getattr(calibration, part).model_dump(exclude={"name"})
         difference = _first_difference(left, right)
         if difference:
-            raise InputError(
-                f"scenario {scenario.name!r} does not run the calibrated {part} ({part}.{difference}); "
-                "mode 'full' needs the same model and pipeline, use mode 'setbacks' to take only the convergence setbacks"
-            )
+            return f"{part}.{difference}"
+    return None
+
+
+def calibrated_compute(scenario: Scenario, calibration: Calibration) -> ExplicitCompute:
+    """Compute of the scenario's model and pipeline on the calibrated machine: the measured per-stage
+    times on the calibrated setup, the compute cost model on any other."""
+    compute_model = calibration.compute_model
+    difference = _setup_difference(scenario, calibration)
+    if difference is None:
+        timings = sorted(calibration.stage_timings, key=lambda timing: timing.stage)
+        return ExplicitCompute(
+            block_forward_s=tuple(t.block_forward.median_s for t in timings),
+            block_backward_s=tuple(t.block_backward.median_s for t in timings),
+            optimizer_step_s=calibration.optimizer_step.median_s + calibration.iteration_overhead_s,
+            shared_cores=compute_model.shared_cores if compute_model is not None else None,
+        )
+    if compute_model is None:
+        raise InputError(
+            f"scenario {scenario.name!r} does not run the calibrated setup ({difference}) and calibration {calibration.name!r} "
+            "has no compute model to scale to it (made before compute models existed); re-run churnsim calibrate, "
+            "or use mode 'setbacks' to take only the convergence setbacks"
+        )
+    if scenario.pipeline.embedding_placement != "edge_stages":
+        raise InputError(
+            f"scenario {scenario.name!r}: pipeline.embedding_placement = {scenario.pipeline.embedding_placement!r}; a calibrated "
+            "compute model describes runs whose edge stages hold the embedding and head (edge_stages)"
+        )
+    return compute_model.compute_for(scenario.model, scenario.pipeline)
 
 
 def _measured_join_s(calibration: Calibration) -> float | None:
@@ -78,13 +108,7 @@ def _measured_join_s(calibration: Calibration) -> float | None:
 
 
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
-    _check_same_setup(scenario, calibration)
-    timings = sorted(calibration.stage_timings, key=lambda timing: timing.stage)
-    compute = ExplicitCompute(
-        block_forward_s=tuple(t.block_forward.median_s for t in timings),
-        block_backward_s=tuple(t.block_backward.median_s for t in timings),
-        optimizer_step_s=calibration.optimizer_step.median_s + calibration.iteration_overhead_s,
-    )
+    compute = calibrated_compute(scenario, calibration)
     network = UniformNetwork(
         latency_s=calibration.link.latency_s,
         bandwidth_bytes_per_s=calibration.link.bandwidth_bytes_per_s,

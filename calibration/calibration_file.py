@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .compute_cost import ComputeCostModel
 from .convergence import ConvergenceSpec
 from .scenario import ModelSpec, PipelineSpec
 from typing import Literal
@@ -74,12 +75,21 @@ class Calibration(StrictModel):
     model: ModelSpec
     pipeline: PipelineSpec
     stage_timings: tuple[StageTimings, ...] = Field(min_length=1)
+    """Of the calibrated model and pipeline; in core-seconds when `compute_model.shared_cores` is set
+    (the processes shared the machine's cores, calibration.cpu_sharing), else wall seconds."""
     optimizer_step: MeasuredDuration
     iteration_overhead_s: float = Field(0.0, ge=0)
-    """Per-iteration time outside forward, backward and optimizer (loss gathering, bookkeeping)."""
+    """Per-iteration time outside forward, backward and optimizer (loss gathering, bookkeeping) of the
+    calibrated model and pipeline."""
     method_iteration_extra_s: dict[str, float] = Field(default_factory=dict)
     """Per method whose healthy iteration is not the plain route (redundant forwards, CheckFree+ swaps,
-    lazy snapshot copies): its mean steady step minus the plain methods' mean steady step, measured."""
+    lazy snapshot copies): its median steady step minus the plain methods' median steady step, measured."""
+    compute_model: ComputeCostModel | None = None
+    """Compute of other models and pipelines of this machine (calibration.compute_cost); None in
+    calibrations made before it existed, which describe only their own model and pipeline."""
+    machine_step_s: float | None = Field(None, gt=0)
+    """The machine's speed while calibrating: the median steady step of the calibrated setup's
+    no-failure runs, against which a later run's own no-failure step tells how loaded it was."""
     checkpoint_write_latency_s: float = Field(0.0, ge=0)
     """Fixed time of one stage's checkpoint write beyond bytes / bandwidth (serialisation, checksums,
     fsync, rename), from the synchronous checkpoint runs' save spans."""

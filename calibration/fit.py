@@ -1,7 +1,8 @@
 """Build a calibration file from real run records: timing (fit_timing.py) + convergence (fit_convergence.py).
 
 `build_calibration` is what `churnsim calibrate` calls once the real runs and the link/storage
-micro-benchmarks are done. The records must all be real runs of one model and pipeline.
+micro-benchmarks are done. The records must be real runs; those with failures share one model and pipeline (the calibrated
+setup), no-failure runs of other setups measure how compute scales (calibration.compute_cost).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .fit_timing import (
     Predictor,
     fit_checkpoint_write_latency_s,
     fit_evaluation,
-    fit_iteration_overhead_s,
+    fit_compute_cost_model,
     fit_link_profile,
     fit_method_iteration_extra_s,
     fit_optimizer_step,
@@ -37,32 +38,42 @@ from .fit_timing import (
     fit_stage_timings,
     fit_tier_bandwidth,
     fit_warmup_extra_s,
+    machine_step_s,
     measured_duration,
+    setup_key,
+    shared_cores_of,
 )
+from .scenario import ExplicitCompute
 from .run_record import RealRunSettings, RunRecord, provenance_fields
 
 
-def _common_settings(records: Sequence[RunRecord]) -> RealRunSettings:
-    """The real settings shared by every record (model and pipeline must agree)."""
+def _calibrated_setup(records: Sequence[RunRecord]) -> tuple[RealRunSettings, list[RunRecord], list[RunRecord]]:
+    """The calibrated setup (model and pipeline) and its records, and the other setups' records.
+
+    The calibrated setup is that of the runs with failures (they must share one), or of the first
+    record. Records of other setups ("shape" runs) must be no-failure runs: they only measure how
+    compute scales (the compute cost model), never convergence.
+    """
     if not records:
         raise InputError("no run records given; pass the real run records to fit the calibration on")
-    settings = []
     for record in records:
         if record.manifest.real_settings is None:
             raise InputError(
                 f"run record {record.manifest.run_id!r}: manifest.json field 'real_settings' is missing; "
                 "calibrate from real runs (churnsim real run), not simulated ones"
             )
-        settings.append(record.manifest.real_settings)
-    first = settings[0]
-    for record, other in zip(records, settings):
-        for field in ("model", "pipeline"):
-            if getattr(other, field) != getattr(first, field):
-                raise InputError(
-                    f"run record {record.manifest.run_id!r}: real_settings.{field} differs from run "
-                    f"{records[0].manifest.run_id!r}; calibrate each model/pipeline separately"
-                )
-    return first
+    with_failures = [record for record in records if not is_no_failure_run(record)]
+    reference = with_failures[0] if with_failures else records[0]
+    key = setup_key(reference)
+    calibrated = [record for record in records if setup_key(record) == key]
+    others = [record for record in records if setup_key(record) != key]
+    for record in others:
+        if not is_no_failure_run(record):
+            raise InputError(
+                f"run record {record.manifest.run_id!r}: its model or pipeline differs from run {reference.manifest.run_id!r} "
+                "and it has failures; runs with failures must share one model and pipeline (other setups may only be no-failure runs)"
+            )
+    return reference.manifest.real_settings, calibrated, others  # type: ignore[return-value]
 
 
 def _convergence_source(name: str, baseline_runs: Sequence[str], samples: Sequence[SetbackSample]) -> str:
@@ -93,15 +104,27 @@ def build_calibration(
     `link_points` has columns bytes, seconds (point-to-point transfers); `predict_iteration_s` is
     the simulator's iteration model (see fit_timing.fit_iteration_overhead_s).
     """
-    settings = _common_settings(fit_records)
-    stage_timings = fit_stage_timings(fit_records, num_warmup_iterations=num_warmup_iterations)
+    all_records = fit_records
+    settings, fit_records, shape_records = _calibrated_setup(all_records)
+    stage_timings = fit_stage_timings(fit_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
     if len(stage_timings) != settings.pipeline.num_stages:
         raise InputError(
             f"spans cover {len(stage_timings)} stages but real_settings.pipeline.num_stages is {settings.pipeline.num_stages}"
         )
-    optimizer_step = fit_optimizer_step(fit_records, num_warmup_iterations=num_warmup_iterations)
-    overhead_s = fit_iteration_overhead_s(
-        fit_records, stage_timings, optimizer_step, predict_iteration_s, num_warmup_iterations=num_warmup_iterations
+    optimizer_step = fit_optimizer_step(fit_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
+    shared_cores = shared_cores_of(fit_records[0])
+    measured_compute = ExplicitCompute(
+        block_forward_s=tuple(timing.block_forward.median_s for timing in stage_timings),
+        block_backward_s=tuple(timing.block_backward.median_s for timing in stage_timings),
+        optimizer_step_s=optimizer_step.median_s,
+        shared_cores=shared_cores,
+    )
+    compute_model, overhead_s = fit_compute_cost_model(
+        [*fit_records, *shape_records],
+        predict_iteration_s,
+        calibrated_key=setup_key(fit_records[0]),
+        calibrated_compute=measured_compute,
+        num_warmup_iterations=num_warmup_iterations,
     )
     baseline_records = [record for record in fit_records if is_no_failure_run(record)]
     if not baseline_records:
@@ -133,7 +156,7 @@ def build_calibration(
         provenance=Provenance(
             **provenance,
             command=command,
-            fit_run_ids=tuple(record.manifest.run_id for record in fit_records),
+            fit_run_ids=tuple(record.manifest.run_id for record in all_records),
         ),
         model=settings.model,
         pipeline=settings.pipeline,
@@ -141,6 +164,8 @@ def build_calibration(
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
         method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
+        compute_model=compute_model,
+        machine_step_s=machine_step_s(baseline_records, num_warmup_iterations=num_warmup_iterations),
         checkpoint_write_latency_s=checkpoint_write_latency_s,
         evaluation=fit_evaluation(fit_records),
         warmup_extra_s=fit_warmup_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
@@ -165,7 +190,7 @@ __all__ = [
     "fit_baseline_curve",
     "fit_checkpoint_write_latency_s",
     "fit_evaluation",
-    "fit_iteration_overhead_s",
+    "fit_compute_cost_model",
     "fit_link_profile",
     "fit_method_iteration_extra_s",
     "fit_optimizer_step",

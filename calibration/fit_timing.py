@@ -18,8 +18,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from .cpu_sharing import cores_of_hardware, with_core_seconds
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
+from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, stage_features, stage_parameters
 from .errors import InputError
+from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .methods import method_names_where, method_traits
 from .run_record import RunRecord
 
@@ -47,7 +50,9 @@ def has_plain_iteration(record: RunRecord) -> bool:
     return method_traits(record.manifest.method).plain_iteration
 
 
-Predictor = Callable[[tuple[StageTimings, ...], MeasuredDuration], float]
+Predictor = Callable[[ModelSpec, PipelineSpec, ExplicitCompute], float]
+"""The simulator's healthy iteration time of a model and pipeline with given compute (calibration/
+may not import sim/, so the model is passed in: sim.calibrated.iteration_predictor)."""
 
 
 def record_name(record: RunRecord) -> str:
@@ -70,32 +75,47 @@ def _require_columns(frame: pd.DataFrame, columns: Sequence[str], where: str) ->
         raise InputError(f"{where} lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}")
 
 
-def _steady_spans(records: Sequence[RunRecord], kinds: Sequence[str], num_warmup_iterations: int) -> pd.DataFrame:
-    """Spans of `kinds` from every record past warm-up, with a `run` column and a `duration_s` column."""
+def shared_cores_of(record: RunRecord) -> int | None:
+    """The CPU cores a real run's stage processes shared (None: a device per stage, or not recorded)."""
+    settings = record.manifest.real_settings
+    device = settings.device if settings is not None else "cuda"
+    return cores_of_hardware(record.manifest.hardware, device)
+
+
+def _steady_spans(
+    records: Sequence[RunRecord], kinds: Sequence[str], num_warmup_iterations: int, *, as_core_seconds: bool = False
+) -> pd.DataFrame:
+    """Spans of `kinds` from every record past warm-up, with a `run` column and a `duration_s`
+    column: wall seconds, or with `as_core_seconds` the work of compute spans in core-seconds on the
+    cores the run's processes shared (calibration.cpu_sharing)."""
     if num_warmup_iterations < 0:
         raise InputError(f"num_warmup_iterations {num_warmup_iterations} must be >= 0")
     frames = []
     for record in records:
         spans = record.spans
         _require_columns(spans, ("rank", "stage", "iteration", "kind", "microbatch", "start_s", "end_s"), f"{record_name(record)}: spans.csv")
+        spans = with_core_seconds(spans, shared_cores_of(record) if as_core_seconds else None)
         chosen = spans[spans["kind"].isin(kinds) & (spans["iteration"] >= num_warmup_iterations)].copy()
         chosen["run"] = record.manifest.run_id
-        chosen["duration_s"] = chosen["end_s"] - chosen["start_s"]
+        chosen["duration_s"] = chosen["work_s"]
         frames.append(chosen)
     if not frames:
         raise InputError("no run records given; pass at least one real run record to fit from")
     return pd.concat(frames, ignore_index=True)
 
 
-def fit_stage_timings(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> tuple[StageTimings, ...]:
-    """Per stage, median and IQR of forward and backward time per microbatch.
+def fit_stage_timings(
+    records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, as_core_seconds: bool = False
+) -> tuple[StageTimings, ...]:
+    """Per stage, median and IQR of forward and backward time per microbatch (wall seconds, or with
+    `as_core_seconds` work on the cores the processes shared, see `_steady_spans`).
 
     Under CheckFree+ swapped routes a stage makes two hops of an odd microbatch (stage 0: embedding,
     then blocks; stage S-1: blocks, then head): the hops of one (run, rank, step, microbatch, stage)
     are summed, so a sample is always the stage's whole work on one microbatch, the quantity the
     in-order route times.
     """
-    spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations)
+    spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations, as_core_seconds=as_core_seconds)
     if spans.empty:
         raise InputError(
             f"no forward/backward spans after the first {num_warmup_iterations} iterations in runs "
@@ -116,9 +136,11 @@ def fit_stage_timings(records: Sequence[RunRecord], *, num_warmup_iterations: in
     return tuple(timings)
 
 
-def fit_optimizer_step(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> MeasuredDuration:
-    """Median and IQR of the "optimizer" spans (one per rank and step)."""
-    spans = _steady_spans(records, ("optimizer",), num_warmup_iterations)
+def fit_optimizer_step(
+    records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, as_core_seconds: bool = False
+) -> MeasuredDuration:
+    """Median and IQR of the "optimizer" spans (one per rank and step; `as_core_seconds` as in `_steady_spans`)."""
+    spans = _steady_spans(records, ("optimizer",), num_warmup_iterations, as_core_seconds=as_core_seconds)
     if spans.empty:
         raise InputError("spans.csv: no 'optimizer' spans after warm-up in any run record; the real trainer must record them")
     return measured_duration(spans["duration_s"])
@@ -144,40 +166,124 @@ def steady_iteration_times_s(record: RunRecord, *, num_warmup_iterations: int = 
     return durations[keep]
 
 
-def fit_iteration_overhead_s(
+def setup_key(record: RunRecord) -> str:
+    """What determines a run's compute: its model (but not its display name) and pipeline."""
+    settings = record.manifest.real_settings
+    if settings is None:
+        raise InputError(f"{record_name(record)}: manifest.json field 'real_settings' is missing; fit from real runs")
+    return settings.model.model_copy(update={"name": ""}).model_dump_json() + settings.pipeline.model_dump_json()
+
+
+def optimizer_work_per_stage(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[int, float]:
+    """Per stage, the median optimizer step in core-seconds (`_steady_spans`)."""
+    spans = _steady_spans(records, ("optimizer",), num_warmup_iterations, as_core_seconds=True)
+    return {int(stage): float(rows["duration_s"].median()) for stage, rows in spans.groupby("stage")}
+
+
+def _solve_overhead_s(measured_step_s: float, predict: Callable[[float], float]) -> float:
+    """The per-iteration overhead o >= 0 with predict(o) = measured (bisection; predict grows with o)."""
+    if predict(0.0) >= measured_step_s:
+        return 0.0
+    low, high = 0.0, measured_step_s
+    for _ in range(40):
+        middle = 0.5 * (low + high)
+        if predict(middle) < measured_step_s:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
+
+
+def fit_compute_cost_model(
     records: Sequence[RunRecord],
-    stage_timings: tuple[StageTimings, ...],
-    optimizer_step: MeasuredDuration,
     predict_iteration_s: Predictor,
     *,
+    calibrated_key: str,
+    calibrated_compute: ExplicitCompute,
     num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
-) -> float:
-    """Mean measured steady iteration time minus the predicted one, clipped at 0.
+) -> tuple[ComputeCostModel, float]:
+    """The compute cost model (calibration.compute_cost) from every record, and the per-iteration
+    overhead measured on the calibrated setup.
 
-    Only runs of methods with the `plain_iteration` trait count (their healthy iteration is the plain
-    route), and only their steady steps (see `steady_iteration_times_s`). `predict_iteration_s` is
-    the simulator's iteration model, passed in because calibration/ may not import sim/.
+    Hop and optimizer work come from every (setup, stage) median in core-seconds. The overhead is
+    what the simulated iteration lacks against a run's median steady step: for each no-failure run
+    of a `plain_iteration` method, the o that makes the simulator's iteration (its compute with o
+    added where the optimizer step sits; `predict_iteration_s`, the simulator's model passed in)
+    last as long as the run's median steady step. The calibrated setup's runs use its measured
+    per-stage times (`calibrated_compute`), the others the fitted hop model; medians, not means, so
+    that a slow spell of the machine during calibration does not become a permanent cost.
     """
-    times = [
-        steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
-        for record in records
-        if has_plain_iteration(record)
-    ]
-    measured = pd.concat(times) if times else pd.Series(dtype=float)
-    if measured.empty:
+    cores = {shared_cores_of(record) for record in records}
+    if len(cores) != 1:
+        raise InputError(f"the run records were measured on machines with different core counts ({sorted(map(str, cores))}); calibrate each machine separately")
+    shared_cores = cores.pop()
+    groups: dict[str, list[RunRecord]] = {}
+    for record in records:
+        groups.setdefault(setup_key(record), []).append(record)
+    hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work = [], [], [], [], []
+    for group in groups.values():
+        settings = group[0].manifest.real_settings
+        assert settings is not None
+        timings = fit_stage_timings(group, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
+        features = stage_features(settings.model, settings.pipeline)
+        for timing in timings:
+            hop_features.append(features[timing.stage])
+            forward_work.append(timing.block_forward.median_s)
+            backward_work.append(timing.block_backward.median_s)
+        parameters = stage_parameters(settings.model, settings.pipeline)
+        for stage, work_s in optimizer_work_per_stage(group, num_warmup_iterations=num_warmup_iterations).items():
+            optimizer_parameters.append(parameters[stage])
+            optimizer_work.append(work_s)
+    forward, forward_residual = fit_hop_cost(hop_features, forward_work)
+    backward, backward_residual = fit_hop_cost(hop_features, backward_work)
+    optimizer_fixed_s, optimizer_per_parameter_s = fit_linear_non_negative(optimizer_parameters, optimizer_work)
+    hops_only = ComputeCostModel(
+        forward=forward,
+        backward=backward,
+        optimizer_fixed_s=optimizer_fixed_s,
+        optimizer_seconds_per_parameter=optimizer_per_parameter_s,
+        iteration_overhead_s=0.0,
+        shared_cores=shared_cores,
+        num_configurations=len(groups),
+        hop_relative_residual=float(np.median([forward_residual, backward_residual])),
+    )
+    microbatches, overheads, calibrated_overheads = [], [], []
+    for key, group in groups.items():
+        settings = group[0].manifest.real_settings
+        assert settings is not None
+        compute = calibrated_compute if key == calibrated_key else hops_only.compute_for(settings.model, settings.pipeline)
+        for record in group:
+            if not has_plain_iteration(record) or len(record.failures.failures) > 0:
+                continue
+            steps = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+            if steps.empty:
+                continue
+
+            def predict(overhead_s: float, settings=settings, compute=compute) -> float:
+                charged = compute.model_copy(update={"optimizer_step_s": compute.optimizer_step_s + overhead_s})
+                return float(predict_iteration_s(settings.model, settings.pipeline, charged))
+
+            overhead_s = _solve_overhead_s(float(steps.median()), predict)
+            microbatches.append(settings.pipeline.num_microbatches)
+            overheads.append(overhead_s)
+            if key == calibrated_key:
+                calibrated_overheads.append(overhead_s)
+    if not calibrated_overheads:
         raise InputError(
-            "no steady iterations to measure the iteration overhead: give at least one run of a method in "
+            "no steady iterations of a no-failure run to measure the iteration overhead: give at least one no-failure run of a method in "
             f"{sorted(method_names_where(plain_iteration=True))} longer than {num_warmup_iterations} warm-up iterations"
         )
-    predicted = float(predict_iteration_s(stage_timings, optimizer_step))
-    return max(0.0, float(measured.mean()) - predicted)
+    overhead_fixed_s, overhead_per_microbatch_s = fit_linear_non_negative(microbatches, [max(value, 1e-9) for value in overheads])
+    model = hops_only.model_copy(update={"iteration_overhead_s": overhead_fixed_s, "overhead_per_microbatch_s": overhead_per_microbatch_s})
+    return model, float(np.median(calibrated_overheads))
 
 
 def fit_method_iteration_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, float]:
-    """Mean steady step of each non-plain method minus that of all plain-method runs pooled.
+    """Median steady step of each non-plain method minus that of all plain-method runs pooled.
 
     Only methods without the `plain_iteration` trait get an entry: for plain methods the pooled
-    overhead (`fit_iteration_overhead_s`) is the better estimate. Signed: noise can make it negative.
+    overhead (`fit_compute_cost_model`) is the better estimate. Signed: noise can make it negative.
+    Medians, so that a slow spell of the machine during one run does not become the method's cost.
     """
     def steady(chosen: Sequence[RunRecord]) -> pd.Series:
         times = [steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations) for record in chosen]
@@ -190,7 +296,7 @@ def fit_method_iteration_extra_s(records: Sequence[RunRecord], *, num_warmup_ite
     for method in sorted({record.manifest.method for record in records if not has_plain_iteration(record)}):
         own = steady([record for record in records if record.manifest.method == method])
         if not own.empty:
-            extras[method] = float(own.mean() - plain.mean())
+            extras[method] = float(own.median() - plain.median())
     return extras
 
 
@@ -226,6 +332,18 @@ def fit_evaluation(records: Sequence[RunRecord]) -> MeasuredDuration | None:
     return measured_duration(samples) if samples else None
 
 
+def machine_step_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> float | None:
+    """Median steady step of no-failure runs of a `plain_iteration` method: how fast the machine ran
+    them (None without any)."""
+    steps = [
+        steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+        for record in records
+        if has_plain_iteration(record) and not record.failures.failures
+    ]
+    pooled = pd.concat([step for step in steps if not step.empty]) if any(not step.empty for step in steps) else pd.Series(dtype=float)
+    return float(pooled.median()) if not pooled.empty else None
+
+
 def fit_warmup_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> float:
     """Median over runs of the first warm-up steps' time minus as many steady steps, clipped at 0.
 
@@ -240,7 +358,7 @@ def fit_warmup_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: i
         first = metrics[metrics["step"] < num_warmup_iterations]
         if steady.empty or len(first) < num_warmup_iterations:
             continue
-        extras.append(float(first["wall_time_s"].iloc[-1]) - num_warmup_iterations * float(steady.mean()))
+        extras.append(float(first["wall_time_s"].iloc[-1]) - num_warmup_iterations * float(steady.median()))
     return max(0.0, float(np.median(extras))) if extras else 0.0
 
 

@@ -69,6 +69,13 @@ class ModelSpec(StrictModel):
         return self.num_layers * self.parameters_per_layer + self.embedding_parameters + self.head_parameters
 
 
+def stage_layer_counts(model: ModelSpec, pipeline: "PipelineSpec") -> tuple[int, ...]:
+    """Transformer blocks of each stage: `pipeline.layers_per_stage`, or the equal split."""
+    if pipeline.layers_per_stage is not None:
+        return pipeline.layers_per_stage
+    return (model.num_layers // pipeline.num_stages,) * pipeline.num_stages
+
+
 EmbeddingPlacement = Literal["edge_stages", "separate_node"]
 CheckpointSharding = Literal["whole_stage", "data_parallel"]
 
@@ -114,6 +121,10 @@ class ExplicitCompute(StrictModel):
     head_forward_s: float = Field(0.0, ge=0)
     head_backward_s: float = Field(0.0, ge=0)
     optimizer_step_s: float = Field(0.0, ge=0)
+    shared_cores: int | None = Field(None, ge=1)
+    """None: each stage computes on a device of its own. A number: the stages are one-thread
+    processes on one host with this many CPU cores, which they share when they compute at the same
+    time (a local CPU run); the times above are then core-seconds of work, not wall time."""
 
     @field_validator("block_forward_s", "block_backward_s")
     @classmethod
@@ -341,9 +352,7 @@ class Scenario(StrictModel):
     @property
     def stage_layer_counts(self) -> tuple[int, ...]:
         """Transformer blocks of each stage: `pipeline.layers_per_stage`, or the equal split."""
-        if self.pipeline.layers_per_stage is not None:
-            return self.pipeline.layers_per_stage
-        return (self.model.num_layers // self.pipeline.num_stages,) * self.pipeline.num_stages
+        return stage_layer_counts(self.model, self.pipeline)
 
     def stage_layers(self, stage: int) -> int:
         return self.stage_layer_counts[stage]

@@ -127,10 +127,14 @@ VALIDATION_COLUMNS: tuple[str, ...] = (
     "run_id",
     "method",
     "failure_probability_per_stage_hour",
-    "quantity",  # e.g. "total_wall_clock_s", "time_to_target_s", "mean_iteration_s"
+    "quantity",  # e.g. "total_wall_clock_s", "time_to_target_s", "steady_iteration_s"
     "measured",
     "predicted",
     "relative_error",  # (predicted − measured) / measured
+    "load_normalised_predicted",  # predicted with compute rescaled by the run's own steady step (real runs)
+    "load_normalised_relative_error",  # (load_normalised_predicted − measured) / measured
+    "setup",  # the run's model and pipeline in short, e.g. "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64"
+    "calibrated_setup",  # whether the calibration measured this setup itself (else its compute model scaled to it)
 )
 
 # spans.csv of a run record, or iteration_spans.csv of a simulation: drawn as a Gantt chart.

@@ -149,7 +149,7 @@ def calibrate_command(
         tier_bandwidths=_tier_bandwidths(storage),
         device=device,  # type: ignore[arg-type]
         command="churnsim " + " ".join(sys.argv[1:]) if sys.argv and "calibrate" in sys.argv else "churnsim calibrate",
-        predict_iteration_s=iteration_predictor(model=settings.model, pipeline=settings.pipeline, link=link),
+        predict_iteration_s=iteration_predictor(link=link),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     save_calibration(calibration, out)  # atomic: temporary file + rename

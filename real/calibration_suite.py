@@ -165,7 +165,7 @@ def measure_storage_bandwidth(
 @dataclass(frozen=True, kw_only=True)
 class SuiteRun:
     run_id: str
-    purpose: Literal["baseline", "failures", "held_out"]
+    purpose: Literal["baseline", "failures", "shape", "held_out"]
     config: TrainingConfig
     failure_rate_per_stage_hour: float | None = None
     """Recorded in the manifest when the failures were sampled from an hourly rate."""
@@ -189,8 +189,20 @@ class SuiteSettings:
 
 
 def quick_settings() -> SuiteSettings:
-    # Measured on 2 cores: ~0.14 s per iteration of 4 ranks, ~3 s start-up per run, 10 runs.
+    # Measured on 2 cores: ~0.14 s per iteration of 4 ranks, ~3 s start-up per run, 10 runs + 3 shapes.
     return SuiteSettings(num_iterations=100, seeds=(0, 1), failure_spacing_iterations=25)
+
+
+SHAPE_ITERATIONS = 40
+SHAPES: tuple[tuple[str, dict[str, int]], ...] = (
+    ("2-stages", {"num_stages": 2}),
+    ("8-microbatches", {"num_microbatches": 8}),
+    ("microbatch-16", {"microbatch_size": 16}),
+)
+"""No-failure runs of other setups than the suite's own: two layers per stage, twice the
+microbatches, twice the tokens per microbatch. They tell the compute cost model
+(calibration.compute_cost) how a hop's work grows with layers and tokens and the iteration with
+microbatches, so that a calibration predicts setups it did not run."""
 
 
 def full_settings() -> SuiteSettings:
@@ -217,15 +229,25 @@ def suite_method_config(name: str):
 
 
 def training_config(
-    settings: SuiteSettings, *, method: str, seed: int, failures: tuple[tuple[int, int], ...] = (), device: str = "cpu"
+    settings: SuiteSettings,
+    *,
+    method: str,
+    seed: int,
+    failures: tuple[tuple[int, int], ...] = (),
+    device: str = "cpu",
+    num_stages: int = SUITE_NUM_STAGES,
+    num_microbatches: int | None = None,
+    microbatch_size: int | None = None,
+    num_iterations: int | None = None,
 ) -> TrainingConfig:
-    """The tiny model in 4 stages with the suite's sizes (also used for held-out validation runs)."""
+    """The tiny model in 4 stages with the suite's sizes (also used for held-out validation runs);
+    the keyword sizes give another setup."""
     return TrainingConfig(
         model=model_preset("tiny"),
-        num_stages=SUITE_NUM_STAGES,
-        num_microbatches=settings.num_microbatches,
-        microbatch_size=settings.microbatch_size,
-        num_iterations=settings.num_iterations,
+        num_stages=num_stages,
+        num_microbatches=num_microbatches or settings.num_microbatches,
+        microbatch_size=microbatch_size or settings.microbatch_size,
+        num_iterations=num_iterations or settings.num_iterations,
         seed=seed,
         method=suite_method_config(method),
         failures=failures,
@@ -247,7 +269,8 @@ def registered_methods() -> tuple[str, ...]:
 
 
 def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequence[str] | None = None, prefix: str = "fit") -> tuple[SuiteRun, ...]:
-    """Baseline runs (the reference method `none`, no failures) per seed, then one failure run per method."""
+    """Baseline runs (the reference method `none`, no failures) per seed, no-failure runs of other
+    shapes (`SHAPES`), then one failure run per method."""
     chosen = tuple(methods) if methods is not None else registered_methods()
     reference = reference_method()
     runs = [
@@ -257,6 +280,16 @@ def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequenc
             config=training_config(settings, method=reference, seed=seed, device=device),
         )
         for seed in settings.seeds
+    ]
+    runs += [
+        SuiteRun(
+            run_id=f"{prefix}-shape-{shape}",
+            purpose="shape",
+            config=training_config(
+                settings, method=reference, seed=settings.seeds[0], device=device, num_iterations=SHAPE_ITERATIONS, **sizes
+            ),
+        )
+        for shape, sizes in SHAPES
     ]
     failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations)
     for index, name in enumerate(method for method in chosen if not method_traits(method).ignores_failures):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from churnsim.calibration.apply import apply_calibration
-from churnsim.calibration.calibration_file import Calibration, LinkProfile, MeasuredDuration, StageTimings, TierBandwidth
+from churnsim.calibration.calibration_file import Calibration, LinkProfile, TierBandwidth
 from churnsim.calibration.churn import NoChurn
 from churnsim.calibration.convergence import ConvergenceSpec, MethodSetbacks, PowerLawLossCurve, SetbackSpec
 from churnsim.calibration.errors import InputError
@@ -38,20 +38,13 @@ _PLACEHOLDER_CURVE = PowerLawLossCurve(floor_loss=0.0, scale=1.0, exponent=0.5)
 _ZERO_SETBACKS = MethodSetbacks(interior=SetbackSpec(mean_iterations=0.0), edge=SetbackSpec(mean_iterations=0.0))
 
 
-def timing_scenario(
-    *, model: ModelSpec, pipeline: PipelineSpec, stage_timings: Sequence[StageTimings], optimizer_step_s: float, link: LinkProfile
-) -> Scenario:
+def timing_scenario(*, model: ModelSpec, pipeline: PipelineSpec, compute: ExplicitCompute, link: LinkProfile) -> Scenario:
     """A scenario that holds only the timing half of a calibration (no churn, one `none` method)."""
-    timings = sorted(stage_timings, key=lambda timing: timing.stage)
     return Scenario(
         name="calibration-timing",
         model=model,
         pipeline=pipeline,
-        compute=ExplicitCompute(
-            block_forward_s=tuple(t.block_forward.median_s for t in timings),
-            block_backward_s=tuple(t.block_backward.median_s for t in timings),
-            optimizer_step_s=optimizer_step_s,
-        ),
+        compute=compute,
         network=UniformNetwork(latency_s=link.latency_s, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s),
         churn=NoChurn(kind="none"),
         methods=(NoneConfig(),),
@@ -60,15 +53,12 @@ def timing_scenario(
     )
 
 
-def iteration_predictor(
-    *, model: ModelSpec, pipeline: PipelineSpec, link: LinkProfile
-) -> Callable[[tuple[StageTimings, ...], MeasuredDuration], float]:
-    """`predict(stage_timings, optimizer_step)`: the healthy in-order iteration time the simulator computes."""
+def iteration_predictor(*, link: LinkProfile) -> Callable[[ModelSpec, PipelineSpec, ExplicitCompute], float]:
+    """`predict(model, pipeline, compute)`: the healthy in-order iteration time the simulator
+    computes over `link`."""
 
-    def predict(stage_timings: tuple[StageTimings, ...], optimizer_step: MeasuredDuration) -> float:
-        scenario = timing_scenario(
-            model=model, pipeline=pipeline, stage_timings=stage_timings, optimizer_step_s=optimizer_step.median_s, link=link
-        )
+    def predict(model: ModelSpec, pipeline: PipelineSpec, compute: ExplicitCompute) -> float:
+        scenario = timing_scenario(model=model, pipeline=pipeline, compute=compute, link=link)
         return simulate_iteration(build_pipeline_state(scenario)).time_s
 
     return predict

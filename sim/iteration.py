@@ -20,6 +20,13 @@ waits until its redundant forwards are done. No redundant forward is run by the 
 where the successor already runs on the same node (a degraded node runs that stage for real).
 Approximation: preemption is instantaneous and free (a real GPU would finish the current kernel).
 
+Shared cores (`PipelineState.shared_cores`, a local run whose stage processes outnumber the CPU
+cores): every node is a one-thread process on one host, and the operations running at the same
+time share the host's cores equally (processor sharing, `_SharedCores`): with n running, each does
+min(1, cores / n) core-seconds of its work per second. Operation times are then core-seconds of
+work (what a run measures when its process has a core to itself), not wall time. Approximation:
+the operating system's scheduler is taken as perfectly fair and switching as free.
+
 A separate (de)embedding node (`PipelineState.embedding_node`, the authors' CheckFree layout): it
 runs two schedule parts, the embedding (first hop) and the head (last hop), as two processes that
 share the node's compute in request order and its all-reduce link; spans and `busy_s` report it as
@@ -111,12 +118,91 @@ class _BackgroundTask:
         self.on_done = on_done
 
 
-class _Node:
-    """One node's compute: regular work in request order; background work fills idle time."""
+class _SharedCores:
+    """Processor sharing of a host's cores among the operations running on it, one thread each.
 
-    def __init__(self, env: simpy.Environment, record: Callable[[int, str, int, float, float], None]):
+    With n operations running each progresses at min(1, cores / n) core-seconds per second; one
+    wake-up is armed for the operation that finishes first and re-armed whenever n changes.
+    """
+
+    # Work left below this many core-seconds counts as done (floating-point residue of the rates).
+    _DONE_CORE_S = 1e-12
+
+    def __init__(self, env: simpy.Environment, cores: int) -> None:
+        self.env = env
+        self.cores = cores
+        self.remaining_core_s: dict[object, float] = {}
+        self.on_done: dict[object, Callable[[], None]] = {}
+        self.updated_s = 0.0
+        self.generation = 0
+
+    def _rate(self) -> float:
+        return min(1.0, self.cores / len(self.remaining_core_s))
+
+    def _advance(self) -> None:
+        elapsed_s = self.env.now - self.updated_s
+        if elapsed_s > 0 and self.remaining_core_s:
+            done_core_s = elapsed_s * self._rate()
+            for operation in self.remaining_core_s:
+                self.remaining_core_s[operation] -= done_core_s
+        self.updated_s = self.env.now
+
+    def start(self, work_core_s: float, on_done: Callable[[], None]) -> object:
+        """Start an operation of `work_core_s`; `on_done()` runs when it completes. Returns its token."""
+        self._advance()
+        token = object()
+        self.remaining_core_s[token] = work_core_s
+        self.on_done[token] = on_done
+        self._arm()
+        return token
+
+    def stop(self, token: object) -> float:
+        """Take an unfinished operation off the cores; returns its remaining core-seconds."""
+        self._advance()
+        remaining = self.remaining_core_s.pop(token)
+        del self.on_done[token]
+        self._arm()
+        return max(remaining, 0.0)
+
+    def _arm(self) -> None:
+        self.generation += 1
+        if not self.remaining_core_s:
+            return
+        generation = self.generation
+        delay_s = max(min(self.remaining_core_s.values()), 0.0) / self._rate()
+        self.env.timeout(delay_s).callbacks.append(lambda _event: self._wake(generation))
+
+    def _wake(self, generation: int) -> None:
+        if generation != self.generation:
+            return
+        self._advance()
+        finished = [token for token, left in self.remaining_core_s.items() if left <= self._DONE_CORE_S]
+        callbacks = []
+        for token in finished:
+            del self.remaining_core_s[token]
+            callbacks.append(self.on_done.pop(token))
+        self._arm()
+        for callback in callbacks:
+            callback()
+
+
+class _Node:
+    """One node's compute: regular work in request order; background work fills idle time.
+
+    With `cores` (a `_SharedCores`) its operations run on the host's shared cores instead of a
+    processor of its own.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        record: Callable[[int, str, int, float, float], None],
+        cores: _SharedCores | None = None,
+    ):
         self.env = env
         self.record = record
+        self.cores = cores
+        self.background_token: object | None = None
         self.running_regular = False
         self.queue: deque = deque()  # (duration_s, stage, kind, microbatch, done event)
         self.background: deque[_BackgroundTask] = deque()
@@ -135,7 +221,11 @@ class _Node:
         self._pause_background()
         self.running_regular = True
         start_s = self.env.now
-        finished = self.env.timeout(duration_s)
+        if self.cores is None:
+            finished = self.env.timeout(duration_s)
+        else:
+            finished = self.env.event()
+            self.cores.start(duration_s, finished.succeed)
         finished.callbacks.append(lambda _event: self._finish(stage, kind, microbatch, start_s, done))
         return finished
 
@@ -161,8 +251,11 @@ class _Node:
         self.background_generation += 1  # the armed completion is now stale
         task = self.background[0]
         now = self.env.now
-        if now > self.background_started_s:
+        if self.cores is not None:
+            task.remaining_s = self.cores.stop(self.background_token)
+        elif now > self.background_started_s:
             task.remaining_s -= now - self.background_started_s
+        if now > self.background_started_s:
             self.record(task.stage, "redundant_forward", task.microbatch, self.background_started_s, now)
 
     def _resume_background(self) -> None:
@@ -172,7 +265,11 @@ class _Node:
         self.background_started_s = self.env.now
         self.background_generation += 1
         generation = self.background_generation
-        wakeup = self.env.timeout(max(self.background[0].remaining_s, 0.0))
+        remaining_s = max(self.background[0].remaining_s, 0.0)
+        if self.cores is not None:
+            self.background_token = self.cores.start(remaining_s, lambda: self._background_done(generation))
+            return
+        wakeup = self.env.timeout(remaining_s)
         wakeup.callbacks.append(lambda _event: self._background_done(generation))
 
     def _background_done(self, generation: int) -> None:
@@ -203,7 +300,8 @@ class _IterationRun:
             (state.embedding_gradient_bytes, state.head_gradient_bytes) if separate else ()
         )
         self.busy_s = [0.0] * (num_stages + 1 if separate else num_stages)
-        self.nodes = {node: _Node(self.env, self._record) for node in set(self.unit_node)}
+        cores = _SharedCores(self.env, state.shared_cores) if state.shared_cores is not None else None
+        self.nodes = {node: _Node(self.env, self._record, cores) for node in set(self.unit_node)}
         self.links: dict[tuple[int, int], FifoMessageLink] = {}
         self.allreduce_links: dict[int, ProcessorSharingLink] = {}
         self.arrived: set = set()

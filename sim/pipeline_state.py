@@ -79,6 +79,10 @@ class PipelineState:
     allreduce_bandwidth_bytes_per_s: float = math.inf
     allreduce_latency_s: float = 0.0
     optimizer_step_s: float = 0.0
+    shared_cores: int | None = None
+    """None: every node computes on a processor of its own. A number: every node is a one-thread
+    process on one host with this many CPU cores, which running operations share (see
+    sim.iteration); operation times are then core-seconds of work."""
     _num_nodes: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -128,6 +132,9 @@ class PipelineState:
             "link_bandwidth_bytes_per_s",
             ((math.inf,) * num_nodes,) * num_nodes if bandwidth_matrix is None else bandwidth_matrix,
             num_nodes, allow_zero=False))
+        cores = self.shared_cores
+        if cores is not None and not (isinstance(cores, int) and cores >= 1):
+            raise InputError(f"shared_cores = {cores!r} must be None or an integer >= 1")
         self._set("swap_odd_microbatches", bool(self.swap_odd_microbatches))
         self._set("redundant_forward", bool(self.redundant_forward))
 
@@ -226,7 +233,9 @@ def build_pipeline_state(
     model, pipeline, compute = scenario.model, scenario.pipeline, scenario.compute
     num_stages = pipeline.num_stages
     layers = scenario.stage_layer_counts
+    shared_cores = None
     if isinstance(compute, ExplicitCompute):
+        shared_cores = compute.shared_cores
         block_forward_s = _per_stage(compute.block_forward_s, num_stages, layers)
         block_backward_s = _per_stage(compute.block_backward_s, num_stages, layers)
         embedding_forward_s, embedding_backward_s = compute.embedding_forward_s, compute.embedding_backward_s
@@ -274,6 +283,7 @@ def build_pipeline_state(
         allreduce_bandwidth_bytes_per_s=network.allreduce_bandwidth_bytes_per_s,
         allreduce_latency_s=network.allreduce_latency_s,
         optimizer_step_s=compute.optimizer_step_s,
+        shared_cores=shared_cores,
     )
 
 

@@ -4,8 +4,10 @@ For each run record:
 
 1. **Scenario.** A real run: the record's `real_settings` (model, pipeline, method, iterations) with
    the calibration applied in mode `full` (`apply_calibration`), no churn, `restart_s` 0 (a local
-   run keeps its processes: no rendezvous). A simulated run: its manifest's `scenario`, with the
-   calibration applied in mode `full` when one is given.
+   run keeps its processes: no rendezvous). Any model and pipeline of the calibrated machine (same
+   device and core count, `check_same_machine`): the calibrated setup takes its measured times, any
+   other the calibration's compute cost model (calibration.compute_cost). A simulated run: its
+   manifest's `scenario`, with the calibration applied in mode `full` when one is given.
 2. **Failures.** The record's failures are replayed at their measured `time_s`. Consequence: when
    the prediction drifts, a failure lands at a different point of the simulated run than of the
    real one (another iteration, or inside an iteration instead of between two); the simulator then
@@ -14,11 +16,15 @@ For each run record:
    at the measured end of the step before.
 3. **Stopping rule.** A real run executes exactly `num_iterations` iterations of progress (rolled
    back ones are repeated, a rebuild's setback does not lengthen it), so its wall-clock is
-   predicted with every convergence setback set to 0. Time to target uses the calibrated setbacks
-   and a target loss the run reached: its smoothed train loss (trailing mean over
-   `SMOOTHING_ITERATIONS`) at `TARGET_FRACTION` (75 %) of its iterations; the measured time is
-   the first step whose smoothed loss is at or below it. A simulated run is replayed under its own
-   stopping rule (the scenario's target, setbacks as the scenario has them).
+   predicted with every convergence setback set to 0. Time to target uses the calibrated setbacks.
+   Its goal comes from the run's no-failure twin when one is validated with it (`find_twin`: same
+   seed, setup and length, no failures): the twin's smoothed train loss (trailing mean over
+   `SMOOTHING_ITERATIONS`) at `TARGET_FRACTION` (75 %) of its steps, a loss the run can reach; the
+   simulator is asked for the twin's progress at that point plus the setbacks, so the check does
+   not rest on the fitted loss curve. Without a twin the goal is the run's own smoothed loss at 75 %
+   of its steps, predicted through the calibrated loss curve. The measured time is the first step
+   whose smoothed loss is at or below the goal. A simulated run is replayed under its own stopping
+   rule (the scenario's target, setbacks as the scenario has them).
 4. **Outside the simulator.** Held-out evaluations and the warm-up of the first steps are not
    simulated; for real runs the prediction adds the calibration's `evaluation` time per evaluation
    and its `warmup_extra_s` once. For methods with a measured steady extra cost
@@ -27,7 +33,7 @@ For each run record:
    a run record's clock, on both sides.
 
 Quantities (`calibration.tables.VALIDATION_COLUMNS`, one row each): `total_wall_clock_s`,
-`time_to_target_s`, `mean_iteration_s` (mean steady step of the real run, i.e. without recovery,
+`time_to_target_s`, `steady_iteration_s` (median steady step of the real run, i.e. without recovery,
 checkpoint I/O or evaluation, against the simulator's healthy iteration), `checkpoint_stall_s`
 (measured: per step the longest rank's blocking checkpoint spans, summed), `recovery_downtime_s`
 (measured: per step the longest rank's `recovery.*` spans, summed) and `loss_curve_distance`: the
@@ -35,10 +41,18 @@ mean absolute difference of loss between the two loss-against-time curves over t
 range (measured 0, predicted the difference in loss units; its `relative_error` is that
 difference over the measured loss range). `relative_error` = (predicted − measured) / measured,
 0 when both are 0 and NaN when only the measurement is 0.
+
+Load-normalised error (real runs; `total_wall_clock_s` and `time_to_target_s`): the machine may run
+slower or faster than while calibrating (other load, frequency). The run's own median steady step
+over the predicted healthy iteration is that factor; the prediction is repeated with every compute
+time (and evaluation and warm-up) multiplied by it. What error remains is the model's (recovery,
+checkpoints, failures' timing, contention), not the machine's mood; `steady_iteration_s` is exact
+after normalisation by construction and is not reported normalised.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +65,7 @@ from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
-from churnsim.calibration.scenario import Scenario, TargetSpec
+from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec, Scenario, TargetSpec
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
 from .calibrated import replay_failures, replay_scenario, without_setbacks
@@ -68,10 +82,12 @@ CHECKPOINT_STALL_SPAN_KINDS: tuple[str, ...] = ("save",)
 a save() call, or a wait before the optimizer step that actually waited; a lazy snapshot copy runs
 in the background and does not count)."""
 RECOVERY_SPAN_PREFIX = "recovery."
+LOAD_NORMALISED_QUANTITIES: frozenset[str] = frozenset({"total_wall_clock_s", "time_to_target_s"})
+"""Quantities also reported with compute rescaled by the run's own steady step (real runs)."""
 QUANTITIES: tuple[str, ...] = (
     "total_wall_clock_s",
     "time_to_target_s",
-    "mean_iteration_s",
+    "steady_iteration_s",
     "checkpoint_stall_s",
     "recovery_downtime_s",
     "loss_curve_distance",
@@ -84,7 +100,7 @@ class Observed:
 
     total_wall_clock_s: float
     time_to_target_s: float
-    mean_iteration_s: float
+    steady_iteration_s: float
     checkpoint_stall_s: float
     recovery_downtime_s: float
     loss_at: Callable[[np.ndarray], np.ndarray]
@@ -193,7 +209,7 @@ def measured_real(record: RunRecord, target_loss: float) -> Observed:
     return Observed(
         total_wall_clock_s=float(wall[-1]),
         time_to_target_s=float(wall[reached[0]]) if reached.size else math.nan,
-        mean_iteration_s=float(steady.mean()) if not steady.empty else math.nan,
+        steady_iteration_s=float(steady.median()) if not steady.empty else math.nan,
         checkpoint_stall_s=_per_step_longest_rank(spans, spans["kind"].isin(CHECKPOINT_STALL_SPAN_KINDS)),
         recovery_downtime_s=_per_step_longest_rank(spans, spans["kind"].astype(str).str.startswith(RECOVERY_SPAN_PREFIX)),
         loss_at=lambda times: np.interp(times, wall[valid], smoothed[valid]),
@@ -220,7 +236,7 @@ def _observed_from_simulation(
     return Observed(
         total_wall_clock_s=float(shown[-1]),
         time_to_target_s=time_to_target_s,
-        mean_iteration_s=float(summary["healthy_iteration_time_s"]),
+        steady_iteration_s=float(summary["healthy_iteration_time_s"]),
         checkpoint_stall_s=float(summary["checkpoint_stall_s"]),
         recovery_downtime_s=float(summary["recovery_downtime_s"]),
         loss_at=loss_at,
@@ -265,35 +281,74 @@ def compare(measured: Observed, predicted: Observed) -> list[tuple[str, float, f
 # -- one record ---------------------------------------------------------------------------------
 
 
-def _validate_real(record: RunRecord, calibration: Calibration) -> tuple[Observed, Observed, float | None, list[str]]:
+@dataclass(frozen=True, kw_only=True)
+class _TargetOfTwin:
+    """A time-to-target goal read off the run's no-failure twin (same seed and setup)."""
+
+    run_id: str
+    loss: float
+    """The twin's smoothed loss at TARGET_FRACTION of its steps."""
+    progress_iterations: int
+    """Iterations of progress after which the twin's smoothed loss first reached `loss`."""
+
+
+def target_of_twin(twin: RunRecord) -> _TargetOfTwin:
+    loss = real_target_loss(twin.metrics)
+    smoothed = smoothed_loss(twin.metrics).to_numpy(dtype=float)
+    reached = int(np.flatnonzero(smoothed <= loss)[0])
+    return _TargetOfTwin(run_id=twin.manifest.run_id, loss=loss, progress_iterations=reached + 1)
+
+
+def with_compute_scaled(scenario: Scenario, factor: float) -> Scenario:
+    """Every compute time of an explicit-compute scenario multiplied by `factor` (a machine that ran
+    slower or faster than while calibrating)."""
+    compute = scenario.compute
+    if not isinstance(compute, ExplicitCompute) or factor == 1.0:
+        return scenario
+
+    def scaled(value: float | tuple[float, ...]) -> float | tuple[float, ...]:
+        return tuple(factor * item for item in value) if isinstance(value, tuple) else factor * value
+
+    fields = ("block_forward_s", "block_backward_s", "embedding_forward_s", "embedding_backward_s",
+              "head_forward_s", "head_backward_s", "optimizer_step_s")
+    return scenario.model_copy(update={"compute": compute.model_copy(update={name: scaled(getattr(compute, name)) for name in fields})})
+
+
+def _predict_real(
+    record: RunRecord, scenario: Scenario, calibration: Calibration, *, target_loss: float, twin_target: _TargetOfTwin | None, compute_factor: float
+) -> tuple[Observed, RunResult, list[str]]:
+    """The simulator's observables of a real run, its compute scaled by `compute_factor` (1: as calibrated)."""
     settings = record.manifest.real_settings
     assert settings is not None
     notes: list[str] = []
-    scenario = replay_scenario(record, calibration)
-    failures = replay_failures(record)
+    scenario = with_compute_scaled(scenario, compute_factor)
     method = scenario.methods[0]
+    failures = replay_failures(record)
     wall_run = simulate_run(without_setbacks(scenario), method, failures, seed=record.manifest.seed)
-    target_loss = real_target_loss(record.metrics)
-    measured = measured_real(record, target_loss)
-    evaluation_s = calibration.evaluation.median_s if calibration.evaluation is not None else 0.0
+    # Evaluations and warm-up are compute as well: they run slower on a slower machine.
+    evaluation_s = compute_factor * (calibration.evaluation.median_s if calibration.evaluation is not None else 0.0)
+    warmup_s = compute_factor * calibration.warmup_extra_s
     every = settings.eval_every_iterations
 
     def extra_s(progress: float, *, final: bool) -> float:
         evaluations = math.floor(progress / every) + (1 if final and settings.num_iterations % every else 0)
-        return calibration.warmup_extra_s + evaluation_s * evaluations
+        return warmup_s + evaluation_s * evaluations
 
     floor = calibration.convergence.baseline.floor_loss
     time_to_target_s = math.nan
     target_result: RunResult | None = None
-    if target_loss > floor:
-        target_scenario = scenario.model_copy(
-            update={"target": TargetSpec(loss=target_loss, max_wall_clock_s=max(10.0 * measured.total_wall_clock_s, 60.0))}
-        )
-        target_result = simulate_run(target_scenario, method, failures, seed=record.manifest.seed)
+    limit_s = max(10.0 * compute_factor * wall_run.wall_clock_s, 60.0)
+    if twin_target is not None:
+        target = TargetSpec(iterations=twin_target.progress_iterations, max_wall_clock_s=limit_s)
+    elif target_loss > floor:
+        target = TargetSpec(loss=target_loss, max_wall_clock_s=limit_s)
+    else:
+        target = None
+        notes.append(f"target loss {target_loss:.4g} is under the calibrated loss floor {floor:.4g}: time to target not predicted")
+    if target is not None:
+        target_result = simulate_run(scenario.model_copy(update={"target": target}), method, failures, seed=record.manifest.seed)
         if target_result.reached_target:
             time_to_target_s = target_result.wall_clock_s + extra_s(target_result.iterations_executed, final=False)
-    else:
-        notes.append(f"target loss {target_loss:.4g} is under the calibrated loss floor {floor:.4g}: time to target not predicted")
     curve_run = target_result if target_result is not None else wall_run
     curve_metrics = _metrics_of(scenario, curve_run)
     progress = curve_metrics["iteration"].to_numpy(dtype=float)
@@ -305,17 +360,60 @@ def _validate_real(record: RunRecord, calibration: Calibration) -> tuple[Observe
         # Evaluations already done never come undone, even when a setback lowers progress.
         shift_s=lambda times: times + np.maximum.accumulate(np.array([extra_s(value, final=False) for value in progress])),
     )
-    predicted = Observed(
-        total_wall_clock_s=wall_run.wall_clock_s + extra_s(settings.num_iterations, final=True),
-        time_to_target_s=predicted.time_to_target_s,
-        mean_iteration_s=predicted.mean_iteration_s,
-        checkpoint_stall_s=predicted.checkpoint_stall_s,
-        recovery_downtime_s=predicted.recovery_downtime_s,
-        loss_at=predicted.loss_at,
-        time_range_s=predicted.time_range_s,
-    )
+    predicted = dataclasses.replace(predicted, total_wall_clock_s=wall_run.wall_clock_s + extra_s(settings.num_iterations, final=True))
     notes.extend(wall_run.notes)
-    return measured, predicted, target_loss, notes
+    return predicted, wall_run, notes
+
+
+def check_same_machine(record: RunRecord, calibration: Calibration) -> None:
+    """A real run is predicted from a calibration only if it ran on the calibrated kind of machine."""
+    settings = record.manifest.real_settings
+    assert settings is not None
+    if settings.device != calibration.device:
+        raise InputError(
+            f"run record {record.manifest.run_id!r} ran on {settings.device}, calibration {calibration.name!r} on {calibration.device}; "
+            "validate runs of the calibrated machine"
+        )
+    run_cores = record.manifest.hardware.get("cpu_count")
+    calibrated_cores = calibration.provenance.hardware.get("cpu_count")
+    if settings.device == "cpu" and run_cores and calibrated_cores and run_cores != calibrated_cores:
+        raise InputError(
+            f"run record {record.manifest.run_id!r} ran on {run_cores} CPU cores, calibration {calibration.name!r} was measured on "
+            f"{calibrated_cores}; validate runs of the calibrated machine (or calibrate this one)"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RealComparison:
+    measured: Observed
+    predicted: Observed
+    load_normalised: Observed
+    target_loss: float
+    notes: list[str]
+
+
+def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord | None) -> _RealComparison:
+    check_same_machine(record, calibration)
+    scenario = replay_scenario(record, calibration)
+    twin_target = target_of_twin(twin) if twin is not None else None
+    target_loss = twin_target.loss if twin_target is not None else real_target_loss(record.metrics)
+    measured = measured_real(record, target_loss)
+    predicted, wall_run, notes = _predict_real(
+        record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=1.0
+    )
+    if twin_target is not None:
+        notes.append(f"time to target: the loss no-failure twin {twin_target.run_id!r} reached after {twin_target.progress_iterations} iterations")
+    # Load normalisation: the run's own steady step against the predicted healthy one tells how much
+    # faster or slower the machine ran than while calibrating; rescaling compute by it leaves the
+    # model's own error (recovery, checkpoints, failures' timing), not the machine's mood.
+    factor = measured.steady_iteration_s / predicted.steady_iteration_s if predicted.steady_iteration_s > 0 else math.nan
+    if math.isfinite(factor) and factor > 0:
+        load_normalised, _, _ = _predict_real(
+            record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=factor
+        )
+    else:
+        load_normalised = dataclasses.replace(predicted, total_wall_clock_s=math.nan, time_to_target_s=math.nan)
+    return _RealComparison(measured=measured, predicted=predicted, load_normalised=load_normalised, target_loss=target_loss, notes=notes)
 
 
 def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> tuple[Observed, Observed, float | None, list[str]]:
@@ -341,21 +439,43 @@ def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> t
     return measured, predicted, scenario.target.loss, list(result.notes)
 
 
-def validate_record(record: RunRecord, calibration: Calibration | None) -> RunValidation:
-    """Predicted against measured for one record (module docstring)."""
+def setup_description(model: ModelSpec, pipeline: PipelineSpec) -> str:
+    """A run's setup in short, for the validation table."""
+    return (
+        f"{pipeline.num_stages} stages × {pipeline.num_microbatches} microbatches of {pipeline.microbatch_size}, "
+        f"{pipeline.schedule}, {model.num_layers} layers d{model.hidden_size}"
+    )
+
+
+def validate_record(record: RunRecord, calibration: Calibration | None, *, twin: RunRecord | None = None) -> RunValidation:
+    """Predicted against measured for one record (module docstring); `twin`: its no-failure twin, if given."""
     manifest = record.manifest
+    load_normalised: Observed | None = None
     if manifest.real_settings is not None:
         if calibration is None:
             raise InputError(f"run record {manifest.run_id!r} is a real run: replaying it needs a calibration (--calibration FILE)")
-        measured, predicted, target_loss, notes = _validate_real(record, calibration)
+        comparison = _validate_real(record, calibration, twin)
+        measured, predicted, target_loss, notes = comparison.measured, comparison.predicted, comparison.target_loss, comparison.notes
+        load_normalised = comparison.load_normalised
         probability = (
             failure_probability_of(manifest.scenario) if manifest.scenario is not None else manifest.real_settings.failure_rate_per_stage_hour
+        )
+        settings = manifest.real_settings
+        setup = setup_description(settings.model, settings.pipeline)
+        calibrated_setup = (
+            settings.model.model_copy(update={"name": ""}) == calibration.model.model_copy(update={"name": ""})
+            and settings.pipeline == calibration.pipeline
         )
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]
-    rows = pd.DataFrame(
-        [
+        setup = setup_description(manifest.scenario.model, manifest.scenario.pipeline)  # type: ignore[union-attr]
+        calibrated_setup = False
+    normalised_rows = {row[0]: row[1:] for row in compare(measured, load_normalised)} if load_normalised is not None else {}
+    rows = []
+    for quantity, m, p, error in compare(measured, predicted):
+        normalised = normalised_rows.get(quantity) if quantity in LOAD_NORMALISED_QUANTITIES else None
+        rows.append(
             dict(
                 run_id=manifest.run_id,
                 method=manifest.method,
@@ -364,12 +484,14 @@ def validate_record(record: RunRecord, calibration: Calibration | None) -> RunVa
                 measured=m,
                 predicted=p,
                 relative_error=error,
+                load_normalised_predicted=normalised[1] if normalised is not None else math.nan,
+                load_normalised_relative_error=normalised[2] if normalised is not None else math.nan,
+                setup=setup,
+                calibrated_setup=calibrated_setup,
             )
-            for quantity, m, p, error in compare(measured, predicted)
-        ],
-        columns=list(VALIDATION_COLUMNS),
-    )
-    return RunValidation(run_id=manifest.run_id, method=manifest.method, source=manifest.source, rows=rows, target_loss=target_loss, notes=tuple(notes))
+        )
+    table = pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
+    return RunValidation(run_id=manifest.run_id, method=manifest.method, source=manifest.source, rows=table, target_loss=target_loss, notes=tuple(notes))
 
 
 def validate_runs(directories: Sequence[str | Path], calibration: Calibration | None) -> ValidationReport:
@@ -402,7 +524,7 @@ def load_held_out_records(directories: Sequence[str | Path], calibration: Calibr
 def validate_records(records: Sequence, calibration: Calibration | None) -> ValidationReport:
     """Replay each checked record (`load_held_out_records`) in the simulator; predicted against measured."""
     fitted = set(calibration.provenance.fit_run_ids) if calibration is not None else set()
-    runs = tuple(validate_record(record, calibration) for record in records)
+    runs = tuple(validate_record(record, calibration, twin=find_twin(record, records)) for record in records)
     table = pd.concat([run.rows for run in runs], ignore_index=True) if runs else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return ValidationReport(
         table=table,
@@ -411,6 +533,27 @@ def validate_records(records: Sequence, calibration: Calibration | None) -> Vali
         validated_run_ids=tuple(run.run_id for run in runs),
         notes=tuple(dict.fromkeys(note for run in runs for note in run.notes)),
     )
+
+
+def find_twin(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | None:
+    """The no-failure run of the same seed and setup (model and pipeline) of a real run with
+    failures, among `records`; it gives the run's time-to-target goal."""
+    settings = record.manifest.real_settings
+    if settings is None or not record.failures.failures:
+        return None
+    for other in records:
+        other_settings = other.manifest.real_settings
+        if (
+            other is not record
+            and other_settings is not None
+            and not other.failures.failures
+            and other.manifest.seed == record.manifest.seed
+            and other_settings.model == settings.model
+            and other_settings.pipeline == settings.pipeline
+            and other_settings.num_iterations == settings.num_iterations
+        ):
+            return other
+    return None
 
 
 def median_absolute_error(table: pd.DataFrame, quantity: str = "total_wall_clock_s") -> pd.DataFrame:

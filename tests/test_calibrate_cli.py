@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from churnsim.calibration.calibration_file import load_calibration
+from churnsim.calibration.calibration_file import LinkProfile, load_calibration
+from churnsim.calibration.compute_cost import ComputeCostModel, HopCost
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.methods import method_from_name
@@ -19,25 +20,44 @@ from churnsim.calibration.run_record import RealRunSettings, RunManifest, make_r
 from churnsim.calibration.scenario import ModelSpec, PipelineSpec
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 from churnsim.cli import main
+from churnsim.sim.calibrated import iteration_predictor
 
 NUM_STAGES = 4
 NUM_MICROBATCHES = 2
 NUM_ITERATIONS = 80
-FORWARD_S = 0.002
-BACKWARD_S = 0.004
 OPTIMIZER_S = 0.001
 OVERHEAD_S = 0.01
 EVAL_EVERY = 40
 EVAL_S = 0.05
 CURVE = PowerLawLossCurve(floor_loss=2.0, scale=4.0, exponent=0.6, offset_iterations=5.0)
 FAILURES = ((30, 1), (55, 0))
-SETBACK = {0: 8.0, 1: 4.0, 2: 4.0, 3: 8.0}  # by stage: edge stages lose more
+EDGE_SETBACK, INTERIOR_SETBACK = 8.0, 4.0
+LINK = LinkProfile(latency_s=1e-4, bandwidth_bytes_per_s=2e9)
+# Hop work of the synthetic machine (calibration.compute_cost): what a calibration must recover.
+TRUE_FORWARD = HopCost(fixed_s=5e-4, seconds_per_matmul_flop=5e-11, seconds_per_element=1e-8)
+TRUE_BACKWARD = HopCost(fixed_s=1e-3, seconds_per_matmul_flop=1e-10, seconds_per_element=2e-8)
+TRUE_COSTS = ComputeCostModel(
+    forward=TRUE_FORWARD, backward=TRUE_BACKWARD, optimizer_fixed_s=OPTIMIZER_S, optimizer_seconds_per_parameter=0.0,
+    iteration_overhead_s=0.0, num_configurations=1, hop_relative_residual=0.0,
+)
+MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, sequence_length=64,
+                  weight_bytes_per_parameter=4.0, activation_bytes_per_element=4.0)
+CALIBRATED_PIPELINE = PipelineSpec(num_stages=NUM_STAGES, microbatch_size=2, num_microbatches=NUM_MICROBATCHES)
+# No-failure runs of other setups: they tell the compute model how work grows.
+SHAPES = (
+    CALIBRATED_PIPELINE.model_copy(update={"num_stages": 2}),
+    CALIBRATED_PIPELINE.model_copy(update={"num_microbatches": 4}),
+    CALIBRATED_PIPELINE.model_copy(update={"microbatch_size": 4}),
+)
 
 
-def _record(directory: Path, *, method: str, seed: int, failures=()) -> Path:
-    """A real-run record whose steps take the closed-form GPipe/1F1B time plus a fixed overhead."""
+def _record(directory: Path, *, method: str, seed: int, failures=(), pipeline: PipelineSpec = CALIBRATED_PIPELINE, run_id: str | None = None) -> Path:
+    """A real-run record on a machine whose hops cost TRUE_COSTS: each step takes the simulator's
+    iteration of that compute plus a fixed overhead (±1 % noise)."""
     rng = np.random.default_rng(seed)
-    iteration_s = (NUM_MICROBATCHES + NUM_STAGES - 1) * (FORWARD_S + BACKWARD_S) + OPTIMIZER_S + OVERHEAD_S
+    compute = TRUE_COSTS.compute_for(MODEL, pipeline)
+    iteration_s = iteration_predictor(link=LINK)(MODEL, pipeline, compute) + OVERHEAD_S
+    num_stages = pipeline.num_stages
     failed = dict(failures)
     spans, metrics, failure_rows, wall_s, lost = [], [], [], 0.0, 0.0
     for step in range(NUM_ITERATIONS):
@@ -48,29 +68,28 @@ def _record(directory: Path, *, method: str, seed: int, failures=()) -> Path:
             spans.append(dict(rank=stage, stage=stage, iteration=step, kind="recovery.join", microbatch=None, start_s=start, end_s=start + 0.001))
             spans.append(dict(rank=stage, stage=stage, iteration=step, kind="recovery.transfer", microbatch=None, start_s=start, end_s=start + 0.002))
             start += 0.003
-            lost += SETBACK[stage]
-        for stage in range(NUM_STAGES):
-            for microbatch in range(NUM_MICROBATCHES):
-                for kind, seconds in (("forward", FORWARD_S), ("backward", BACKWARD_S)):
+            lost += EDGE_SETBACK if stage in (0, num_stages - 1) else INTERIOR_SETBACK
+        for stage in range(num_stages):
+            for microbatch in range(pipeline.num_microbatches):
+                for kind, seconds in (("forward", compute.block_forward_s[stage]), ("backward", compute.block_backward_s[stage])):
                     spans.append(dict(rank=stage, stage=stage, iteration=step, kind=kind, microbatch=microbatch, start_s=start, end_s=start + seconds))
             spans.append(dict(rank=stage, stage=stage, iteration=step, kind="optimizer", microbatch=None, start_s=start, end_s=start + OPTIMIZER_S))
         wall_s = start + iteration_s * (1 + 0.01 * rng.standard_normal())
         evaluated = (step + 1) % EVAL_EVERY == 0
         if evaluated:
-            spans.append(dict(rank=NUM_STAGES - 1, stage=NUM_STAGES - 1, iteration=step, kind="eval", microbatch=None, start_s=wall_s, end_s=wall_s + EVAL_S))
+            spans.append(dict(rank=num_stages - 1, stage=num_stages - 1, iteration=step, kind="eval", microbatch=None, start_s=wall_s, end_s=wall_s + EVAL_S))
             wall_s += EVAL_S
         loss = CURVE.loss(step - lost) * (1 + 0.002 * rng.standard_normal())
         metrics.append(dict(step=step, iteration=step, wall_time_s=wall_s, train_loss=loss, eval_loss=loss if evaluated else math.nan))
     settings = RealRunSettings(
-        model=ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, sequence_length=64,
-                        weight_bytes_per_parameter=4.0, activation_bytes_per_element=4.0),
-        pipeline=PipelineSpec(num_stages=NUM_STAGES, microbatch_size=2, num_microbatches=NUM_MICROBATCHES),
+        model=MODEL,
+        pipeline=pipeline,
         method=method_from_name(method),
         num_iterations=NUM_ITERATIONS,
         learning_rate=1e-3,
         eval_every_iterations=EVAL_EVERY,
     )
-    run_id = f"{method}-s{seed}"
+    run_id = run_id or f"{method}-s{seed}"
     manifest = RunManifest(run_id=run_id, source="real", method=method, seed=seed, real_settings=settings)
     return write_run_record(make_run_record(manifest, metrics, spans, failure_rows), directory / run_id)
 
@@ -82,8 +101,10 @@ def calibrated(tmp_path_factory):
     for seed in (0, 1):
         _record(fit, method="none", seed=seed)
     _record(fit, method="checkfree", seed=0, failures=FAILURES)
+    for index, pipeline in enumerate(SHAPES):
+        _record(fit, method="none", seed=0, pipeline=pipeline, run_id=f"shape-{index}")
     sizes = np.array([1024.0, 65536.0, 1048576.0, 16777216.0])
-    pd.DataFrame({"bytes": sizes, "seconds": 1e-4 + sizes / 2e9}).to_csv(fit / "link_profile.csv", index=False)
+    pd.DataFrame({"bytes": sizes, "seconds": LINK.latency_s + sizes / LINK.bandwidth_bytes_per_s}).to_csv(fit / "link_profile.csv", index=False)
     pd.DataFrame([dict(name="local_disk", num_bytes=2**25, write_s=0.2, read_s=0.05)]).to_csv(fit / "storage.csv", index=False)
     out = root / "tiny.json"
     main(["calibrate", "--runs", str(fit), "--out", str(out)])
@@ -93,9 +114,11 @@ def calibrated(tmp_path_factory):
 def test_calibrate_from_existing_records_writes_a_loadable_calibration(calibrated):
     _, out = calibrated
     calibration = load_calibration(str(out))
-    assert set(calibration.provenance.fit_run_ids) == {"none-s0", "none-s1", "checkfree-s0"}
+    assert set(calibration.provenance.fit_run_ids) == {"none-s0", "none-s1", "checkfree-s0", "shape-0", "shape-1", "shape-2"}
     assert [timing.stage for timing in calibration.stage_timings] == list(range(NUM_STAGES))
-    assert calibration.stage_timings[1].block_forward.median_s == pytest.approx(FORWARD_S)
+    true_compute = TRUE_COSTS.compute_for(MODEL, CALIBRATED_PIPELINE)
+    assert calibration.stage_timings[1].block_forward.median_s == pytest.approx(true_compute.block_forward_s[1])
+    assert calibration.iteration_overhead_s == pytest.approx(OVERHEAD_S, rel=0.05)
     assert calibration.link.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-6)
     assert calibration.storage[0].write_bandwidth_bytes_per_s == pytest.approx(2**25 / 0.2)
     assert calibration.evaluation is not None and calibration.evaluation.median_s == pytest.approx(EVAL_S)
@@ -129,3 +152,38 @@ def test_validate_refuses_a_fit_run_with_one_line(calibrated):
     assert result.returncode == 2
     assert result.stderr.startswith("churnsim: error: ") and "was used to fit calibration" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_calibration_recovers_the_machine_s_compute_model_from_four_setups(calibrated):
+    _, out = calibrated
+    compute_model = load_calibration(str(out)).compute_model
+    assert compute_model is not None and compute_model.num_configurations == 4 and compute_model.shared_cores is None
+    for fitted, true in ((compute_model.forward, TRUE_FORWARD), (compute_model.backward, TRUE_BACKWARD)):
+        assert fitted.fixed_s == pytest.approx(true.fixed_s, rel=0.02)
+        assert fitted.seconds_per_matmul_flop == pytest.approx(true.seconds_per_matmul_flop, rel=0.02)
+        assert fitted.seconds_per_element == pytest.approx(true.seconds_per_element, rel=0.02)
+    assert compute_model.hop_relative_residual < 0.01
+    assert compute_model.iteration_overhead_s == pytest.approx(OVERHEAD_S, rel=0.05)
+
+
+def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_model(calibrated):
+    root, calibration = calibrated
+    two_stages = CALIBRATED_PIPELINE.model_copy(update={"num_stages": 2, "num_microbatches": 3, "schedule": "gpipe"})
+    other = CALIBRATED_PIPELINE.model_copy(update={"num_microbatches": 3, "microbatch_size": 3, "schedule": "gpipe"})
+    held_out = root / "held-out-other-setups"
+    _record(held_out, method="none", seed=9, pipeline=two_stages, run_id="two-stages-none-s9")
+    _record(held_out, method="none", seed=9, pipeline=other)
+    # Interior failures only: the synthetic runs resume in place, as CheckFree does for an interior stage.
+    _record(held_out, method="checkfree", seed=9, failures=((20, 1), (50, 2)), pipeline=other)
+    out = root / "validation-other-setups"
+    main(["validate", "--calibration", str(calibration), str(held_out), "--out", str(out), "--no-figures"])
+    table = pd.read_csv(out / "validation.csv")
+    assert not table["calibrated_setup"].any()
+    assert set(table["setup"]) == {"2 stages × 3 microbatches of 2, gpipe, 4 layers d64", "4 stages × 3 microbatches of 3, gpipe, 4 layers d64"}
+    wall_clock = table[table["quantity"] == "total_wall_clock_s"]
+    assert set(wall_clock["run_id"]) == {"two-stages-none-s9", "none-s9", "checkfree-s9"}
+    assert (wall_clock["relative_error"].abs() < 0.03).all(), wall_clock
+    assert (wall_clock["load_normalised_relative_error"].abs() < 0.03).all(), wall_clock
+    # The failure run's goal is its no-failure twin's loss, reached through the calibrated setbacks.
+    target = table[(table["quantity"] == "time_to_target_s") & (table["run_id"] == "checkfree-s9")]
+    assert abs(float(target["relative_error"].iloc[0])) < 0.10, target

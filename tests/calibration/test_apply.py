@@ -122,7 +122,7 @@ def test_full_mode_keeps_join_delay_when_no_join_was_measured():
 
 
 def test_full_mode_on_another_model_raises_and_points_to_setbacks_mode():
-    with pytest.raises(InputError, match=r"does not run the calibrated model \(model.hidden_size = 512 .*use mode 'setbacks'"):
+    with pytest.raises(InputError, match=r"does not run the calibrated setup \(model.hidden_size = 512 .*no compute model to scale.*use mode 'setbacks'"):
         apply_calibration(preset("checkfree-124m-geo-10pct"), _calibration(), mode="full")
     other_pipeline = _tiny_scenario().model_copy(update={"pipeline": TINY_PIPELINE.model_copy(update={"num_microbatches": 8})})
     with pytest.raises(InputError, match="pipeline.num_microbatches = 8 in the scenario, 4 in the calibration"):

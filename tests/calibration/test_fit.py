@@ -17,7 +17,7 @@ from churnsim.calibration.fit import (
     build_calibration,
     estimate_setbacks,
     fit_baseline_curve,
-    fit_iteration_overhead_s,
+    fit_compute_cost_model,
     fit_link_profile,
     fit_optimizer_step,
     fit_recovery_times,
@@ -28,7 +28,8 @@ from churnsim.calibration.fit import (
 from churnsim.calibration.fit_convergence import SetbackSample, setback_spec
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.run_record import RealRunSettings, RunManifest, RunRecord, make_run_record
-from churnsim.calibration.scenario import ModelSpec, PipelineSpec
+from churnsim.calibration.fit_timing import setup_key
+from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec
 
 NUM_STAGES = 4
 NUM_MICROBATCHES = 4
@@ -171,20 +172,30 @@ def test_optimizer_step_is_median_of_optimizer_spans(references):
     assert step.num_samples == len(references) * NUM_STAGES * (NUM_ITERATIONS - WARMUP)
 
 
-def test_iteration_overhead_is_measured_steady_mean_minus_prediction(references, checkfree_runs):
+def test_iteration_overhead_is_measured_steady_median_minus_prediction(references, checkfree_runs):
     seen = []
+    optimizer = fit_optimizer_step(references)
 
-    def predict(stage_timings, optimizer_step):
-        seen.append((len(stage_timings), optimizer_step.median_s))
-        return PREDICTED_ITERATION_S
+    def predict(model, pipeline, compute):
+        seen.append((pipeline.num_stages, len(compute.block_forward_s)))
+        # The simulator's iteration grows one for one with what is charged where the optimizer sits.
+        return PREDICTED_ITERATION_S + compute.optimizer_step_s - optimizer.median_s
 
     timings = fit_stage_timings(references)
-    optimizer = fit_optimizer_step(references)
+    measured = ExplicitCompute(
+        block_forward_s=tuple(t.block_forward.median_s for t in timings),
+        block_backward_s=tuple(t.block_backward.median_s for t in timings),
+        optimizer_step_s=optimizer.median_s,
+    )
+    records = [*references, *checkfree_runs]
     # Evaluation (+1 s) and recovery (+5 s) steps are excluded, so only the overhead remains.
-    overhead = fit_iteration_overhead_s([*references, *checkfree_runs], timings, optimizer, predict)
+    model, overhead = fit_compute_cost_model(records, predict, calibrated_key=setup_key(references[0]), calibrated_compute=measured)
     assert overhead == pytest.approx(OVERHEAD_S, abs=0.002)
-    assert seen == [(NUM_STAGES, optimizer.median_s)]
-    assert fit_iteration_overhead_s(references, timings, optimizer, lambda *_: 2.0) == 0.0
+    assert set(seen) == {(NUM_STAGES, NUM_STAGES)}
+    assert model.num_configurations == 1 and model.shared_cores is None
+    assert model.iteration_overhead_s == pytest.approx(OVERHEAD_S, abs=0.002) and model.overhead_per_microbatch_s == 0.0
+    slower = fit_compute_cost_model(records, lambda *_: 2.0, calibrated_key=setup_key(references[0]), calibrated_compute=measured)
+    assert slower[1] == 0.0
 
 
 def test_link_profile_recovers_latency_and_bandwidth_within_five_percent():
@@ -296,7 +307,7 @@ def test_build_calibration_assembles_every_part_with_provenance(references, chec
         link_points=_link_points(),
         tier_bandwidths=tiers,
         command="churnsim calibrate --test",
-        predict_iteration_s=lambda *_: PREDICTED_ITERATION_S,
+        predict_iteration_s=lambda model, pipeline, compute: PREDICTED_ITERATION_S + compute.optimizer_step_s - OPTIMIZER_MEDIAN_S,
     )
     assert isinstance(calibration, Calibration)
     assert calibration.model.name == "tiny" and calibration.pipeline.num_stages == NUM_STAGES

@@ -111,9 +111,10 @@ def _intervals() -> pd.DataFrame:
 def _validation() -> pd.DataFrame:
     rows = []
     for run_index, method in enumerate(METHODS):
-        for quantity, measured in (("total_wall_clock_s", 500.0 + 50 * run_index), ("mean_iteration_s", 1.0 + 0.1 * run_index)):
+        for quantity, measured in (("total_wall_clock_s", 500.0 + 50 * run_index), ("steady_iteration_s", 1.0 + 0.1 * run_index)):
             predicted = measured * (1.0 + 0.02 * (run_index - 1))
-            rows.append((f"run{run_index}", method, 0.1, quantity, measured, predicted, (predicted - measured) / measured))
+            error = (predicted - measured) / measured
+            rows.append((f"run{run_index}", method, 0.1, quantity, measured, predicted, error, predicted, error, "4 stages", True))
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
 
 
@@ -268,7 +269,7 @@ def test_a_method_has_the_same_colour_in_every_figure(tables):
         (lambda ax, t: plot_badput_breakdown(ax, t["runs"]), "", "(fraction)"),
         (lambda ax, t: plot_checkpoint_interval(ax, t["checkpoint_intervals"]), "(iterations)", "(% of wall-clock)"),
         (lambda ax, t: plot_optimal_interval(ax, t["checkpoint_intervals"]), "(iterations)", "(hours)"),
-        (lambda ax, t: plot_validation(ax, t["validation"], quantity="mean_iteration_s"), "(s)", "(s)"),
+        (lambda ax, t: plot_validation(ax, t["validation"], quantity="steady_iteration_s"), "(s)", "(s)"),
         (lambda ax, t: plot_pipeline_gantt(ax, t["iteration_spans"]), "(s)", ""),
     ],
 )

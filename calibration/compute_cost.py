@@ -1,0 +1,149 @@
+"""A compute cost model that scales: measured hop times as a function of a stage's layers and sizes.
+
+Runs of one model and pipeline measure each stage's forward and backward time per microbatch; a
+scenario of another depth, width, stage count, microbatch size or count needs them for its own
+stages. The model (one per direction) is linear in three measured coefficients:
+
+    work per hop = fixed_s + matmul_flops × seconds_per_matmul_flop + elements × seconds_per_element
+
+- `matmul_flops`: 2 × tokens × (the stage's block parameters) + 4 × tokens × sequence × width per
+  block (attention scores and their weighted sum) + 2 × tokens × vocab × width on the last stage
+  (lm_head), forward (Kaplan et al., arXiv 2001.08361, counting the attention term);
+- `elements`: tokens × width per block and once more for the embedding (first stage) and the
+  final norm (last stage), plus tokens × vocab on the last stage (the loss over the logits): the
+  element-wise work (norms, activations, softmax) that dominates small models on CPUs;
+- `fixed_s`: what a hop costs whatever its size (framework dispatch, Python).
+
+Work is in core-seconds (calibration.cpu_sharing): what a hop takes with a core of its own. The
+coefficients are fitted by non-negative least squares on relative errors, over every (run, stage)
+median of every configuration measured; with a single configuration the three are not all
+identifiable and the fit says so in `num_configurations`. The optimizer step is fitted the same way
+against the stage's parameters (fixed + per parameter), and the per-iteration time outside the
+spans against the number of microbatches (`iteration_overhead_s` + per microbatch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import Field
+
+from .base import StrictModel
+from .errors import InputError
+from .scenario import ExplicitCompute, ModelSpec, PipelineSpec, stage_layer_counts
+
+
+class HopCost(StrictModel):
+    """Work of one hop of one microbatch on one stage (module docstring)."""
+
+    fixed_s: float = Field(ge=0)
+    seconds_per_matmul_flop: float = Field(ge=0)
+    seconds_per_element: float = Field(ge=0)
+
+    def work_s(self, features: tuple[float, float]) -> float:
+        matmul_flops, elements = features
+        return self.fixed_s + matmul_flops * self.seconds_per_matmul_flop + elements * self.seconds_per_element
+
+
+class ComputeCostModel(StrictModel):
+    """Compute of any model and pipeline of the calibrated machine (module docstring)."""
+
+    forward: HopCost
+    backward: HopCost
+    optimizer_fixed_s: float = Field(ge=0)
+    optimizer_seconds_per_parameter: float = Field(ge=0)
+    iteration_overhead_s: float = Field(ge=0)
+    """Per iteration, outside the recorded spans (the trainer's loop, logging, loss bookkeeping)."""
+    overhead_per_microbatch_s: float = Field(0.0, ge=0)
+    shared_cores: int | None = Field(None, ge=1)
+    """The CPU cores the stage processes shared (local CPU runs); None for one device per stage."""
+    num_configurations: int = Field(ge=1)
+    """Distinct (model, pipeline) shapes the coefficients were fitted on."""
+    hop_relative_residual: float = Field(ge=0)
+    """Median |relative residual| of the hop fit over the (run, stage, direction) medians."""
+
+    def optimizer_step_s(self, parameters: float) -> float:
+        return self.optimizer_fixed_s + self.optimizer_seconds_per_parameter * parameters
+
+    def compute_for(self, model: ModelSpec, pipeline: PipelineSpec) -> ExplicitCompute:
+        """Per-stage compute of a scenario's model and pipeline: edge stages' embedding and head work
+        inside their block times (as a run measures it); the slowest stage's optimizer step plus the
+        per-iteration overhead, charged once per iteration where the optimizer step sits."""
+        features = stage_features(model, pipeline)
+        largest_stage_parameters = max(stage_parameters(model, pipeline))
+        overhead_s = self.iteration_overhead_s + self.overhead_per_microbatch_s * pipeline.num_microbatches
+        return ExplicitCompute(
+            block_forward_s=tuple(self.forward.work_s(stage) for stage in features),
+            block_backward_s=tuple(self.backward.work_s(stage) for stage in features),
+            optimizer_step_s=self.optimizer_step_s(largest_stage_parameters) + overhead_s,
+            shared_cores=self.shared_cores,
+        )
+
+
+def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...]:
+    layers = stage_layer_counts(model, pipeline)
+    last = len(layers) - 1
+    return tuple(
+        count * model.parameters_per_layer
+        + (model.embedding_parameters if stage == 0 else 0)
+        + (model.head_parameters if stage == last else 0)
+        for stage, count in enumerate(layers)
+    )
+
+
+def stage_features(model: ModelSpec, pipeline: PipelineSpec) -> tuple[tuple[float, float], ...]:
+    """Per stage: (matmul FLOPs, elements) of one microbatch's forward hop (module docstring)."""
+    tokens = float(pipeline.microbatch_size * model.sequence_length)
+    width, vocab = float(model.hidden_size), float(model.vocab_size)
+    layers = stage_layer_counts(model, pipeline)
+    last = len(layers) - 1
+    features = []
+    for stage, count in enumerate(layers):
+        matmul_flops = 2 * tokens * count * model.parameters_per_layer + 4 * tokens * model.sequence_length * width * count
+        elements = tokens * width * count
+        if stage == 0:
+            elements += tokens * width
+        if stage == last:
+            matmul_flops += 2 * tokens * vocab * width
+            elements += tokens * width + tokens * vocab
+        features.append((matmul_flops, elements))
+    return tuple(features)
+
+
+def fit_hop_cost(features: Sequence[tuple[float, float]], work_s: Sequence[float]) -> tuple[HopCost, float]:
+    """Non-negative least squares of work on (1, matmul FLOPs, elements), each row weighted by
+    1 / its work so that small and large hops count alike; returns the cost and the median
+    |relative residual|."""
+    from scipy.optimize import nnls
+
+    work = np.asarray(work_s, dtype=float)
+    if work.size == 0 or np.any(~np.isfinite(work)) or np.any(work <= 0):
+        raise InputError("hop cost fit: needs at least one finite, positive per-stage work median")
+    design = np.column_stack([np.ones(work.size), np.asarray(features, dtype=float)])
+    # Columns are scaled to unit size first: FLOPs (~1e8) and 1 differ by orders of magnitude.
+    scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
+    weighted = design / scale / work[:, None]
+    coefficients, _ = nnls(weighted, np.ones(work.size))
+    coefficients = coefficients / scale
+    predicted = design @ coefficients
+    residual = float(np.median(np.abs(predicted - work) / work))
+    cost = HopCost(fixed_s=float(coefficients[0]), seconds_per_matmul_flop=float(coefficients[1]), seconds_per_element=float(coefficients[2]))
+    return cost, residual
+
+
+def fit_linear_non_negative(regressor: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) >= 0 of values on one regressor, relative errors; slope 0 when the
+    regressor takes a single value (nothing to tell them apart)."""
+    from scipy.optimize import nnls
+
+    x = np.asarray(regressor, dtype=float)
+    y = np.asarray(values, dtype=float)
+    if y.size == 0:
+        raise InputError("linear fit: no values")
+    if np.unique(x).size < 2 or np.any(y <= 0):
+        return max(0.0, float(np.median(y))), 0.0
+    scale = float(np.abs(x).max())
+    design = np.column_stack([np.ones(y.size), x / scale]) / y[:, None]
+    (intercept, slope), _ = nnls(design, np.ones(y.size))
+    return float(intercept), float(slope / scale)
