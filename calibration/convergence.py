@@ -109,6 +109,12 @@ class ConvergenceSpec(StrictModel):
     sample_setbacks: bool = True
     """Each replication draws its setbacks from their intervals (calibration/setback_uncertainty.py), so
     that intervals of time to target include what is not known about them; False uses the means."""
+    stale_reload_costs_progress: bool = True
+    """A stage reloaded from an older checkpoint while the others keep going (checkpoint with
+    rollback "stage", CheckFree's edge checkpoints) costs the run Δ/S iterations of progress, the
+    simulator's stand-in for the damage a stale stage does to convergence (sim/methods/
+    checkpointing.py). False drops it, as a wall-clock replay of a real run must: the real run does
+    not repeat those iterations, it only trains on with a stale stage (sim/validate.py)."""
 
     @model_validator(mode="before")
     @classmethod

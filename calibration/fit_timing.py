@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .cpu_sharing import cores_of_hardware, with_core_seconds
+from .cpu_sharing import cores_of_hardware, with_core_seconds, work_outside_spans
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
 from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, stage_features, stage_parameters
 from .errors import InputError
@@ -122,6 +122,8 @@ def fit_stage_timings(
             f"{[r.manifest.run_id for r in records]}; run more iterations or lower num_warmup_iterations"
         )
     per_microbatch = spans.groupby(["run", "rank", "iteration", "microbatch", "stage", "kind"], dropna=False)["duration_s"].sum().reset_index()
+    if as_core_seconds:
+        per_microbatch = _with_work_outside_spans(per_microbatch, records)
     stages = sorted(int(stage) for stage in per_microbatch["stage"].unique())
     if stages != list(range(len(stages))):
         raise InputError(f"spans.csv: forward/backward spans cover stages {stages}; every stage 0..S-1 must have spans")
@@ -134,6 +136,26 @@ def fit_stage_timings(
             raise InputError(f"spans.csv: stage {stage} has no {'forward' if forward.empty else 'backward'} spans; check the run records")
         timings.append(StageTimings(stage=stage, block_forward=measured_duration(forward), block_backward=measured_duration(backward)))
     return tuple(timings)
+
+
+def _with_work_outside_spans(per_microbatch: pd.DataFrame, records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Each hop sample plus an equal share of its process's CPU work outside spans in that step
+    (calibration.cpu_sharing.work_outside_spans): work the simulator can only charge to hops."""
+    frames = []
+    for record in records:
+        cores = shared_cores_of(record)
+        if cores is None:
+            continue
+        outside = work_outside_spans(record.spans, cores)
+        outside["run"] = record.manifest.run_id
+        frames.append(outside)
+    if not frames:
+        return per_microbatch
+    outside = pd.concat(frames, ignore_index=True).rename(columns={"work_s": "outside_work_s"})
+    hops = per_microbatch.groupby(["run", "rank", "iteration"])["duration_s"].transform("size")
+    merged = per_microbatch.merge(outside, on=["run", "rank", "iteration"], how="left")
+    merged["duration_s"] = merged["duration_s"] + merged["outside_work_s"].fillna(0.0) / hops.to_numpy()
+    return merged.drop(columns="outside_work_s")
 
 
 def fit_optimizer_step(

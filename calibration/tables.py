@@ -141,7 +141,9 @@ VALIDATION_COLUMNS: tuple[str, ...] = (
 GANTT_COLUMNS: tuple[str, ...] = ("stage", "kind", "microbatch", "start_s", "end_s")
 # Span kinds that move bytes between stages: they overlap the same stage's compute spans, so Gantt
 # charts and timelines put them on a track (or strip) of their own.
-COMMUNICATION_SPAN_KINDS: frozenset[str] = frozenset({"send", "receive", "send_wait"})
+STEP_SYNC_SPAN = "step_sync"
+"""A real run's all-reduce at every step boundary (the failures due): every rank waits there for all."""
+COMMUNICATION_SPAN_KINDS: frozenset[str] = frozenset({"send", "receive", "send_wait", STEP_SYNC_SPAN})
 
 
 def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:

@@ -78,6 +78,7 @@ SPAN_KIND_COLORS: dict[str, str] = {
     "send": "#6F6F6F",
     "receive": "#A0A0A0",
     "send_wait": "#D0D0D0",
+    "step_sync": "#E4E4E4",
 }
 # Communication spans overlap compute on the same stage, so they are drawn as thin bars under it.
 COMMUNICATION_KINDS: frozenset[str] = COMMUNICATION_SPAN_KINDS

@@ -56,6 +56,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import FailureCursor, FailurePathSpec
 from churnsim.calibration.methods import MethodConfig, NoneConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import SCHEDULES
+from churnsim.calibration.tables import STEP_SYNC_SPAN
 
 from .checkpoint.format import DEFAULT_RUN_ID
 from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
@@ -507,14 +508,16 @@ class _DueFailures:
         if recorder:
             for stage in sorted(scheduled):
                 self.result.failures.append({"time_s": now_s, "iteration": step, "stage": stage, "kind": FAILURE_KIND})
-        if self.cursor is None:
-            return scheduled
         due = torch.zeros(self.num_stages, dtype=torch.int64, device=self.communicator.device)
-        if recorder:
+        if recorder and self.cursor is not None:
             for event in self.cursor.take_due(now_s):
                 due[event.stage] = 1
                 self.result.failures.append({"time_s": now_s, "iteration": step, "stage": event.stage, "kind": event.kind})
-        due = self.communicator.all_reduce_sum(due)
+        # Every run starts every step with this all-reduce, with or without a failure path, so that
+        # steps are timed alike whatever injects the failures (a calibration's scheduled ones, a
+        # scenario's sampled ones): the step boundary is a synchronisation point in both.
+        with self.spans.span(STEP_SYNC_SPAN, step):
+            due = self.communicator.all_reduce_sum(due)
         return scheduled | frozenset(int(stage) for stage in torch.nonzero(due).flatten().tolist())
 
     def at_boundary(self, step: int, *, decided_through: int, newer_generation: bool) -> tuple[frozenset[int], bool]:
@@ -536,7 +539,8 @@ class _DueFailures:
                         {"time_s": now_s, "iteration": step, "stage": event.stage, "kind": event.kind, "event_time_s": event.time_s}
                     )
         flags[self.num_stages] = int(newer_generation)
-        flags = self.communicator.all_reduce_sum(flags)
+        with self.spans.span(STEP_SYNC_SPAN, step):
+            flags = self.communicator.all_reduce_sum(flags)
         failed = frozenset(int(stage) for stage in torch.nonzero(flags[: self.num_stages]).flatten().tolist())
         return failed, bool(flags[self.num_stages] > 0)
 

@@ -143,8 +143,11 @@ def with_method_iteration_extra(scenario: Scenario, calibration: Calibration) ->
 
 
 def without_setbacks(scenario: Scenario) -> Scenario:
+    """The scenario with no convergence cost of a rebuild or a stale reload: a real run executes its
+    iterations whatever its loss does, so its wall-clock is predicted without them."""
     setbacks = {method: _ZERO_SETBACKS for method in scenario.convergence.setbacks}
-    return scenario.model_copy(update={"convergence": scenario.convergence.model_copy(update={"setbacks": setbacks})})
+    convergence = scenario.convergence.model_copy(update={"setbacks": setbacks, "stale_reload_costs_progress": False})
+    return scenario.model_copy(update={"convergence": convergence})
 
 
 def replay_failures(record: RunRecord) -> tuple[FailureEvent, ...]:

@@ -131,6 +131,8 @@ class RunContext:
 
     def lose_iterations(self, iterations: float) -> float:
         """Remove `iterations` of progress booked as lost work (a stale stage's rollback), not below 0."""
+        if not self.scenario.convergence.stale_reload_costs_progress:
+            return 0.0
         applied = min(max(iterations, 0.0), self.progress)
         if applied > 0:
             self.progress -= applied

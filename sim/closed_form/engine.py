@@ -641,6 +641,8 @@ class ClosedFormRun:
         return applied
 
     def lose_iterations(self, iterations: float) -> float:
+        if not self.scenario.convergence.stale_reload_costs_progress:
+            return 0.0
         applied = min(max(iterations, 0.0), self.progress)
         if applied > 0:
             self.progress -= applied
