@@ -109,39 +109,24 @@ def summarize(table) -> dict[str, dict[str, float]]:
         values = rows[column].abs().dropna()
         return float(values.median()) if not values.empty else float("nan")
 
+    def figures(rows: pd.DataFrame) -> dict[str, float]:
+        return {
+            "absolute": median_absolute(rows, "relative_error"),
+            "load_normalised": median_absolute(rows, "load_normalised_relative_error"),
+            "runs": int(rows["relative_error"].notna().sum()),
+        }
+
     summary: dict[str, dict[str, float]] = {}
     wall = with_failures[with_failures["quantity"] == "total_wall_clock_s"]
     calibrated = wall[wall["run_id"].str.contains("-calibrated-")]
     for method, rows in calibrated.groupby("method"):
-        summary[f"calibrated setup / {method}"] = {
-            "absolute": median_absolute(rows, "relative_error"),
-            "load_normalised": median_absolute(rows, "load_normalised_relative_error"),
-            "runs": int(len(rows)),
-        }
-    summary["calibrated setup"] = {
-        "absolute": median_absolute(calibrated, "relative_error"),
-        "load_normalised": median_absolute(calibrated, "load_normalised_relative_error"),
-        "runs": int(len(calibrated)),
-    }
+        summary[f"calibrated setup / {method}"] = figures(rows)
+    summary["calibrated setup"] = figures(calibrated)
     others = wall[~wall["run_id"].str.contains("-calibrated-")]
     for setup in OTHER_SETUPS:
-        rows = others[others["run_id"].str.contains(f"-{setup}-")]
-        summary[f"other setup / {setup}"] = {
-            "absolute": median_absolute(rows, "relative_error"),
-            "load_normalised": median_absolute(rows, "load_normalised_relative_error"),
-            "runs": int(len(rows)),
-        }
-    summary["other setups"] = {
-        "absolute": median_absolute(others, "relative_error"),
-        "load_normalised": median_absolute(others, "load_normalised_relative_error"),
-        "runs": int(len(others)),
-    }
-    target = with_failures[with_failures["quantity"] == "time_to_target_s"]
-    summary["time to target"] = {
-        "absolute": median_absolute(target, "relative_error"),
-        "load_normalised": median_absolute(target, "load_normalised_relative_error"),
-        "runs": int(target["relative_error"].notna().sum()),
-    }
+        summary[f"other setup / {setup}"] = figures(others[others["run_id"].str.contains(f"-{setup}-")])
+    summary["other setups"] = figures(others)
+    summary["time to target"] = figures(with_failures[with_failures["quantity"] == "time_to_target_s"])
     return summary
 
 
