@@ -539,8 +539,7 @@ class _DueFailures:
                         {"time_s": now_s, "iteration": step, "stage": event.stage, "kind": event.kind, "event_time_s": event.time_s}
                     )
         flags[self.num_stages] = int(newer_generation)
-        with self.spans.span(STEP_SYNC_SPAN, step):
-            flags = self.communicator.all_reduce_sum(flags)
+        flags = self.communicator.all_reduce_sum(flags)
         failed = frozenset(int(stage) for stage in torch.nonzero(flags[: self.num_stages]).flatten().tolist())
         return failed, bool(flags[self.num_stages] > 0)
 
