@@ -72,6 +72,8 @@ def _start_cli(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     process = subprocess.Popen(
         [sys.executable, "-m", "churnsim", *LONG_RUN, "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True,
+        # As at a terminal: a test run started in the background inherits SIGINT ignored, and so would the launcher.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     return process, temp
 
