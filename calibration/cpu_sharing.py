@@ -54,6 +54,32 @@ def busy_process_changes(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(times, dtype=float), np.asarray(changes, dtype=int)
 
 
+class SharedCoreClock:
+    """Core-seconds a busy process accumulates over time: ∫ min(1, cores / n(t)) dt, n(t) the number
+    of busy processes, a piecewise-linear function built once from the changes of n."""
+
+    def __init__(self, change_times_s: np.ndarray, changes: np.ndarray, cores: int) -> None:
+        order = np.argsort(change_times_s, kind="stable")
+        times, num_busy = np.asarray(change_times_s, dtype=float)[order], np.cumsum(np.asarray(changes)[order])
+        # Keep the last change at each instant: n on [times[k], times[k+1]) is num_busy[k].
+        last_at_instant = np.append(times[1:] != times[:-1], True)
+        self.times_s, num_busy = times[last_at_instant], num_busy[last_at_instant]
+        self.rate = np.minimum(1.0, cores / np.maximum(num_busy, 1))
+        self.cumulative_s = np.concatenate([[0.0], np.cumsum(self.rate[:-1] * np.diff(self.times_s))])
+
+    def at(self, times_s: np.ndarray) -> np.ndarray:
+        """Core-seconds accumulated from the first change to each of `times_s` (full speed before it)."""
+        times_s = np.asarray(times_s, dtype=float)
+        index = np.searchsorted(self.times_s, times_s, side="right") - 1
+        before = index < 0
+        index = np.maximum(index, 0)
+        value = self.cumulative_s[index] + self.rate[index] * (times_s - self.times_s[index])
+        return np.where(before, times_s - self.times_s[0], value)
+
+    def work_s(self, starts_s: np.ndarray, ends_s: np.ndarray) -> np.ndarray:
+        return self.at(ends_s) - self.at(starts_s)
+
+
 def core_seconds(starts_s: np.ndarray, ends_s: np.ndarray, cores: int, busy: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Core-seconds of each interval [start, end) on `cores` shared fairly: by the intervals
     themselves, or by the processes `busy` says use a core (`busy_process_changes`)."""
@@ -63,16 +89,7 @@ def core_seconds(starts_s: np.ndarray, ends_s: np.ndarray, cores: int, busy: tup
         return np.zeros(0)
     if busy is None:
         busy = (np.concatenate([starts_s, ends_s]), np.concatenate([np.ones(starts_s.size, int), -np.ones(ends_s.size, int)]))
-    change_times, changes = busy
-    boundaries = np.unique(np.concatenate([starts_s, ends_s, change_times]))
-    order = np.argsort(change_times, kind="stable")
-    cumulative_changes = np.cumsum(changes[order])
-    # Processes busy on each elementary piece [boundaries[k], boundaries[k+1]): every change at or before its start.
-    index = np.searchsorted(change_times[order], boundaries, side="right") - 1
-    num_busy = np.where(index >= 0, cumulative_changes[np.maximum(index, 0)], 0)[:-1]
-    rate = np.minimum(1.0, cores / np.maximum(num_busy, 1))
-    cumulative = np.concatenate([[0.0], np.cumsum(rate * np.diff(boundaries))])
-    return cumulative[np.searchsorted(boundaries, ends_s)] - cumulative[np.searchsorted(boundaries, starts_s)]
+    return SharedCoreClock(*busy, cores).work_s(starts_s, ends_s)
 
 
 def with_core_seconds(spans: pd.DataFrame, cores: int | None) -> pd.DataFrame:
@@ -96,25 +113,20 @@ def work_outside_spans(spans: pd.DataFrame, cores: int) -> pd.DataFrame:
     """Per (rank, iteration): the core-seconds a process used outside its compute and waiting spans
     (Python between operations, sends, bookkeeping), from the start of its first span of the
     iteration to the start of its next iteration; columns rank, iteration, work_s."""
-    busy = busy_process_changes(spans)
-    rows = []
-    for rank, of_rank in spans.groupby("rank", sort=False):
-        # A step lasts until the rank's next step begins: the work between steps (the batch, metrics) is its.
-        first_start = of_rank.groupby("iteration")["start_s"].min().sort_index()
-        step_end = dict(zip(first_start.index[:-1], first_start.to_numpy()[1:]))
-        for iteration, group in of_rank.groupby("iteration", sort=False):
-            rows.append(_outside_work_of_step(rank, iteration, group, step_end.get(iteration), cores, busy))
-    return pd.DataFrame(rows, columns=["rank", "iteration", "work_s"])
-
-
-def _outside_work_of_step(rank, iteration, group: pd.DataFrame, next_start_s: float | None, cores: int, busy) -> dict:
-    start = float(group["start_s"].min())
-    end = max(float(group["end_s"].max()), next_start_s if next_start_s is not None else -np.inf)
-    total = float(core_seconds(np.array([start]), np.array([end]), cores, busy)[0])
-    inside = group[group["kind"].isin(COMPUTE_SPAN_KINDS | WAITING_SPAN_KINDS)]
+    if spans.empty:
+        return pd.DataFrame(columns=["rank", "iteration", "work_s"])
+    clock = SharedCoreClock(*busy_process_changes(spans), cores)
+    steps = spans.groupby(["rank", "iteration"]).agg(start_s=("start_s", "min"), end_s=("end_s", "max")).sort_index()
+    # A step lasts until the rank's next step begins: the work between steps (the batch, metrics) is its.
+    next_start_s = steps.groupby(level="rank")["start_s"].shift(-1)
+    steps["end_s"] = np.maximum(steps["end_s"], next_start_s.fillna(-np.inf))
+    total_s = clock.work_s(steps["start_s"].to_numpy(), steps["end_s"].to_numpy())
     # Waiting spans use no core; compute spans' work is counted as theirs.
-    covered = core_seconds(inside["start_s"].to_numpy(dtype=float), inside["end_s"].to_numpy(dtype=float), cores, busy).sum()
-    return dict(rank=rank, iteration=iteration, work_s=max(total - float(covered), 0.0))
+    inside = spans[spans["kind"].isin(COMPUTE_SPAN_KINDS | WAITING_SPAN_KINDS)]
+    covered = pd.Series(clock.work_s(inside["start_s"].to_numpy(), inside["end_s"].to_numpy()), index=inside.index)
+    covered_s = covered.groupby([inside["rank"], inside["iteration"]]).sum().reindex(steps.index, fill_value=0.0)
+    work_s = np.maximum(total_s - covered_s.to_numpy(), 0.0)
+    return pd.DataFrame({"rank": steps.index.get_level_values("rank"), "iteration": steps.index.get_level_values("iteration"), "work_s": work_s})
 
 
 def cores_of_hardware(hardware: dict[str, str], device: str) -> int | None:
