@@ -81,6 +81,11 @@ class ComputeCostModel(StrictModel):
         )
 
 
+def setup_key(model: ModelSpec, pipeline: PipelineSpec) -> str:
+    """What determines a setup's compute: its model (but not its display name) and pipeline."""
+    return model.model_copy(update={"name": ""}).model_dump_json() + pipeline.model_dump_json()
+
+
 def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...]:
     layers = stage_layer_counts(model, pipeline)
     last = len(layers) - 1

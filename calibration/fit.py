@@ -40,7 +40,7 @@ from .fit_timing import (
     fit_warmup_extra_s,
     machine_step_s,
     measured_duration,
-    setup_key,
+    record_setup_key,
     shared_cores_of,
 )
 from .scenario import ExplicitCompute
@@ -64,9 +64,9 @@ def _calibrated_setup(records: Sequence[RunRecord]) -> tuple[RealRunSettings, li
             )
     with_failures = [record for record in records if not is_no_failure_run(record)]
     reference = with_failures[0] if with_failures else records[0]
-    key = setup_key(reference)
-    calibrated = [record for record in records if setup_key(record) == key]
-    others = [record for record in records if setup_key(record) != key]
+    key = record_setup_key(reference)
+    calibrated = [record for record in records if record_setup_key(record) == key]
+    others = [record for record in records if record_setup_key(record) != key]
     for record in others:
         if not is_no_failure_run(record):
             raise InputError(
@@ -122,7 +122,7 @@ def build_calibration(
     compute_model, overhead_s = fit_compute_cost_model(
         [*fit_records, *shape_records],
         predict_iteration_s,
-        calibrated_key=setup_key(fit_records[0]),
+        calibrated_key=record_setup_key(fit_records[0]),
         calibrated_compute=measured_compute,
         num_warmup_iterations=num_warmup_iterations,
     )

@@ -20,7 +20,7 @@ import pandas as pd
 
 from .cpu_sharing import cores_of_hardware, with_core_seconds, work_outside_spans
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
-from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, stage_features, stage_parameters
+from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, setup_key, stage_features, stage_parameters
 from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .methods import method_names_where, method_traits
@@ -188,12 +188,12 @@ def steady_iteration_times_s(record: RunRecord, *, num_warmup_iterations: int = 
     return durations[keep]
 
 
-def setup_key(record: RunRecord) -> str:
-    """What determines a run's compute: its model (but not its display name) and pipeline."""
+def record_setup_key(record: RunRecord) -> str:
+    """The `setup_key` of a real run: its model (but not its display name) and pipeline."""
     settings = record.manifest.real_settings
     if settings is None:
         raise InputError(f"{record_name(record)}: manifest.json field 'real_settings' is missing; fit from real runs")
-    return settings.model.model_copy(update={"name": ""}).model_dump_json() + settings.pipeline.model_dump_json()
+    return setup_key(settings.model, settings.pipeline)
 
 
 def optimizer_work_per_stage(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[int, float]:
@@ -241,7 +241,7 @@ def fit_compute_cost_model(
     shared_cores = cores.pop()
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
-        groups.setdefault(setup_key(record), []).append(record)
+        groups.setdefault(record_setup_key(record), []).append(record)
     hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work = [], [], [], [], []
     for group in groups.values():
         settings = group[0].manifest.real_settings

@@ -62,6 +62,7 @@ import numpy as np
 import pandas as pd
 
 from churnsim.calibration.calibration_file import Calibration
+from churnsim.calibration.compute_cost import setup_key
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
@@ -462,10 +463,7 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
         )
         settings = manifest.real_settings
         setup = setup_description(settings.model, settings.pipeline)
-        calibrated_setup = (
-            settings.model.model_copy(update={"name": ""}) == calibration.model.model_copy(update={"name": ""})
-            and settings.pipeline == calibration.pipeline
-        )
+        calibrated_setup = setup_key(settings.model, settings.pipeline) == setup_key(calibration.model, calibration.pipeline)
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]
@@ -548,8 +546,7 @@ def find_twin(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | No
             and other_settings is not None
             and not other.failures.failures
             and other.manifest.seed == record.manifest.seed
-            and other_settings.model == settings.model
-            and other_settings.pipeline == settings.pipeline
+            and setup_key(other_settings.model, other_settings.pipeline) == setup_key(settings.model, settings.pipeline)
             and other_settings.num_iterations == settings.num_iterations
         ):
             return other

@@ -28,7 +28,7 @@ from churnsim.calibration.fit import (
 from churnsim.calibration.fit_convergence import SetbackSample, setback_spec
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.run_record import RealRunSettings, RunManifest, RunRecord, make_run_record
-from churnsim.calibration.fit_timing import setup_key
+from churnsim.calibration.fit_timing import record_setup_key
 from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec
 
 NUM_STAGES = 4
@@ -189,12 +189,12 @@ def test_iteration_overhead_is_measured_steady_median_minus_prediction(reference
     )
     records = [*references, *checkfree_runs]
     # Evaluation (+1 s) and recovery (+5 s) steps are excluded, so only the overhead remains.
-    model, overhead = fit_compute_cost_model(records, predict, calibrated_key=setup_key(references[0]), calibrated_compute=measured)
+    model, overhead = fit_compute_cost_model(records, predict, calibrated_key=record_setup_key(references[0]), calibrated_compute=measured)
     assert overhead == pytest.approx(OVERHEAD_S, abs=0.002)
     assert set(seen) == {(NUM_STAGES, NUM_STAGES)}
     assert model.num_configurations == 1 and model.shared_cores is None
     assert model.iteration_overhead_s == pytest.approx(OVERHEAD_S, abs=0.002) and model.overhead_per_microbatch_s == 0.0
-    slower = fit_compute_cost_model(records, lambda *_: 2.0, calibrated_key=setup_key(references[0]), calibrated_compute=measured)
+    slower = fit_compute_cost_model(records, lambda *_: 2.0, calibrated_key=record_setup_key(references[0]), calibrated_compute=measured)
     assert slower[1] == 0.0
 
 
