@@ -227,7 +227,8 @@ def fit_compute_cost_model(
     """The compute cost model (calibration.compute_cost) from every record, and the per-iteration
     overhead measured on the calibrated setup.
 
-    Hop and optimizer work come from every (setup, stage) median in core-seconds. The overhead is
+    Hop and optimizer work come from every (setup, stage) median in core-seconds; the calibrated
+    setup's hop medians are `calibrated_compute`'s (the caller measured them from the same records). The overhead is
     what the simulated iteration lacks against a run's median steady step: for each no-failure run
     of a `plain_iteration` method, the o that makes the simulator's iteration (its compute with o
     added where the optimizer step sits; `predict_iteration_s`, the simulator's model passed in)
@@ -243,15 +244,18 @@ def fit_compute_cost_model(
     for record in records:
         groups.setdefault(record_setup_key(record), []).append(record)
     hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work = [], [], [], [], []
-    for group in groups.values():
+    for key, group in groups.items():
         settings = group[0].manifest.real_settings
         assert settings is not None
-        timings = fit_stage_timings(group, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
-        features = stage_features(settings.model, settings.pipeline)
-        for timing in timings:
-            hop_features.append(features[timing.stage])
-            forward_work.append(timing.block_forward.median_s)
-            backward_work.append(timing.block_backward.median_s)
+        if key == calibrated_key:  # measured already, by the caller
+            forward_s, backward_s = calibrated_compute.block_forward_s, calibrated_compute.block_backward_s
+        else:
+            timings = fit_stage_timings(group, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
+            forward_s = tuple(timing.block_forward.median_s for timing in timings)
+            backward_s = tuple(timing.block_backward.median_s for timing in timings)
+        hop_features.extend(stage_features(settings.model, settings.pipeline))
+        forward_work.extend(forward_s)  # type: ignore[arg-type]
+        backward_work.extend(backward_s)  # type: ignore[arg-type]
         parameters = stage_parameters(settings.model, settings.pipeline)
         for stage, work_s in optimizer_work_per_stage(group, num_warmup_iterations=num_warmup_iterations).items():
             optimizer_parameters.append(parameters[stage])
