@@ -286,6 +286,16 @@ def print_calibration(calibration) -> None:
         f"tier {tier.name}: write {tier.write_bandwidth_bytes_per_s / 1e6:.0f} MB/s, read {tier.read_bandwidth_bytes_per_s / 1e6:.0f} MB/s"
         for tier in calibration.storage
     ]
+    if calibration.machine_step_s is not None:
+        lines.append(f"machine speed while calibrating: median no-failure step {_seconds(calibration.machine_step_s)}")
+    compute = calibration.compute_model
+    if compute is not None:
+        cores = f"{compute.shared_cores} shared cores" if compute.shared_cores else "a device per stage"
+        lines.append(
+            f"compute model ({compute.num_configurations} setups, {cores}, median residual {100 * compute.hop_relative_residual:.1f} %): "
+            f"forward hop {_seconds(compute.forward.fixed_s)} + {compute.forward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP, "
+            f"backward hop {_seconds(compute.backward.fixed_s)} + {compute.backward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
+        )
     for line in lines:
         out.print(line)
     recovery = Table("method", "join", "transfer", "load", "rebuild", "events", title="recovery component times (median)")
