@@ -2,7 +2,8 @@
 
 `calibration/fit.py` may not import sim/, so `build_calibration` takes the iteration model as a
 function; `iteration_predictor` is that function. It also builds the scenario and the failures a
-run record is replayed with (`replay_scenario`, `replay_failures`; the rules are in sim/validate.py).
+run record is replayed with (`replay_scenario`, `replay_failures`, `replay_failures_at_steps`; the
+rules are in sim/validate.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from churnsim.calibration.failure_sampling import FailureEvent
 from .iteration import simulate_iteration
 from .methods import build_policy
 from .pipeline_state import build_pipeline_state
+from .results import RunResult
 
 # Tiers that die with their node (DESIGN.md section 2); any other tier name is taken to survive.
 NODE_LOCAL_TIERS = frozenset({"host_memory", "local_disk"})
@@ -161,3 +163,61 @@ def replay_failures(record: RunRecord) -> tuple[FailureEvent, ...]:
             time_s = float(before.iloc[-1]) if not before.empty else 0.0
         events.append(FailureEvent(time_s=float(time_s), stage=failure.stage, kind=failure.kind))  # type: ignore[arg-type]
     return tuple(sorted(events))
+
+
+STEP_PLACEMENT_DELAY_S = 1e-6
+"""A failure placed at a step boundary strikes this long after the next step began: the real trainer
+checks for failures between steps, and the step that just began loses nothing measurable."""
+
+
+def executed_step_time_s(result: RunResult, executed_steps: int) -> float | None:
+    """When the simulated run began its step number `executed_steps` (counting from 0; rolled-back
+    iterations count again), or None if it ended first.
+
+    From the trajectory: a point closes each stretch of training, and progress only rises by
+    training, so the executed count is the sum of the rises. A stretch's training comes last in it
+    (a wait such as a checkpoint write follows the point before), so a step inside a stretch begins
+    whole healthy iterations back from its end, and a step that begins a stretch begins after the
+    boundary's work (as a real trainer finishes a checkpoint before it looks for failures).
+    Approximation: inside a degraded stretch (redundant computation) the healthy iteration time is
+    used.
+    """
+    executed = 0.0
+    previous_progress = 0.0
+    for time_s, progress in result.trajectory:
+        rise = progress - previous_progress
+        previous_progress = progress
+        if rise <= 0:
+            continue
+        if executed + rise > executed_steps + 1e-9:
+            return time_s - (executed + rise - executed_steps) * result.healthy_iteration_time_s
+        executed += rise
+    return None
+
+
+def replay_failures_at_steps(record: RunRecord, simulate: Callable[[tuple[FailureEvent, ...]], RunResult]) -> tuple[FailureEvent, ...]:
+    """The record's failures as simulator events at the simulated instants of the steps they struck.
+
+    A real run's failure takes effect before one of its steps (the schedule's `iteration` counts the
+    steps executed before it). Each failure, in step order, is placed where the simulated run, with
+    the earlier failures placed, begins that step; failures of one step strike together. A failure after the simulated
+    run's end is dropped. So a prediction keeps the run's failure pattern (which checkpoint a rollback
+    returns to, which failures overlap) even where its speed differs from the run's, which replay at
+    measured times does not (sim/validate.py). Records whose failures lack a step are replayed at
+    their measured times.
+    """
+    failures = record.failures.failures
+    if not failures or any(failure.iteration is None for failure in failures):
+        return replay_failures(record)
+    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.stage))
+    placed: list[FailureEvent] = []
+    index = 0
+    while index < len(ordered):
+        step = int(ordered[index].iteration)  # type: ignore[arg-type]
+        same_step = [failure for failure in ordered[index:] if failure.iteration == step]
+        index += len(same_step)
+        time_s = executed_step_time_s(simulate(tuple(placed)), step)
+        if time_s is None:
+            break
+        placed += [FailureEvent(time_s=time_s + STEP_PLACEMENT_DELAY_S, stage=failure.stage, kind=failure.kind) for failure in same_step]  # type: ignore[arg-type]
+    return tuple(placed)

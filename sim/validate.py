@@ -8,12 +8,16 @@ For each run record:
    device and core count, `check_same_machine`): the calibrated setup takes its measured times, any
    other the calibration's compute cost model (calibration.compute_cost). A simulated run: its
    manifest's `scenario`, with the calibration applied in mode `full` when one is given.
-2. **Failures.** The record's failures are replayed at their measured `time_s`. Consequence: when
-   the prediction drifts, a failure lands at a different point of the simulated run than of the
-   real one (another iteration, or inside an iteration instead of between two); the simulator then
-   charges the interrupted part of the iteration in flight as lost work, which a real local run,
-   whose failures strike between steps, does not lose. Failures with only an iteration are placed
-   at the measured end of the step before.
+2. **Failures.** A real run's failures strike where they struck it: after the same number of
+   executed steps (`calibrated.replay_failures_at_steps`), each placed at the instant the
+   simulated run, with the earlier ones placed, has executed that many steps, just after the step
+   boundary (a real local run checks for failures between steps and loses no partial iteration).
+   So a prediction keeps the run's failure pattern (the checkpoint a rollback returns to, the
+   failures that overlap a recovery) when its speed differs from the run's; replayed at measured
+   times, a failure of a run 20 % slower than predicted landed after the simulated run's end or
+   before a checkpoint instead of after it, and one 3-stage redundant run was predicted 26 % short
+   with compute already rescaled to its own speed. A simulated run's failures are replayed at their
+   times, which is exact for it.
 3. **Stopping rule.** A real run executes exactly `num_iterations` iterations of progress (rolled
    back ones are repeated, a rebuild's setback does not lengthen it), so its wall-clock is
    predicted with every convergence setback set to 0. Time to target uses the calibrated setbacks.
@@ -69,7 +73,7 @@ from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunReco
 from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec, Scenario, TargetSpec
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
-from .calibrated import replay_failures, replay_scenario, without_setbacks
+from .calibrated import replay_failures, replay_failures_at_steps, replay_scenario, without_setbacks
 from .outputs import simulated_run_record_rows
 from .replicate import failure_probability_of
 from .results import RunResult
@@ -324,8 +328,9 @@ def _predict_real(
     notes: list[str] = []
     scenario = with_compute_scaled(scenario, compute_factor)
     method = scenario.methods[0]
-    failures = replay_failures(record)
-    wall_run = simulate_run(without_setbacks(scenario), method, failures, seed=record.manifest.seed)
+    wall_scenario = without_setbacks(scenario)
+    failures = replay_failures_at_steps(record, lambda placed: simulate_run(wall_scenario, method, placed, seed=record.manifest.seed))
+    wall_run = simulate_run(wall_scenario, method, failures, seed=record.manifest.seed)
     # Evaluations and warm-up are compute as well: they run slower on a slower machine.
     evaluation_s = compute_factor * (calibration.evaluation.median_s if calibration.evaluation is not None else 0.0)
     warmup_s = compute_factor * calibration.warmup_extra_s

@@ -4,6 +4,7 @@ bad records and fitted runs are refused with one clear message."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -33,6 +34,8 @@ from churnsim.calibration.scenario import (
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 from churnsim.sim.outputs import write_simulated_run_records
 from churnsim.calibration.failure_sampling import FailureEvent
+from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
+from churnsim.sim.calibrated import STEP_PLACEMENT_DELAY_S, executed_step_time_s, replay_failures_at_steps
 from churnsim.sim.run import simulate_run
 from churnsim.sim.validate import QUANTITIES, validate_runs
 
@@ -165,3 +168,54 @@ def test_malformed_metrics_error_names_the_file_and_the_column(simulated_records
 def test_a_directory_without_records_is_refused(tmp_path):
     with pytest.raises(InputError, match="neither a run record"):
         validate_runs([tmp_path], None)
+
+
+def _failure_record(*step_and_stages: tuple[int, int]):
+    """The part of a real run's record that step placement reads: failures with their step (and a time
+    that would land elsewhere on another machine)."""
+    failures = tuple(ScheduledFailure(time_s=0.5 * step, iteration=step, stage=stage) for step, stage in step_and_stages)
+    return SimpleNamespace(failures=FailureSchedule(failures=failures))
+
+
+@pytest.mark.parametrize("speed_factor", [0.5, 1.0, 1.7])
+def test_failures_replayed_at_their_steps_keep_the_run_s_rollbacks_at_any_speed(speed_factor):
+    """Checkpoints every 10 iterations: a failure before step 20 finds the checkpoint of iteration 20
+    written (nothing rolled back), one before step 35 rolls back 5 (to 30), two together before step
+    62 (progress 57) roll back 7 more, however fast the machine is."""
+    scenario = _scenario()
+    compute = scenario.compute
+    scaled = compute.model_copy(update={
+        "block_forward_s": tuple(value * speed_factor for value in compute.block_forward_s),
+        "block_backward_s": tuple(value * speed_factor for value in compute.block_backward_s),
+    })
+    scenario = scenario.model_copy(update={"compute": scaled, "target": TargetSpec(iterations=100)})
+    method = method_from_name("checkpoint", interval_iterations=10)
+
+    def simulate(events):
+        return simulate_run(scenario, method, events)
+
+    placed = replay_failures_at_steps(_failure_record((20, 3), (35, 1), (62, 0), (62, 2), (400, 3)), simulate)
+    assert [event.stage for event in placed] == [3, 1, 0, 2]  # the failure after the run's end is dropped
+    assert placed[2].time_s == placed[3].time_s
+    result = simulate(placed)
+    assert result.iterations_executed == 100 + 0 + 5 + 7
+    for event, step in zip(placed, (20, 35, 62, 62)):
+        earlier = simulate(tuple(other for other in placed if other.time_s < event.time_s))
+        assert executed_step_time_s(earlier, step) == pytest.approx(event.time_s - STEP_PLACEMENT_DELAY_S, abs=1e-12)
+
+
+def test_a_step_begins_after_the_work_at_its_boundary():
+    scenario = _scenario().model_copy(update={"target": TargetSpec(iterations=50)})
+    method = method_from_name("checkpoint", interval_iterations=10)
+    healthy = simulate_run(scenario, method, ())
+    step_s = healthy.healthy_iteration_time_s
+    begins = [executed_step_time_s(healthy, step) for step in range(50)]
+    assert begins[0] == 0.0
+    assert begins[9] - begins[8] == pytest.approx(step_s)
+    assert begins[10] - begins[9] > step_s * 1.01  # the checkpoint write of iteration 10 comes first
+    assert begins[49] == pytest.approx(healthy.wall_clock_s - step_s)
+    assert executed_step_time_s(healthy, 50) is None
+    failed = simulate_run(scenario, method, (FailureEvent(time_s=25.5 * step_s, stage=2, kind="poisson"),))
+    assert failed.iterations_executed > 50
+    assert executed_step_time_s(failed, failed.iterations_executed - 1) == pytest.approx(failed.wall_clock_s - step_s)
+    assert executed_step_time_s(failed, failed.iterations_executed) is None
