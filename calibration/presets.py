@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from .apply import apply_calibration
 from .builtin import load_builtin_calibration
@@ -19,6 +19,7 @@ from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
 from .convergence import ConvergenceSpec, PowerLawLossCurve
 from .paper_setbacks import PAPER_FIT_SOURCE, paper_fitted_setbacks
 from .errors import InputError
+from .scenario_overrides import apply_settings
 from .methods import METHOD_NAMES, MethodConfig, method_from_name
 from .network import CHECKFREE_EMULATOR_SITES
 from .scenario import (
@@ -442,6 +443,15 @@ def cpu_tiny(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) ->
     `CPU_TINY_TARGET_ITERATIONS`, inside the range the calibration runs measured. Without the file
     the preset keeps uncalibrated placeholders and says so.
     """
+    scenario, calibration, reason = _cpu_tiny_before_calibration(failures_per_node_hour)
+    if calibration is None:
+        return scenario.model_copy(update={"description": scenario.description + f". UNCALIBRATED placeholders: {reason}."})
+    return apply_calibration(scenario, calibration, mode="full")
+
+
+def _cpu_tiny_before_calibration(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) -> tuple[Scenario, Calibration | None, str]:
+    """`cpu_tiny` before its calibration is applied: the scenario, the calibration (None when its file
+    cannot be used) and why not."""
     calibration, reason = load_builtin_calibration(CPU_TINY)
     model = ModelSpec(
         name="tiny", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, sequence_length=64,
@@ -482,9 +492,7 @@ def cpu_tiny(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) ->
         seed=0,
         replications=10,
     )
-    if calibration is None:
-        return scenario.model_copy(update={"description": scenario.description + f". UNCALIBRATED placeholders: {reason}."})
-    return apply_calibration(scenario, calibration, mode="full")
+    return scenario, calibration, reason
 
 
 PRESETS: dict[str, Callable[[], Scenario]] = {
@@ -510,9 +518,40 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
 DEFAULT_PRESET = "checkfree-500m-geo-10pct"
 
 
-def preset(name: str) -> Scenario:
+# Presets made from a calibration: how to build them before it is applied.
+_BEFORE_CALIBRATION: dict[str, Callable[[], tuple[Scenario, Calibration | None, str]]] = {CPU_TINY: _cpu_tiny_before_calibration}
+# The sections a calibration (mode "full") writes: a setting of one of them is applied after it too.
+_CALIBRATED_SECTIONS = frozenset({"compute", "network", "storage", "recovery", "convergence"})
+
+
+def preset(name: str, settings: Mapping[str, object] | None = None, *, method: str | None = None) -> Scenario:
+    """A built-in scenario; with `settings` (`--set` overrides, dotted paths) and `method` (narrowed to
+    that one method first, so that settings are checked against it alone).
+
+    A preset made from a calibration (`cpu-tiny`) takes the settings before its calibration: a
+    changed model or pipeline then gets the calibration's compute model for that setup
+    (`apply.calibrated_compute`), where the calibrated setup's per-stage times would not fit. A
+    setting of a section the calibration writes (compute, network, storage, recovery, convergence)
+    is applied after it as well, so an explicit value wins.
+    """
     try:
         factory = PRESETS[name]
     except KeyError:
         raise InputError(f"unknown preset {name!r}: use one of {', '.join(sorted(PRESETS))}") from None
-    return factory()
+    settings = dict(settings or {})
+    before_calibration = _BEFORE_CALIBRATION.get(name)
+    if settings and before_calibration is not None:
+        scenario, calibration, _ = before_calibration()
+        if calibration is not None:
+            if method is not None:
+                scenario = scenario.only_method(method)
+            configured = apply_settings(scenario, settings)
+            calibrated = apply_calibration(configured, calibration, mode="full")
+            again = {path: value for path, value in settings.items() if path.split(".", 1)[0] in _CALIBRATED_SECTIONS}
+            if again:
+                calibrated = apply_settings(calibrated, again).model_copy(update={"name": configured.name})
+            return calibrated
+    scenario = factory()
+    if method is not None:
+        scenario = scenario.only_method(method)
+    return apply_settings(scenario, settings) if settings else scenario

@@ -68,15 +68,23 @@ def presets_command(
     Console(width=max(Console().width, 100)).print(table)
 
 
-def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str]):
-    """The scenario named on the command line: a file or a preset, exactly one."""
+def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str], *, settings: Optional[dict] = None, method: Optional[str] = None):
+    """The scenario named on the command line: a file or a preset, exactly one; narrowed to `method`
+    first when given, then with the `--set` settings (a calibrated preset is calibrated for them:
+    `presets.preset`)."""
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.presets import preset
     from churnsim.calibration.scenario import load_scenario
+    from churnsim.calibration.scenario_overrides import apply_settings
 
     if (scenario_path is None) == (preset_name is None):
         raise InputError("give a scenario file or --preset NAME (exactly one); `churnsim presets` lists the presets")
-    return load_scenario(str(scenario_path)) if scenario_path is not None else preset(preset_name)
+    if scenario_path is None:
+        return preset(preset_name, settings, method=method)  # type: ignore[arg-type]
+    scenario = load_scenario(str(scenario_path))
+    if method is not None:
+        scenario = scenario.only_method(method)
+    return apply_settings(scenario, settings) if settings else scenario
 
 
 def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -> str:
@@ -146,13 +154,13 @@ def simulate_command(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Simulate one scenario: a summary table with one row per method, run records, a timeline."""
-    from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
+    from churnsim.calibration.scenario_overrides import parse_settings
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.simulate import simulate_scenario
 
-    scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
-    scenario = apply_settings(scenario, parse_settings(settings))
+    scenario = load_scenario_argument(scenario_path, preset_name, settings=parse_settings(settings))
+    scenario = override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:

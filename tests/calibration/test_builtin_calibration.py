@@ -71,3 +71,22 @@ def test_presets_fall_back_when_the_file_is_invalid(no_builtin_calibrations):
     assert "invalid" in scenario.description and not scenario.convergence.calibrated
     with pytest.raises(InputError, match="invalid"):
         resolve_calibration("cpu-tiny")
+
+
+def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
+    """`--set` on the calibrated preset: a changed pipeline gets the calibration's compute model for it
+    (its per-stage times would not fit six stages); an explicit compute value still wins."""
+    from churnsim.calibration.apply import calibrated_compute
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    assert calibration is not None and calibration.compute_model is not None
+    six = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6}, method="checkfree")
+    assert six.pipeline.num_stages == 6 and [method.name for method in six.methods] == ["checkfree"]
+    assert six.compute == calibrated_compute(six, calibration)
+    assert len(six.compute.block_forward_s) == 6
+    assert six.name == "cpu-tiny[pipeline.num_stages=6,model.num_layers=6]"
+    explicit = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6, "compute.optimizer_step_s": 0.5})
+    assert explicit.compute.optimizer_step_s == 0.5
+    assert explicit.compute.block_forward_s == six.compute.block_forward_s
+    # Settings that leave the setup alone give the preset with them applied, as before.
+    assert preset("cpu-tiny", {"seed": 3}).model_dump(exclude={"name", "seed"}) == preset("cpu-tiny").model_dump(exclude={"name", "seed"})
