@@ -550,3 +550,13 @@ class IterationModel:
 
     def iteration_time_s(self, state: PipelineState) -> float:
         return self.result(state).time_s
+
+
+_SHARED_ITERATION_MODEL = IterationModel()
+
+
+def shared_iteration_model() -> IterationModel:
+    """This process's iteration model, the default of every run: a state's iteration is a pure
+    function of the (frozen) state, so the runs of a sweep simulate each state once, not once per
+    run or replication."""
+    return _SHARED_ITERATION_MODEL

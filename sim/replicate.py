@@ -25,7 +25,7 @@ from churnsim.calibration.setback_uncertainty import replication_convergence
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_columns, summary_columns
 
-from .iteration import IterationModel
+from .iteration import shared_iteration_model
 from .results import RunResult
 from .run import simulate_run
 
@@ -50,7 +50,7 @@ def run_replication(task: ReplicationTask) -> list[RunResult]:
     # Sampled only as far as the longest run of this replication gets (shared by its methods).
     failures = LazyFailurePath(FailurePathSpec.of(task.scenario, replication=task.replication))
     scenario = replication_scenario(task.scenario, task.replication)
-    iteration_model = IterationModel()
+    iteration_model = shared_iteration_model()
     return [
         simulate_run(scenario, method, failures, replication=task.replication, seed=task.scenario.seed, iteration_model=iteration_model)
         for method in task.methods

@@ -48,7 +48,7 @@ from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
 from .accounting import split_time
-from .iteration import IterationModel, simulate_iteration
+from .iteration import IterationModel, shared_iteration_model, simulate_iteration
 from .methods import build_policy
 from .methods.base import RecoveryPolicy
 from .pipeline_state import build_pipeline_state, compute_only_state
@@ -128,7 +128,7 @@ def simulate_run_and_policy(
     """`simulate_run`, also returning the policy object and which engine computed the run."""
     if reference_events is None:
         reference_events = os.environ.get(REFERENCE_EVENTS_VARIABLE, "") not in ("", "0")
-    iteration_model = iteration_model or IterationModel()
+    iteration_model = iteration_model or shared_iteration_model()
     from churnsim.calibration.failure_sampling import LazyFailurePath
 
     # A lazy path is already in time order and must not be sampled to its end up front.

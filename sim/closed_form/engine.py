@@ -12,7 +12,8 @@ cheap, with the same floating-point operations:
   the deadline, or a background event that changes the pipeline state while training.
 - A transfer group (checkpoint writes, reads, weight transfers) on idle links ends at the instant
   the event model's wake-up chain gives (`fluid_links.processor_sharing_end_s`), computed as a
-  number. A group abandoned by the trainer (a failure struck first) goes on in the event model and
+  number (a storage tier's transfers: the chain's length once per stage set, `TierTransfers`).
+  A group abandoned by the trainer (a failure struck first) goes on in the event model and
   slows whatever later shares its links: it is remembered, and put on its links (`FluidLink`) only
   if a later group finds them still busy; that group is then timed with it. Background groups
   (replica refreshes, a redundant replacement's weights) are always put on their links.
@@ -36,7 +37,8 @@ simulated again in the event model (`sim/run.py`), so the answer never depends o
 
 Exactness: the results equal the event model's to floating-point rounding (the differential test
 `tests/sim/test_closed_form_equivalence.py` asserts 1e-9 relative): chunks, waits and uncontended
-transfers to the bit; transfers on a link that other flows share (`FluidLink`) to rounding. Instants that coincide exactly (a failure at the very
+transfers to the bit (unequal parts on one shared storage link: to a few units in the last place,
+`TierTransfers`); transfers on a link that other flows share (`FluidLink`) to rounding. Instants that coincide exactly (a failure at the very
 end of a wait, two background completions at one instant) are ordered as the event model usually
 orders them (a failure arrival first, the deadline first, sim/closed_form/async_checkpoint.py for
 flush rounds), where the event model orders them by when SimPy scheduled each event; with
@@ -119,6 +121,11 @@ class ClosedFormPolicy:
     """A `SyncCheckpointerTwin` whose write is all of `at_boundary` (the engine then runs whole
     cycles of iterations and writes inline: `ClosedFormRun._cycles`), or None."""
 
+    cycles: "Callable[[ClosedFormRun], None] | None" = None
+    """Where the boundary work is not a plain write: the twin's own loop over whole cycles of
+    (iterations up to the boundary, the boundary work) that nothing can stop, called where the
+    engine would run `_cycles`; it returns at the first part the general path must do."""
+
     def on_start(self, run: "ClosedFormRun") -> None:
         """Before training (the policy's `on_start`)."""
 
@@ -143,11 +150,14 @@ class TierTransfers:
     resolving the links (this runs for every checkpoint write, read and flush round): one latency,
     then, on per-stage links, the longest part (bytes / bandwidth, the event model's own quotient);
     on a shared link, the event model's wake-up chain (each step ends the smallest remaining parts,
-    parts of one size together). Both give the event model's instant to the bit.
+    parts of one size together). Per-stage links give the event model's instant to the bit. The
+    chain of unequal parts on a shared link is run once, from admission 0, and its length added to
+    each admission: the event model runs it from the admission instant, so the two differ by the
+    rounding of a few additions (a few units in the last place), not by the bit.
     """
 
     __slots__ = ("tier_name", "direction", "stages", "sizes", "latency_s", "bandwidth_bytes_per_s", "shared", "generation",
-                 "family", "_latency_only", "_has_zero", "_flows_s", "_classes")
+                 "family", "_latency_only", "_has_zero", "_flows_s")
 
     def __init__(self, scenario: Scenario, tier_name: str, direction: str, stages, sizes, *, generation: int = 0) -> None:
         tier = scenario.tier(tier_name)
@@ -166,7 +176,6 @@ class TierTransfers:
         self._has_zero = len(positive) < len(self.sizes)
         self._latency_only = bandwidth == _INFINITY or not positive
         """Only latency: nothing to send, or an infinite bandwidth (the event model's timeouts)."""
-        self._classes = None
         if self._latency_only:
             self._flows_s = 0.0
         elif not self.shared or len(positive) == 1:
@@ -177,9 +186,8 @@ class TierTransfers:
             classes = size_classes(positive)
             if len(classes[0]) == 1:  # equal parts: one step, size × count / bandwidth
                 self._flows_s = max(classes[0][0], 0.0) * classes[1][0] / bandwidth
-            else:  # the chain's steps add to the clock: run them from the admission
-                self._flows_s = math.nan
-                self._classes = classes
+            else:  # the chain's length, run once (see the class docstring on rounding)
+                self._flows_s = size_classes_end_s(0.0, classes, bandwidth)
 
     def idle_end_s(self, now_s: float) -> float:
         if not self.stages:
@@ -187,11 +195,7 @@ class TierTransfers:
         latency_s = self.latency_s
         if self._latency_only:
             return now_s + latency_s
-        admit_s = now_s + latency_s if latency_s > 0 else now_s
-        if self._classes is None:
-            end_s = admit_s + self._flows_s
-        else:
-            end_s = size_classes_end_s(admit_s, self._classes, self.bandwidth_bytes_per_s)
+        end_s = (now_s + latency_s if latency_s > 0 else now_s) + self._flows_s
         if self._has_zero:
             instant_s = now_s + latency_s
             if instant_s > end_s:
@@ -303,6 +307,7 @@ class ClosedFormRun:
             iterations_until_boundary = twin.iterations_until_boundary
         at_boundary = twin.at_boundary
         writer = twin.periodic_writer
+        cycles = twin.cycles
         by_time = self.training_s_by_iteration_time
         trajectory = self.trajectory
         timeline = self.timeline
@@ -315,6 +320,8 @@ class ClosedFormRun:
                     continue
                 if writer is not None:
                     self._cycles(writer)
+                elif cycles is not None:
+                    cycles(self)
                 remaining = math.ceil(target_iterations - self.progress - 1e-9)
                 if remaining <= 0:
                     self.reached_target = True
@@ -831,8 +838,9 @@ class ClosedFormRun:
             group.waited = False
             self._waited_group = None
 
-    def wait_transfers(self, requests, category: str, name: str) -> None:
-        """Start `requests` ((link, bytes) pairs, in order) and wait for them all."""
+    def wait_transfers(self, requests, category: str, name: str, *, idle_duration: "IdleDuration | None" = None) -> None:
+        """Start `requests` ((link, bytes) pairs, in order) and wait for them all; `idle_duration`,
+        made once from the same requests, times them when every link is idle."""
         now = self.now
         if self._busy_until_s > now:
             if self._abandoned:
@@ -844,22 +852,7 @@ class ClosedFormRun:
                     self.wait_group(self.start_transfers(requests), category, name)
                     return
         # Every link is idle: each link's batch ends at its closed form; nothing to register unless abandoned.
-        end_s = now
-        link = None
-        sizes: list[float] = []
-        for next_link, num_bytes in requests:
-            if next_link is link:
-                sizes.append(num_bytes)
-                continue
-            if link is not None:
-                batch_end_s = _idle_batch_end_s(link, sizes, now)
-                if batch_end_s > end_s:
-                    end_s = batch_end_s
-            link, sizes = next_link, [num_bytes]
-        if link is not None:
-            batch_end_s = _idle_batch_end_s(link, sizes, now)
-            if batch_end_s > end_s:
-                end_s = batch_end_s
+        end_s = (idle_duration or IdleDuration(requests)).end_s(now)
         if end_s > now:
             self._fast_wait = requests
             stopped_s = self._advance(end_s)
@@ -915,16 +908,48 @@ class ClosedFormRun:
         self.now = now
 
 
-def _idle_batch_end_s(link: FluidLink, sizes: list[float], now: float) -> float:
-    """When the transfers `sizes` started together at `now` on the idle `link` have all arrived."""
-    latency_s = link.latency_s
-    if link.instant:
-        return now + latency_s
-    positive = [size for size in sizes if size > 0]
-    end_s = now + latency_s if len(positive) < len(sizes) else -_INFINITY
-    if positive:
-        admit_s = now + latency_s if latency_s > 0 else now
-        flows_end_s = processor_sharing_end_s(admit_s, positive, link.bandwidth_bytes_per_s)
-        if flows_end_s > end_s:
-            end_s = flows_end_s
-    return end_s
+class IdleDuration:
+    """When transfers ((link, bytes) pairs, in order; consecutive ones on one link start as one batch)
+    started together on idle links have all arrived, worked out once for a set of requests.
+
+    Per batch: the instant part (a zero-byte transfer, an infinite bandwidth) ends one latency after
+    the start, the flows one latency plus their processor-sharing chain later: one flow's quotient
+    bytes / bandwidth, as the event model computes it (to the bit); several flows' chain length, run
+    once from admission 0 (to a few units in the last place, as `TierTransfers`).
+    """
+
+    __slots__ = ("_instant_latencies_s", "_flows")
+
+    def __init__(self, requests) -> None:
+        batches: list[tuple[FluidLink, list[float]]] = []
+        for link, num_bytes in requests:
+            if batches and batches[-1][0] is link:
+                batches[-1][1].append(num_bytes)
+            else:
+                batches.append((link, [num_bytes]))
+        instant_latencies_s: list[float] = []
+        flows: list[tuple[float, float]] = []
+        for link, sizes in batches:
+            positive = [size for size in sizes if size > 0]
+            if link.instant or len(positive) < len(sizes):
+                instant_latencies_s.append(link.latency_s)
+            if link.instant or not positive:
+                continue
+            if len(positive) == 1:
+                flows_s = max(positive[0], 0.0) * 1 / link.bandwidth_bytes_per_s
+            else:
+                flows_s = processor_sharing_end_s(0.0, positive, link.bandwidth_bytes_per_s)
+            flows.append((link.latency_s, flows_s))
+        self._instant_latencies_s = tuple(instant_latencies_s)
+        self._flows = tuple(flows)
+
+    def end_s(self, now: float) -> float:
+        end_s = now
+        for latency_s in self._instant_latencies_s:
+            if now + latency_s > end_s:
+                end_s = now + latency_s
+        for latency_s, flows_s in self._flows:
+            batch_end_s = (now + latency_s if latency_s > 0 else now) + flows_s
+            if batch_end_s > end_s:
+                end_s = batch_end_s
+        return end_s

@@ -16,13 +16,13 @@ from ..methods.base import embedding_weight_bytes, head_weight_bytes
 from ..methods.checkpointing import stale_stage_loss_iterations
 from ..methods.rebuild import CheckFreePlusPolicy, RebuildPolicy
 from .checkpointing import SyncCheckpointerTwin
-from .engine import ClosedFormPolicy, ClosedFormRun, TransferGroup
+from .engine import ClosedFormPolicy, ClosedFormRun, IdleDuration, TransferGroup
 
 
 class _LostSet:
     """What a set of stages lost together costs, worked out once (the plan is a pure function of the set)."""
 
-    __slots__ = ("plans", "restored", "sends", "label", "copies_edge", "transfers")
+    __slots__ = ("plans", "restored", "sends", "label", "copies_edge", "transfers", "idle_duration")
 
     def __init__(self, policy: RebuildPolicy, lost: set[int]) -> None:
         self.plans = plans = policy.plan(lost)
@@ -36,6 +36,8 @@ class _LostSet:
         """Whether `RebuildPolicy._note_random_edge_parts` may have something to say."""
         self.transfers: list | None = None
         """The weight transfers as (node link, bytes), once resolved (node links never change)."""
+        self.idle_duration: IdleDuration | None = None
+        """How long they take on idle links (`ClosedFormRun.wait_transfers`)."""
 
 
 class RebuildTwin(ClosedFormPolicy):
@@ -78,12 +80,14 @@ class RebuildTwin(ClosedFormPolicy):
         transfers = known.transfers
         if transfers is None:
             transfers = known.transfers = [(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends]
+            known.idle_duration = IdleDuration(transfers)
         if restored:
             assert self.edge_checkpointer is not None
-            transfers = transfers + self.edge_checkpointer.read_requests(run, restored)
-        if transfers:
-            name = "weight transfer and edge checkpoint read" if restored else "weight transfer"
-            run.wait_transfers(transfers, "recovery_downtime_s", name)
+            transfers = transfers + self.edge_checkpointer.read_requests(run, restored)  # this incarnation's links
+            if transfers:
+                run.wait_transfers(transfers, "recovery_downtime_s", "weight transfer and edge checkpoint read")
+        elif transfers:
+            run.wait_transfers(transfers, "recovery_downtime_s", "weight transfer", idle_duration=known.idle_duration)
         stale_iterations = 0.0
         if restored:
             stale_iterations = max(run.progress - policy.edge_checkpointer.committed_progress, 0.0)

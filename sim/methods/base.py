@@ -21,6 +21,7 @@ books it to a badput category.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from typing import TYPE_CHECKING, ClassVar, Generator
 
 from churnsim.calibration.methods import MethodConfig
@@ -33,6 +34,27 @@ from ..pipeline_state import build_pipeline_state
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
     from ..run_context import RunContext
+
+
+_RECENT_SETUPS = 16
+_states_of_recent_setups: OrderedDict[tuple, dict[tuple[int, ...] | None, PipelineState]] = OrderedDict()
+
+
+def _shared_states(scenario: Scenario, swap_odd_microbatches: bool, redundant_forward: bool) -> dict[tuple[int, ...] | None, PipelineState]:
+    """The pipeline states (per node placement) of one setup, shared by every policy of it in this
+    process: the runs of a sweep build each placement once, not once per run (a redundant run meets
+    dozens of degraded placements). A state follows from the model, pipeline, compute and network
+    alone (`build_pipeline_state`), which key the cache by value; states are frozen, so sharing them
+    is safe."""
+    key = (scenario.model, scenario.pipeline, scenario.compute, scenario.network, swap_odd_microbatches, redundant_forward)
+    states = _states_of_recent_setups.get(key)
+    if states is None:
+        states = _states_of_recent_setups[key] = {}
+        if len(_states_of_recent_setups) > _RECENT_SETUPS:
+            _states_of_recent_setups.popitem(last=False)
+    else:
+        _states_of_recent_setups.move_to_end(key)
+    return states
 
 
 class RecoveryPolicy(ABC):
@@ -48,7 +70,7 @@ class RecoveryPolicy(ABC):
         self.num_stages = scenario.pipeline.num_stages
         self.reliable_stages = reliable_stages(config, self.num_stages)
         """Stages whose failures are recorded as ignored (CheckFree's `edge_stages_reliable`)."""
-        self._states: dict[tuple[int, ...] | None, PipelineState] = {}
+        self._states = _shared_states(scenario, self.swap_odd_microbatches, self.redundant_forward)
 
     def healthy_state(self, node_of_stage: tuple[int, ...] | None = None) -> PipelineState:
         # Memoised: building a state (link matrices, validation) is costly and a degraded placement

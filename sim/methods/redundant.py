@@ -90,7 +90,8 @@ class RedundantPolicy(RecoveryPolicy):
     def _state(self):
         if not self.hosted_by:
             return self.healthy_state()
-        return self.healthy_state(tuple(self.hosted_by.get(stage, stage) for stage in range(self.num_stages)))
+        stages = range(self.num_stages)
+        return self.healthy_state(tuple(map(self.hosted_by.get, stages, stages)))
 
     def on_failures(self, context: "RunContext", failures) -> Generator:
         if self.restart.in_progress:

@@ -9,6 +9,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from churnsim.sim.closed_form.engine import IdleDuration
 from churnsim.sim.closed_form.fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
 from churnsim.sim.links import ProcessorSharingLink
 
@@ -93,3 +94,38 @@ def _check_busy_link(bandwidth: float, latency: float, batches, *, exact: bool) 
 def test_a_crowded_link_switches_to_virtual_time_and_still_agrees(bandwidth, latency, batches) -> None:
     """More active classes than `EXACT_CLASS_LIMIT` (abandoned transfers piling up): to rounding."""
     _check_busy_link(bandwidth, latency, batches, exact=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    latency=LATENCIES,
+    groups=st.lists(
+        st.tuples(st.sampled_from((7.0, 1e6, 62.5e6, math.inf)), st.lists(st.sampled_from((0.0, 1.0, 1.3, 0.7, 2.9)), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=4,
+    ),
+    base=SIZES,
+    start_s=st.floats(min_value=0.0, max_value=1e7),
+)
+def test_idle_duration_ends_transfers_on_idle_links_as_the_event_model(latency, groups, base, start_s) -> None:
+    """`IdleDuration` (worked out once, then added to each start) against the event model's links:
+    one flow per link to the bit, several flows on one link within a few units in the last place."""
+    env = simpy.Environment()
+    event_links, requests = [], []
+    for bandwidth, shapes in groups:
+        event_link = ProcessorSharingLink(env, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+        fluid_link = FluidLink(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+        event_links.append((event_link, [base * shape for shape in shapes]))
+        requests += [(fluid_link, base * shape) for shape in shapes]
+
+    def transfer():
+        yield env.timeout(start_s)
+        yield simpy.AllOf(env, [event for link, sizes in event_links for event in link.transfer_many(sizes)])
+
+    env.run(env.process(transfer()))
+    end_s = IdleDuration(requests).end_s(start_s)
+    one_flow_per_link = all(sum(1 for shape in shapes if shape > 0) <= 1 for _, shapes in groups)
+    if one_flow_per_link:
+        assert end_s == env.now
+    else:
+        assert math.isclose(end_s, env.now, rel_tol=1e-14, abs_tol=1e-12)
