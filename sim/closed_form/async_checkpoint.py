@@ -295,8 +295,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         """
         if not self.uniform_first_level:
             return
-        healthy = run.healthy_state
-        if run._state is not healthy:
+        if run._state is not run.healthy_state:
             return
         iteration_time_s = run.iteration_time_s
         copy_s = self.copy_s
@@ -304,47 +303,31 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         if max(0.0, copy_s - hidden_s) > 0:
             return  # the copy stalls training: a wait the general path books
         policy = self.policy
-        interval = policy.config.interval_iterations
-        target_iterations = run.target_iterations
-        by_time, timeline, trajectory = run.training_s_by_iteration_time, run.timeline, run.trajectory
+        timeline = run.timeline
         latency_s = self.first_latency_s
         longest_first_flow_s = self.longest_first_flow_s
         recent, pending_first = self._recent, self._pending_first
-        pending = run.pending
-        while not pending and run._state is healthy:
+
+        def snapshot() -> bool:
             now = run.now
-            remaining = math.ceil(target_iterations - run.progress - 1e-9)
-            if remaining <= 0:
-                return
-            until_boundary = interval - (run.iterations_executed - policy._origin)
-            if until_boundary > 0:
-                chunk = remaining if remaining < until_boundary else until_boundary
-                end_s = now + (chunk - 0.0) * iteration_time_s
-                if end_s >= run._next_stop_s:
-                    return
-                run.now = end_s
-                by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + (end_s - now)
-                if end_s > now:
-                    timeline.extend(("train", "train", -1, now, end_s, None))
-                run.progress += chunk
-                run.iterations_executed += chunk
-                trajectory.extend((end_s, run.progress))
-                continue
             if self._first_level_free_s > now:
-                return  # a flush still running: host slots and flush queues, the general path
+                return False  # a flush still running: host slots and flush queues, the general path
             # `at_boundary` and `_flush_first_level` for idle flushers: every stage takes the
             # snapshot at once and waits for its host copy.
             policy.num_snapshots += 1
             ready_s = now + copy_s
-            snapshot = _Snapshot(policy.num_snapshots, run.progress, now, ready_s, now, len(timeline) // 6)
+            taken = _Snapshot(policy.num_snapshots, run.progress, now, ready_s, now, len(timeline) // 6)
             start_s = now + (ready_s - now) if ready_s > now else now
-            snapshot.flush_start_s = start_s
-            snapshot.durable_s = self._first_level_free_s = (start_s + latency_s if latency_s > 0 else start_s) + longest_first_flow_s
-            self._last = snapshot
-            recent.append(snapshot)
+            taken.flush_start_s = start_s
+            taken.durable_s = self._first_level_free_s = (start_s + latency_s if latency_s > 0 else start_s) + longest_first_flow_s
+            self._last = taken
+            recent.append(taken)
             self._num_epoch_snapshots += 1
-            pending_first.append(snapshot)
+            pending_first.append(taken)
             policy._origin = run.iterations_executed
+            return True
+
+        run.run_cycles(policy.config.interval_iterations, lambda: policy._origin, snapshot)
 
     def _read(self, run: ClosedFormRun, stages) -> None:
         if self.restore is None:

@@ -308,9 +308,6 @@ class ClosedFormRun:
         at_boundary = twin.at_boundary
         writer = twin.periodic_writer
         cycles = twin.cycles
-        by_time = self.training_s_by_iteration_time
-        trajectory = self.trajectory
-        timeline = self.timeline
         while not self.deadline_hit:
             try:
                 if pending:
@@ -336,13 +333,7 @@ class ClosedFormRun:
                 start_s = self.now
                 end_s = start_s + (chunk - 0.0) * iteration_time_s
                 if end_s < self._next_stop_s and self._state is self.healthy_state:
-                    self.now = end_s
-                    by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + (end_s - start_s)
-                    if end_s > start_s:
-                        timeline.extend(("train", "train", -1, start_s, end_s, None))
-                    self.progress += chunk
-                    self.iterations_executed += chunk
-                    trajectory.extend((end_s, self.progress))
+                    self.book_unstopped_chunk(start_s, end_s, chunk, iteration_time_s)
                     continue
                 self._train(chunk)  # False when a failure or the deadline stopped it: the loop decides next
             except Interrupted:
@@ -355,49 +346,25 @@ class ClosedFormRun:
     def _cycles(self, writer) -> None:
         """Whole cycles of (iterations up to the next checkpoint, its write) that nothing can stop, inline.
 
-        The loop of `execute` with `writer.write` (a `SyncCheckpointerTwin`, the twin's
-        `periodic_writer`) as the boundary work, for as long as both the chunk and the write end
-        before the next arrival, background event and the deadline, in the healthy state, with the
-        tier idle: every step is the one the general path takes, booked alike. It returns, having
-        booked nothing of it, at the first cycle part that something could stop.
+        `run_cycles` with `writer.write` (a `SyncCheckpointerTwin`, the twin's `periodic_writer`) as
+        the boundary work, for as long as the write ends before the next arrival, background event
+        and the deadline, with the tier idle: booked as the general path books it.
         """
         checkpointer = writer.checkpointer
         transfers = writer.writes
         family = transfers.family
         serialization_s = checkpointer.serialization_s
-        interval = checkpointer.interval_iterations
-        target_iterations = self.target_iterations
-        iteration_time_s = self.iteration_time_s
-        by_time = self.training_s_by_iteration_time
-        timeline, trajectory, waits = self.timeline, self.trajectory, self.waits_s
+        timeline, waits = self.timeline, self.waits_s
         write_label, serialization_label = writer.write_label, writer.serialization_label
-        while self._state is self.healthy_state and not self.pending:
-            next_stop_s = self._next_stop_s
+
+        def write() -> bool:
             now = self.now
-            remaining = math.ceil(target_iterations - self.progress - 1e-9)
-            if remaining <= 0:
-                return
-            until_boundary = interval - (self.iterations_executed - checkpointer._origin)
-            if until_boundary > 0:
-                chunk = remaining if remaining < until_boundary else until_boundary
-                end_s = now + (chunk - 0.0) * iteration_time_s
-                if end_s >= next_stop_s:
-                    return
-                self.now = end_s
-                by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + (end_s - now)
-                if end_s > now:
-                    timeline.extend(("train", "train", -1, now, end_s, None))
-                self.progress += chunk
-                self.iterations_executed += chunk
-                trajectory.extend((end_s, self.progress))
-                continue
-            # The write (after its serialization): all of it ends before anything can stop it, or the general path does it.
             if self._busy_until_s > now and self._family_busy_until_s.get(family, -_INFINITY) > now:
-                return
+                return False
             written_s = now + serialization_s if serialization_s > 0 else now
             end_s = transfers.idle_end_s(written_s)
-            if end_s >= next_stop_s:
-                return
+            if end_s >= self._next_stop_s:
+                return False
             if serialization_s > 0:
                 waits["checkpoint_stall_s"] += written_s - now
                 if written_s > now:
@@ -410,6 +377,46 @@ class ClosedFormRun:
             checkpointer.has_checkpoint = True
             checkpointer.num_written += 1
             checkpointer._origin = self.iterations_executed
+            return True
+
+        self.run_cycles(checkpointer.interval_iterations, lambda: checkpointer._origin, write)
+
+    def run_cycles(self, interval: int, origin_of: Callable[[], int], boundary_work: Callable[[], bool]) -> None:
+        """Whole cycles of (iterations up to the next boundary, the boundary's work) that nothing can
+        stop, in the healthy state: the loop of `execute` without its checks. A boundary comes
+        `interval` iterations after `origin_of()`; `boundary_work` does the boundary's work and
+        returns True, or returns False having booked nothing when something could stop it. Returns
+        at the first part the general path must do (nothing of it booked).
+        """
+        iteration_time_s = self.iteration_time_s
+        target_iterations = self.target_iterations
+        while self._state is self.healthy_state and not self.pending:
+            remaining = math.ceil(target_iterations - self.progress - 1e-9)
+            if remaining <= 0:
+                return
+            until_boundary = interval - (self.iterations_executed - origin_of())
+            if until_boundary <= 0:
+                if not boundary_work():
+                    return
+                continue
+            chunk = remaining if remaining < until_boundary else until_boundary
+            now = self.now
+            end_s = now + (chunk - 0.0) * iteration_time_s
+            if end_s >= self._next_stop_s:
+                return
+            self.book_unstopped_chunk(now, end_s, chunk, iteration_time_s)
+
+    def book_unstopped_chunk(self, start_s: float, end_s: float, chunk: int, iteration_time_s: float) -> None:
+        """`chunk` healthy iterations from `start_s` to `end_s` that nothing stopped, booked as `_train`
+        books them (the fast paths of `execute` and the cycle loops)."""
+        self.now = end_s
+        by_time = self.training_s_by_iteration_time
+        by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + (end_s - start_s)
+        if end_s > start_s:
+            self.timeline.extend(("train", "train", -1, start_s, end_s, None))
+        self.progress += chunk
+        self.iterations_executed += chunk
+        self.trajectory.extend((end_s, self.progress))
 
     def _train(self, num_iterations: int) -> bool:
         """`Run._train`: run until `num_iterations` more iterations have completed (True), or until a
