@@ -552,7 +552,8 @@ class IterationModel:
         return self.result(state).time_s
 
 
-_SHARED_ITERATION_MODEL = IterationModel()
+_SHARED_ITERATION_MODEL = IterationModel(max_entries=256)
+"""Bounded lower than a run's own model: it outlives runs, and a large pipeline's spans take room."""
 
 
 def shared_iteration_model() -> IterationModel:
