@@ -524,6 +524,11 @@ _BEFORE_CALIBRATION: dict[str, Callable[[], tuple[Scenario, Calibration | None, 
 _CALIBRATED_SECTIONS = frozenset({"compute", "network", "storage", "recovery", "convergence"})
 
 
+def calibrated_for_settings(name: str) -> bool:
+    """Whether preset `name` takes `--set` settings before its calibration (`preset`)."""
+    return name in _BEFORE_CALIBRATION
+
+
 def preset(name: str, settings: Mapping[str, object] | None = None, *, method: str | None = None) -> Scenario:
     """A built-in scenario; with `settings` (`--set` overrides, dotted paths) and `method` (narrowed to
     that one method first, so that settings are checked against it alone).

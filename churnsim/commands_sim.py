@@ -87,6 +87,20 @@ def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[
     return apply_settings(scenario, settings) if settings else scenario
 
 
+def configured_scenario(scenario_path: Optional[Path], preset_name: Optional[str], settings: dict, *, methods, replications, seed):
+    """The scenario with --method/--replications/--seed, then the --set settings. A calibrated preset
+    (`presets.calibrated_for_settings`) takes the settings before its calibration, and so before
+    the other overrides: another setup then gets the calibration's compute model."""
+    from churnsim.calibration.presets import calibrated_for_settings
+    from churnsim.calibration.scenario_overrides import apply_settings
+
+    if settings and scenario_path is None and preset_name is not None and calibrated_for_settings(preset_name):
+        scenario = load_scenario_argument(None, preset_name, settings=settings)
+        return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
+    scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
+    return apply_settings(scenario, settings) if settings else scenario
+
+
 def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -> str:
     """How messages name the scenario: its file, or the preset."""
     return str(scenario_path) if scenario_path is not None else f"preset {preset_name}"
@@ -159,8 +173,7 @@ def simulate_command(
     from churnsim.report import show_verdict
     from churnsim.sim.simulate import simulate_scenario
 
-    scenario = load_scenario_argument(scenario_path, preset_name, settings=parse_settings(settings))
-    scenario = override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
+    scenario = configured_scenario(scenario_path, preset_name, parse_settings(settings), methods=methods, replications=replications, seed=seed)
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
@@ -295,12 +308,14 @@ def sweep_command(
 
     scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
     grid = [parse_grid_setting(text) for text in settings]
-    from churnsim.calibration.scenario_overrides import apply_settings
     from churnsim.sim.sweep import grid_points
 
-    points = [apply_settings(scenario, settings) for settings in grid_points(grid)]
+    points = [
+        configured_scenario(scenario_path, preset_name, point, methods=methods, replications=replications, seed=seed)
+        for point in grid_points(grid)
+    ]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
-    tasks = build_tasks(scenario, grid)
+    tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
     client = connect_scheduler(scheduler) if scheduler else None
     try:

@@ -89,11 +89,22 @@ def _ignore_interrupts() -> None:
 
 
 def build_tasks(
-    scenario: Scenario, grid: Sequence[GridSetting], methods: Sequence[MethodConfig] | None = None
+    scenario: Scenario,
+    grid: Sequence[GridSetting],
+    methods: Sequence[MethodConfig] | None = None,
+    *,
+    points: Sequence[Scenario] | None = None,
 ) -> list[SweepTask]:
+    """One task per grid point and replication; a point is `scenario` with the point's settings, or
+    the given `points`, one per `grid_points(grid)` in its order (a calibrated preset calibrated for
+    each point's setup: `presets.preset`)."""
     tasks = []
-    for settings in grid_points(grid):
-        point = apply_settings(scenario, settings)
+    settings_of_points = grid_points(grid)
+    if points is None:
+        points = [apply_settings(scenario, settings) for settings in settings_of_points]
+    elif len(points) != len(settings_of_points):
+        raise ValueError(f"{len(points)} points given for a grid of {len(settings_of_points)}")
+    for settings, point in zip(settings_of_points, points):
         for task in replication_tasks(point, methods):
             tasks.append(SweepTask(task=task, settings=settings, keep_trajectories=task.replication == 0))
     return tasks

@@ -110,3 +110,25 @@ def test_a_shown_preset_is_a_scenario_file_simulate_accepts(tmp_path):
     main(["simulate", str(tmp_path / "scenario.json"), "--method", "checkfree", "--replications", "1", "--out", str(tmp_path / "out")])
     runs = pd.read_csv(tmp_path / "out" / "runs.csv")
     assert list(runs["method"]) == ["checkfree"] and runs["scenario"].iloc[0] == "checkfree-124m-geo-16pct"
+
+
+def test_simulate_and_sweep_take_another_setup_of_the_calibrated_preset(tmp_path):
+    """`--set` on cpu-tiny goes in before its calibration: six or eight stages get the calibration's
+    compute model (one time per stage), not a refusal of its four per-stage times."""
+    from churnsim.calibration.apply import calibrated_compute
+    from churnsim.calibration.builtin import load_builtin_calibration
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    main(["simulate", "--preset", "cpu-tiny", "--set", "pipeline.num_stages=6", "--set", "model.num_layers=6", "--method", "none",
+          "--replications", "1", "--out", str(tmp_path / "simulated")])
+    runs = pd.read_csv(tmp_path / "simulated" / "runs.csv")
+    six = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6})
+    assert len(six.compute.block_forward_s) == 6 and six.compute == calibrated_compute(six, calibration)
+    from churnsim.sim.run import simulate_run
+
+    expected_step_s = simulate_run(six, six.methods[0], ()).healthy_iteration_time_s
+    assert runs["healthy_iteration_time_s"].to_numpy() == pytest.approx(expected_step_s, rel=1e-12)
+    main(["sweep", "--preset", "cpu-tiny", "--set", "pipeline.num_stages=4,8", "--set", "model.num_layers=8", "--method", "none",
+          "--replications", "1", "--workers", "1", "--out", str(tmp_path / "swept")])
+    swept = pd.read_csv(tmp_path / "swept" / "runs.csv")
+    assert sorted(swept["pipeline.num_stages"]) == [4, 8]
