@@ -12,7 +12,7 @@ cheap, with the same floating-point operations:
   the deadline, or a background event that changes the pipeline state while training.
 - A transfer group (checkpoint writes, reads, weight transfers) on idle links ends at the instant
   the event model's wake-up chain gives (`fluid_links.processor_sharing_end_s`), computed as a
-  number (a storage tier's transfers: the chain's length once per stage set, `TierTransfers`).
+  number, worked out once per set of transfers and added to each start (`IdleDuration`).
   A group abandoned by the trainer (a failure struck first) goes on in the event model and
   slows whatever later shares its links: it is remembered, and put on its links (`FluidLink`) only
   if a later group finds them still busy; that group is then timed with it. Background groups
@@ -37,8 +37,7 @@ simulated again in the event model (`sim/run.py`), so the answer never depends o
 
 Exactness: the results equal the event model's to floating-point rounding (the differential test
 `tests/sim/test_closed_form_equivalence.py` asserts 1e-9 relative): chunks, waits and uncontended
-transfers to the bit (unequal parts on one shared storage link: to a few units in the last place,
-`TierTransfers`); transfers on a link that other flows share (`FluidLink`) to rounding. Instants that coincide exactly (a failure at the very
+transfers to the bit (unequal parts on one link: to a few units in the last place, `IdleDuration`); transfers on a link that other flows share (`FluidLink`) to rounding. Instants that coincide exactly (a failure at the very
 end of a wait, two background completions at one instant) are ordered as the event model usually
 orders them (a failure arrival first, the deadline first, sim/closed_form/async_checkpoint.py for
 flush rounds), where the event model orders them by when SimPy scheduled each event; with
@@ -57,7 +56,7 @@ from churnsim.calibration.scenario import Scenario
 from ..accounting import WAIT_CATEGORIES, Ledger
 from ..iteration import IterationModel
 from ..pipeline_state import PipelineState
-from .fluid_links import FlowBatch, FluidLink, processor_sharing_end_s, size_classes, size_classes_end_s
+from .fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
 
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
@@ -147,17 +146,13 @@ class TierTransfers:
 
     The event model resolves one link per stage (or one shared link) and waits for all; when no
     registered flow is in flight, `idle_end_s` gives the instant it would resume at, without
-    resolving the links (this runs for every checkpoint write, read and flush round): one latency,
-    then, on per-stage links, the longest part (bytes / bandwidth, the event model's own quotient);
-    on a shared link, the event model's wake-up chain (each step ends the smallest remaining parts,
-    parts of one size together). Per-stage links give the event model's instant to the bit. The
-    chain of unequal parts on a shared link is run once, from admission 0, and its length added to
-    each admission: the event model runs it from the admission instant, so the two differ by the
-    rounding of a few additions (a few units in the last place), not by the bit.
+    resolving the links (this runs for every checkpoint write, read and flush round): the
+    `IdleDuration` of one batch per stage, or of one batch of every part on a shared link. Per-stage
+    links give the event model's instant to the bit; unequal parts on a shared link to a few units
+    in the last place (their chain is run once, see `IdleDuration`).
     """
 
-    __slots__ = ("tier_name", "direction", "stages", "sizes", "latency_s", "bandwidth_bytes_per_s", "shared", "generation",
-                 "family", "_latency_only", "_has_zero", "_flows_s")
+    __slots__ = ("tier_name", "direction", "stages", "sizes", "shared", "generation", "family", "_idle")
 
     def __init__(self, scenario: Scenario, tier_name: str, direction: str, stages, sizes, *, generation: int = 0) -> None:
         tier = scenario.tier(tier_name)
@@ -165,42 +160,19 @@ class TierTransfers:
         self.direction = direction
         self.stages = tuple(stages)
         self.sizes = tuple(float(size) for size in sizes)
-        self.latency_s = float(tier.latency_s)
-        self.bandwidth_bytes_per_s = bandwidth = float(
-            tier.write_bandwidth_bytes_per_s if direction == "write" else tier.read_bandwidth_bytes_per_s
-        )
         self.shared = tier.shared
         self.generation = generation
         self.family = (tier_name, direction, generation)
-        positive = tuple(size for size in self.sizes if size > 0)
-        self._has_zero = len(positive) < len(self.sizes)
-        self._latency_only = bandwidth == _INFINITY or not positive
-        """Only latency: nothing to send, or an infinite bandwidth (the event model's timeouts)."""
-        if self._latency_only:
-            self._flows_s = 0.0
-        elif not self.shared or len(positive) == 1:
-            # One flow per link ends at admit + size × 1 / bandwidth; rounding is monotonic, so the
-            # group ends at admit + the longest quotient.
-            self._flows_s = max(max(size, 0.0) * 1 / bandwidth for size in positive)
+        latency_s = float(tier.latency_s)
+        bandwidth = float(tier.write_bandwidth_bytes_per_s if direction == "write" else tier.read_bandwidth_bytes_per_s)
+        if self.shared:
+            batches = [(latency_s, bandwidth, self.sizes)] if self.stages else []
         else:
-            classes = size_classes(positive)
-            if len(classes[0]) == 1:  # equal parts: one step, size × count / bandwidth
-                self._flows_s = max(classes[0][0], 0.0) * classes[1][0] / bandwidth
-            else:  # the chain's length, run once (see the class docstring on rounding)
-                self._flows_s = size_classes_end_s(0.0, classes, bandwidth)
+            batches = [(latency_s, bandwidth, (size,)) for size in self.sizes]
+        self._idle = IdleDuration(batches)
 
     def idle_end_s(self, now_s: float) -> float:
-        if not self.stages:
-            return now_s
-        latency_s = self.latency_s
-        if self._latency_only:
-            return now_s + latency_s
-        end_s = (now_s + latency_s if latency_s > 0 else now_s) + self._flows_s
-        if self._has_zero:
-            instant_s = now_s + latency_s
-            if instant_s > end_s:
-                return instant_s
-        return end_s
+        return self._idle.end_s(now_s)
 
     def requests(self, run: "ClosedFormRun", generations) -> list[tuple[FluidLink, float]]:
         if self.shared and self.stages:
@@ -859,7 +831,7 @@ class ClosedFormRun:
                     self.wait_group(self.start_transfers(requests), category, name)
                     return
         # Every link is idle: each link's batch ends at its closed form; nothing to register unless abandoned.
-        end_s = (idle_duration or IdleDuration(requests)).end_s(now)
+        end_s = (idle_duration or IdleDuration.of_requests(requests)).end_s(now)
         if end_s > now:
             self._fast_wait = requests
             stopped_s = self._advance(end_s)
@@ -916,45 +888,52 @@ class ClosedFormRun:
 
 
 class IdleDuration:
-    """When transfers ((link, bytes) pairs, in order; consecutive ones on one link start as one batch)
-    started together on idle links have all arrived, worked out once for a set of requests.
+    """When batches of transfers started together on idle links have all arrived, worked out once.
 
-    Per batch: the instant part (a zero-byte transfer, an infinite bandwidth) ends one latency after
-    the start, the flows one latency plus their processor-sharing chain later: one flow's quotient
-    bytes / bandwidth, as the event model computes it (to the bit); several flows' chain length, run
-    once from admission 0 (to a few units in the last place, as `TierTransfers`).
+    A batch is (latency, bandwidth, sizes): the flows one link starts together. Its instant part (a
+    zero-byte transfer, an infinite bandwidth) ends one latency after the start, its flows one
+    latency plus their processor-sharing chain later: one flow's quotient bytes / bandwidth, as the
+    event model computes it (to the bit); equal flows' one step, size × count / bandwidth (to the
+    bit); unequal flows' chain length, run once from admission 0 (the event model runs it from the
+    admission instant: a few units in the last place). Batches of one latency keep only their
+    longest flows, which rounding, being monotonic, makes the latest end.
     """
 
-    __slots__ = ("_instant_latencies_s", "_flows")
+    __slots__ = ("_instant_latency_s", "_flows")
 
-    def __init__(self, requests) -> None:
+    def __init__(self, batches) -> None:
+        instant_latency_s: float | None = None
+        longest_flows_s: dict[float, float] = {}
+        for latency_s, bandwidth_bytes_per_s, sizes in batches:
+            positive = [size for size in sizes if size > 0]
+            instant = bandwidth_bytes_per_s == _INFINITY
+            if instant or len(positive) < len(sizes):
+                instant_latency_s = latency_s if instant_latency_s is None else max(instant_latency_s, latency_s)
+            if instant or not positive:
+                continue
+            if len(positive) == 1:
+                flows_s = max(positive[0], 0.0) * 1 / bandwidth_bytes_per_s
+            else:
+                flows_s = processor_sharing_end_s(0.0, positive, bandwidth_bytes_per_s)
+            longest_flows_s[latency_s] = max(longest_flows_s.get(latency_s, flows_s), flows_s)
+        self._instant_latency_s = instant_latency_s
+        self._flows = tuple(longest_flows_s.items())
+
+    @classmethod
+    def of_requests(cls, requests) -> "IdleDuration":
+        """For (link, bytes) pairs in order: consecutive ones on one link start as one batch."""
         batches: list[tuple[FluidLink, list[float]]] = []
         for link, num_bytes in requests:
             if batches and batches[-1][0] is link:
                 batches[-1][1].append(num_bytes)
             else:
                 batches.append((link, [num_bytes]))
-        instant_latencies_s: list[float] = []
-        flows: list[tuple[float, float]] = []
-        for link, sizes in batches:
-            positive = [size for size in sizes if size > 0]
-            if link.instant or len(positive) < len(sizes):
-                instant_latencies_s.append(link.latency_s)
-            if link.instant or not positive:
-                continue
-            if len(positive) == 1:
-                flows_s = max(positive[0], 0.0) * 1 / link.bandwidth_bytes_per_s
-            else:
-                flows_s = processor_sharing_end_s(0.0, positive, link.bandwidth_bytes_per_s)
-            flows.append((link.latency_s, flows_s))
-        self._instant_latencies_s = tuple(instant_latencies_s)
-        self._flows = tuple(flows)
+        return cls((link.latency_s, link.bandwidth_bytes_per_s, sizes) for link, sizes in batches)
 
     def end_s(self, now: float) -> float:
         end_s = now
-        for latency_s in self._instant_latencies_s:
-            if now + latency_s > end_s:
-                end_s = now + latency_s
+        if self._instant_latency_s is not None and now + self._instant_latency_s > end_s:
+            end_s = now + self._instant_latency_s
         for latency_s, flows_s in self._flows:
             batch_end_s = (now + latency_s if latency_s > 0 else now) + flows_s
             if batch_end_s > end_s:

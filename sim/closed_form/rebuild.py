@@ -80,7 +80,7 @@ class RebuildTwin(ClosedFormPolicy):
         transfers = known.transfers
         if transfers is None:
             transfers = known.transfers = [(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends]
-            known.idle_duration = IdleDuration(transfers)
+            known.idle_duration = IdleDuration.of_requests(transfers)
         if restored:
             assert self.edge_checkpointer is not None
             transfers = transfers + self.edge_checkpointer.read_requests(run, restored)  # this incarnation's links

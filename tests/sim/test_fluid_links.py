@@ -123,7 +123,7 @@ def test_idle_duration_ends_transfers_on_idle_links_as_the_event_model(latency, 
         yield simpy.AllOf(env, [event for link, sizes in event_links for event in link.transfer_many(sizes)])
 
     env.run(env.process(transfer()))
-    end_s = IdleDuration(requests).end_s(start_s)
+    end_s = IdleDuration.of_requests(requests).end_s(start_s)
     one_flow_per_link = all(sum(1 for shape in shapes if shape > 0) <= 1 for _, shapes in groups)
     if one_flow_per_link:
         assert end_s == env.now
