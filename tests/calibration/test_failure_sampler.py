@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from churnsim.calibration.churn import BurstChurn, PoissonChurn, ScheduleChurn, StageHourlyChurn, TraceChurn, WeibullChurn
+from churn_strategies import P3, churn_configs
+
+from churnsim.calibration.churn import BurstChurn, PoissonChurn, ScheduleChurn, TraceChurn, WeibullChurn
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import (
     FailurePathSpec,
@@ -19,18 +21,8 @@ from churnsim.calibration.failure_sampling import (
 from churnsim.calibration.failures import FailureSchedule, ScheduledFailure, write_failure_schedule
 
 HOUR_S = 3600.0
-P3 = {"kind": "trace", "path": "bamboo/p3-trace.csv", "format": "bamboo_csv"}
 
-_configs = st.one_of(
-    st.builds(PoissonChurn, kind=st.just("poisson"), failures_per_node_hour=st.floats(0.0, 20.0)),
-    st.builds(StageHourlyChurn, kind=st.just("stage_hourly"), failure_probability_per_stage_hour=st.floats(0.0, 0.9)),
-    st.builds(WeibullChurn, kind=st.just("weibull"), shape=st.floats(0.3, 5.0), mean_lifetime_s=st.floats(60.0, 1e5)),
-    st.builds(BurstChurn, kind=st.just("burst"), bursts_per_hour=st.floats(0.0, 20.0)),
-    st.builds(
-        TraceChurn, kind=st.just("trace"), path=st.just(P3["path"]), format=st.just("bamboo_csv"),
-        time_scale=st.floats(0.01, 3.0), window_start_s=st.sampled_from([0.0, 3600.0, 20000.0]), repeat=st.booleans(),
-    ),
-)
+_configs = churn_configs(max_events_per_hour=20.0, min_mean_lifetime_s=60.0, min_time_scale=0.01)
 
 
 @settings(max_examples=80, deadline=None)

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from churn_strategies import P3, churn_configs
+
 from churnsim.calibration.churn import (
     BurstChurn,
     NoChurn,
@@ -31,7 +33,6 @@ from churnsim.calibration.traces import load_trace
 
 HOUR_S = 3600.0
 NUM_REPLICATIONS = 200
-P3 = {"kind": "trace", "path": "bamboo/p3-trace.csv", "format": "bamboo_csv"}
 P3_END_S = 40920.0
 # More stages than the trace ever has nodes alive (32): every removed node hosts a stage, so the
 # replayed path is the trace's removals themselves and times can be compared exactly.
@@ -222,17 +223,7 @@ def test_parcae_window_replays_exactly_like_the_same_slice_of_the_p3_trace(name,
     assert parcae.events == p3_slice.events
 
 
-_configs = st.one_of(
-    st.builds(PoissonChurn, kind=st.just("poisson"), failures_per_node_hour=st.floats(0.0, 5.0)),
-    st.builds(StageHourlyChurn, kind=st.just("stage_hourly"), failure_probability_per_stage_hour=st.floats(0.0, 0.9)),
-    st.builds(WeibullChurn, kind=st.just("weibull"), shape=st.floats(0.3, 5.0), mean_lifetime_s=st.floats(300.0, 1e5)),
-    st.builds(BurstChurn, kind=st.just("burst"), bursts_per_hour=st.floats(0.0, 5.0)),
-    st.builds(
-        TraceChurn, kind=st.just("trace"), path=st.just(P3["path"]), format=st.just("bamboo_csv"),
-        time_scale=st.floats(0.1, 3.0), window_start_s=st.sampled_from([0.0, 3600.0, 20000.0]),
-        repeat=st.booleans(),
-    ),
-)
+_configs = churn_configs(max_events_per_hour=5.0, min_mean_lifetime_s=300.0, min_time_scale=0.1)
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,12 +11,12 @@ FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.01, 0.02, 0.005
 
 
 def _state(*, cores: int | None, redundant: bool = False, schedule: str = "1f1b", num_stages: int = 4, num_microbatches: int = 4) -> PipelineState:
-    return PipelineState(
+    return PipelineState.uniform(
         num_stages=num_stages,
         num_microbatches=num_microbatches,
         schedule=schedule,
-        block_forward_s=(FORWARD_S,) * num_stages,
-        block_backward_s=(BACKWARD_S,) * num_stages,
+        forward_s=FORWARD_S,
+        backward_s=BACKWARD_S,
         optimizer_step_s=OPTIMIZER_S,
         redundant_forward=redundant,
         shared_cores=cores,
