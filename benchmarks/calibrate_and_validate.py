@@ -158,10 +158,10 @@ def validate_round(out: Path, round_index: int, calibration: Path) -> dict:
     return summarize(table)
 
 
-def revalidated_rounds(out: Path) -> list[dict]:
+def revalidated_rounds(out: Path, earlier_result: dict) -> list[dict]:
     """The rounds of an earlier run in `out`, validated again by the current validator (same runs, same
     calibrations); what the earlier run recorded of each round (seeds, times) is kept."""
-    earlier = {entry["round"]: entry for entry in json.loads(RESULTS_FILE.read_text()).get("rounds", [])} if RESULTS_FILE.exists() else {}
+    earlier = {entry["round"]: entry for entry in earlier_result.get("rounds", [])}
     rounds = []
     round_index = 0
     while (out / f"round-{round_index}" / "held-out").is_dir():
@@ -202,10 +202,10 @@ def main() -> None:
     calibration = arguments.calibration
     calibrate_s = None
     if arguments.revalidate:
-        rounds = revalidated_rounds(out)
+        earlier = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
+        rounds = revalidated_rounds(out, earlier)
         if not rounds:
             parser.error(f"--revalidate: {out} holds no round-N/held-out directory of an earlier run")
-        earlier = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
         calibrate_s = earlier.get("calibrate_s")
     elif calibration is None and not arguments.recalibrate_each_round:
         calibration, calibrate_s = calibrate(out)

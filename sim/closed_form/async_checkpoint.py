@@ -293,15 +293,11 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         the iteration, a first level of per-stage links. Every step is the one the general path
         takes, booked alike; it returns, having booked nothing of it, at the first part that differs.
         """
-        if not self.uniform_first_level:
-            return
-        if run._state is not run.healthy_state:
-            return
-        iteration_time_s = run.iteration_time_s
         copy_s = self.copy_s
-        hidden_s = max(iteration_time_s - self.optimizer_step_s, 0.0)
-        if max(0.0, copy_s - hidden_s) > 0:
-            return  # the copy stalls training: a wait the general path books
+        if not self.uniform_first_level or run._state is not run.healthy_state:
+            return
+        if copy_s > max(run.iteration_time_s - self.optimizer_step_s, 0.0):
+            return  # the copy is not hidden behind the iteration: a wait the general path books
         policy = self.policy
         timeline = run.timeline
         latency_s = self.first_latency_s
