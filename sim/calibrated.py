@@ -8,6 +8,7 @@ rules are in sim/validate.py).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from churnsim.calibration.apply import apply_calibration
@@ -200,22 +201,18 @@ def replay_failures_at_steps(record: RunRecord, simulate: Callable[[tuple[Failur
 
     A real run's failure takes effect before one of its steps (the schedule's `iteration` counts the
     steps executed before it). Each failure, in step order, is placed where the simulated run, with
-    the earlier failures placed, begins that step; failures of one step strike together. A failure after the simulated
-    run's end is dropped. So a prediction keeps the run's failure pattern (which checkpoint a rollback
-    returns to, which failures overlap) even where its speed differs from the run's, which replay at
-    measured times does not (sim/validate.py). Records whose failures lack a step are replayed at
-    their measured times.
+    the earlier failures placed, begins that step; failures of one step strike together. A failure
+    after the simulated run's end is dropped. So a prediction keeps the run's failure pattern (which
+    checkpoint a rollback returns to, which failures overlap) even where its speed differs from the
+    run's, which replay at measured times does not (sim/validate.py). Records whose failures lack a
+    step are replayed at their measured times.
     """
     failures = record.failures.failures
     if not failures or any(failure.iteration is None for failure in failures):
         return replay_failures(record)
-    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.stage))
     placed: list[FailureEvent] = []
-    index = 0
-    while index < len(ordered):
-        step = int(ordered[index].iteration)  # type: ignore[arg-type]
-        same_step = [failure for failure in ordered[index:] if failure.iteration == step]
-        index += len(same_step)
+    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.stage))
+    for step, same_step in itertools.groupby(ordered, key=lambda failure: int(failure.iteration)):  # type: ignore[arg-type]
         time_s = executed_step_time_s(simulate(tuple(placed)), step)
         if time_s is None:
             break

@@ -8,10 +8,10 @@ For each run record:
    device and core count, `check_same_machine`): the calibrated setup takes its measured times, any
    other the calibration's compute cost model (calibration.compute_cost). A simulated run: its
    manifest's `scenario`, with the calibration applied in mode `full` when one is given.
-2. **Failures.** A real run's failures strike where they struck it: after the same number of
-   executed steps (`calibrated.replay_failures_at_steps`), each placed at the instant the
-   simulated run, with the earlier ones placed, has executed that many steps, just after the step
-   boundary (a real local run checks for failures between steps and loses no partial iteration).
+2. **Failures.** A real run's failures strike where they struck it: before the same step
+   (`calibrated.replay_failures_at_steps`), each placed at the instant the simulated run, with the
+   earlier ones placed, begins that step, after the work at its boundary such as a checkpoint write
+   (a real local run checks for failures between steps and loses no partial iteration).
    So a prediction keeps the run's failure pattern (the checkpoint a rollback returns to, the
    failures that overlap a recovery) when its speed differs from the run's; replayed at measured
    times, a failure of a run 20 % slower than predicted landed after the simulated run's end or
