@@ -42,12 +42,11 @@ def summary_paragraph(result: Any, *, out: Path) -> str:
 def resolve_real_scenario(scenario_path: Optional[Path], preset_name: Optional[str], method_name: Optional[str], settings: list[str]) -> Any:
     """The scenario a real run takes, with `--set` overrides, narrowed to the one method it performs."""
     from churnsim.calibration.scenario_overrides import parse_settings
-    from churnsim.commands_sim import load_scenario_argument
+    from churnsim.commands_sim import load_scenario_argument, with_settings
 
-    if method_name is None:  # the scenario's only method, or the one-line error that asks for --method
-        method_name = load_scenario_argument(scenario_path, preset_name).only_method(None).methods[0].name
     # Narrowed first, so that an override such as fewer stages is checked against this method only.
-    return load_scenario_argument(scenario_path, preset_name, settings=parse_settings(settings), method=method_name)
+    narrowed = load_scenario_argument(scenario_path, preset_name).only_method(method_name)
+    return with_settings(narrowed, preset_name, parse_settings(settings), method=narrowed.methods[0].name)
 
 
 @real_app.command("run")

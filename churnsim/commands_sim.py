@@ -68,37 +68,30 @@ def presets_command(
     Console(width=max(Console().width, 100)).print(table)
 
 
-def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str], *, settings: Optional[dict] = None, method: Optional[str] = None):
-    """The scenario named on the command line: a file or a preset, exactly one; narrowed to `method`
-    first when given, then with the `--set` settings (a calibrated preset is calibrated for them:
-    `presets.preset`)."""
+def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str]):
+    """The scenario named on the command line: a file or a preset, exactly one."""
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.presets import preset
     from churnsim.calibration.scenario import load_scenario
-    from churnsim.calibration.scenario_overrides import apply_settings
 
     if (scenario_path is None) == (preset_name is None):
         raise InputError("give a scenario file or --preset NAME (exactly one); `churnsim presets` lists the presets")
-    if scenario_path is None:
-        return preset(preset_name, settings, method=method)  # type: ignore[arg-type]
-    scenario = load_scenario(str(scenario_path))
-    if method is not None:
-        scenario = scenario.only_method(method)
-    return apply_settings(scenario, settings) if settings else scenario
+    return load_scenario(str(scenario_path)) if scenario_path is not None else preset(preset_name)
 
 
-def configured_scenario(scenario_path: Optional[Path], preset_name: Optional[str], settings: dict, *, methods, replications, seed):
-    """The scenario with --method/--replications/--seed, then the --set settings. A calibrated preset
-    (`presets.calibrated_for_settings`) takes the settings before its calibration, and so before
-    the other overrides: another setup then gets the calibration's compute model."""
-    from churnsim.calibration.presets import calibrated_for_settings
+def with_settings(base, preset_name: Optional[str], settings: dict, *, method: Optional[str] = None, overrides: Callable = lambda scenario: scenario):
+    """`base` (the named scenario, narrowed to `method` and with `overrides` applied) with the --set
+    settings. A calibrated preset (`presets.calibrated_for_settings`) is built again with them before
+    its calibration, then narrowed and overridden alike: another setup gets the calibration's
+    compute model, where the calibrated setup's per-stage times would not fit."""
+    from churnsim.calibration.presets import calibrated_for_settings, preset
     from churnsim.calibration.scenario_overrides import apply_settings
 
-    if settings and scenario_path is None and preset_name is not None and calibrated_for_settings(preset_name):
-        scenario = load_scenario_argument(None, preset_name, settings=settings)
-        return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
-    scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
-    return apply_settings(scenario, settings) if settings else scenario
+    if not settings:
+        return base
+    if preset_name is not None and calibrated_for_settings(preset_name):
+        return overrides(preset(preset_name, settings, method=method))
+    return apply_settings(base, settings)
 
 
 def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -> str:
@@ -173,7 +166,10 @@ def simulate_command(
     from churnsim.report import show_verdict
     from churnsim.sim.simulate import simulate_scenario
 
-    scenario = configured_scenario(scenario_path, preset_name, parse_settings(settings), methods=methods, replications=replications, seed=seed)
+    def overrides(scenario):
+        return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
+
+    scenario = with_settings(overrides(load_scenario_argument(scenario_path, preset_name)), preset_name, parse_settings(settings), overrides=overrides)
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
@@ -306,14 +302,14 @@ def sweep_command(
     from churnsim.report import show_verdict
     from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep, sweep_verdict, write_sweep
 
-    scenario = override_run_settings(load_scenario_argument(scenario_path, preset_name), methods=methods, replications=replications, seed=seed)
+    def overrides(scenario):
+        return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
+
+    scenario = overrides(load_scenario_argument(scenario_path, preset_name))
     grid = [parse_grid_setting(text) for text in settings]
     from churnsim.sim.sweep import grid_points
 
-    points = [
-        configured_scenario(scenario_path, preset_name, point, methods=methods, replications=replications, seed=seed)
-        for point in grid_points(grid)
-    ]
+    points = [with_settings(scenario, preset_name, point, overrides=overrides) for point in grid_points(grid)]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
     tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
