@@ -140,6 +140,11 @@ class ConvergenceSpec(StrictModel):
             raise ValueError(f"setbacks name unknown methods {unknown}; use method names from {list(METHOD_NAMES)}")
         return self
 
+    def setback_grows_with_progress(self, method: str, position: StagePosition) -> bool:
+        """Whether `setback_iterations` of this method and position depends on training progress."""
+        setbacks = self.setbacks.get(method)
+        return setbacks is not None and setbacks.for_position(position).per_progress_iteration > 0
+
     def setback_iterations(self, method: str, position: StagePosition, progress_iterations: float = 0.0) -> float:
         """Mean setback in baseline iterations for one rebuild at `progress_iterations` of training
         progress; 0 for methods that lose no progress this way."""

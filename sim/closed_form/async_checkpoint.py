@@ -325,16 +325,17 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
 
         run.run_cycles(policy.config.interval_iterations, lambda: policy._origin, snapshot)
 
-    def _read(self, run: ClosedFormRun, stages) -> None:
+    def _read(self, stages) -> tuple[TierTransfers, str] | None:
+        """The read of a restart of `stages` from the restore point's level (None: there is none)."""
         if self.restore is None:
-            return
+            return None
         level = self.restore[1]
         key = (level, tuple(stages))
         transfers = self._read_transfers.get(key)
         if transfers is None:
             sizes = [self.policy.level_bytes[level][stage] for stage in key[1]]
             transfers = self._read_transfers[key] = TierTransfers(self.scenario, self.levels[level], "read", key[1], sizes)
-        run.wait_tier_group(transfers, "recovery_downtime_s", self.read_labels[level])
+        return transfers, self.read_labels[level]
 
     def on_failures(self, run: ClosedFormRun, failures) -> None:
         self._advance_flushes(run, run.now)

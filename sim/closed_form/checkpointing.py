@@ -58,10 +58,11 @@ class SyncCheckpointerTwin:
             return []
         return self.reads(stages).requests(run, run.node_generation)
 
-    def read(self, run: ClosedFormRun, stages: Iterable[int]) -> None:
+    def read(self, stages: Iterable[int]) -> tuple[TierTransfers, str] | None:
+        """What a restart of `stages` reads (its transfers and their label), None without a checkpoint."""
         if not self.checkpointer.has_checkpoint:
-            return
-        run.wait_tier_group(self.reads(stages), "recovery_downtime_s", self.read_label)
+            return None
+        return self.reads(stages), self.read_label
 
 
 def recover(
@@ -70,10 +71,11 @@ def recover(
     failures,
     *,
     restore_progress: float,
-    read: Callable[[ClosedFormRun, Iterable[int]], None],
+    read: Callable[[Iterable[int]], tuple[TierTransfers, str] | None],
     handled_as: str | None = None,
 ) -> None:
-    """`RestartRecovery.recover`: interrupted, it is called again with the new failures and merges them."""
+    """`RestartRecovery.recover`: interrupted, it is called again with the new failures and merges them.
+    `read(stages)` gives the checkpoint read of a restart of `stages` (transfers, label), or None."""
     label = handled_as or ("rollback" if recovery.rollback == "all" else "stage_reload")
     stages = recovery.stages
     if not stages:
@@ -85,10 +87,15 @@ def recover(
     if rollback_all:
         run.rollback_to(restore_progress)
     start_s = run.now
-    run.wait_for_replacements(stages)
-    run.wait(recovery.restart_s, "recovery_downtime_s", "restart")
     ordered = tuple(sorted(stages))
-    read(run, range(recovery.num_stages) if rollback_all else ordered)
+    # What it reads is fixed before the waits: nothing they book moves a checkpoint or a restore point.
+    reading = read(range(recovery.num_stages) if rollback_all else ordered)
+    transfers, read_label = reading if reading is not None else (None, "")
+    if not run.recover_unstopped(stages, recovery.restart_s, transfers, read_label):
+        run.wait_for_replacements(stages)
+        run.wait(recovery.restart_s, "recovery_downtime_s", "restart")
+        if transfers is not None:
+            run.wait_tier_group(transfers, "recovery_downtime_s", read_label)
     if not rollback_all:
         run.lose_iterations(stale_stage_loss_iterations(recovery._stale_iterations, len(stages), recovery.num_stages))
     span_label = _RESTART_LABELS.get(ordered)

@@ -174,6 +174,10 @@ class TierTransfers:
     def idle_end_s(self, now_s: float) -> float:
         return self._idle.end_s(now_s)
 
+    def idle_from(self, run: "ClosedFormRun", start_s: float) -> bool:
+        """Whether `wait_tier_group` started at `start_s` would take its closed form (no flow of the tier in flight)."""
+        return not (run._busy_until_s > start_s and run._family_busy_until_s.get(self.family, -_INFINITY) > start_s)
+
     def requests(self, run: "ClosedFormRun", generations) -> list[tuple[FluidLink, float]]:
         if self.shared and self.stages:
             link = run.tier_link(self.tier_name, self.direction, self.stages[0], generation=self.generation)
@@ -182,6 +186,25 @@ class TierTransfers:
             (run.tier_link(self.tier_name, self.direction, stage, generation=self.generation, node_generation=generations[stage]), size)
             for stage, size in zip(self.stages, self.sizes)
         ]
+
+
+class NodeTransfers:
+    """Transfers between stages' nodes ((node link, bytes) pairs, in order) with their idle-link closed form."""
+
+    __slots__ = ("requests", "idle_duration")
+
+    def __init__(self, requests: list[tuple[FluidLink, float]]) -> None:
+        self.requests = requests
+        self.idle_duration = IdleDuration.of_requests(requests)
+
+    def idle_end_s(self, now_s: float) -> float:
+        return self.idle_duration.end_s(now_s)
+
+    def idle_from(self, run: "ClosedFormRun", start_s: float) -> bool:
+        """Whether `wait_transfers` started at `start_s` would take its closed form (each link idle)."""
+        if run._busy_until_s <= start_s:
+            return True
+        return not run._abandoned and all(link.busy_until_s <= start_s for link, _ in self.requests)
 
 
 class ClosedFormRun:
@@ -586,6 +609,43 @@ class ClosedFormRun:
         now = self.now
         if join_s > now:
             self.wait(join_s - now, "recovery_downtime_s", "join delay")
+
+    def recover_unstopped(self, stages, restart_s: float, transfers: "NodeTransfers | TierTransfers | None", transfer_label: str) -> bool:
+        """A recovery's three waits at once: the join delay of `stages`, the restart, then `transfers`
+        (weight transfers or a checkpoint read, None for none). Booked as `wait_for_replacements`,
+        `wait` and `wait_transfers` or `wait_tier_group` book them when nothing can stop them and their
+        links are idle; otherwise False, having booked nothing (the caller then waits step by step).
+        """
+        now = self.now
+        down_until = self.down_until
+        join_s = 0.0
+        for stage in stages:
+            until_s = down_until.get(stage, 0.0)
+            if until_s > join_s:
+                join_s = until_s
+        joined_s = now + (join_s - now) if join_s > now else now
+        restarted_s = joined_s + restart_s if restart_s > 0 else joined_s
+        if transfers is None:
+            end_s = restarted_s
+        elif transfers.idle_from(self, restarted_s):
+            end_s = transfers.idle_end_s(restarted_s)
+        else:
+            return False
+        if end_s >= self._next_stop_s:
+            return False
+        waits, timeline = self.waits_s, self.timeline
+        if joined_s > now:
+            waits["recovery_downtime_s"] += joined_s - now
+            timeline.extend(("join delay", "recovery", -1, now, joined_s, None))
+        if restart_s > 0:
+            waits["recovery_downtime_s"] += restarted_s - joined_s
+            if restarted_s > joined_s:
+                timeline.extend(("restart", "recovery", -1, joined_s, restarted_s, None))
+        if end_s > restarted_s:
+            waits["recovery_downtime_s"] += end_s - restarted_s
+            timeline.extend((transfer_label, "recovery", -1, restarted_s, end_s, None))
+        self.now = end_s
+        return True
 
     # ----------------------------------------------------------------- progress (sim/run_context.py)
     @property

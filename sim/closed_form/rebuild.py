@@ -16,13 +16,13 @@ from ..methods.base import embedding_weight_bytes, head_weight_bytes
 from ..methods.checkpointing import stale_stage_loss_iterations
 from ..methods.rebuild import CheckFreePlusPolicy, RebuildPolicy
 from .checkpointing import SyncCheckpointerTwin
-from .engine import ClosedFormPolicy, ClosedFormRun, IdleDuration, TransferGroup
+from .engine import ClosedFormPolicy, ClosedFormRun, NodeTransfers, TransferGroup
 
 
 class _LostSet:
     """What a set of stages lost together costs, worked out once (the plan is a pure function of the set)."""
 
-    __slots__ = ("plans", "restored", "sends", "label", "copies_edge", "transfers", "idle_duration")
+    __slots__ = ("plans", "restored", "sends", "label", "copies_edge", "transfers", "constant_setback")
 
     def __init__(self, policy: RebuildPolicy, lost: set[int]) -> None:
         self.plans = plans = policy.plan(lost)
@@ -34,10 +34,16 @@ class _LostSet:
         self.label = f"rebuild of stages {sorted(lost)}"
         self.copies_edge = any(plan.edge_part == "random_init" and plan.sources for plan in plans.values())
         """Whether `RebuildPolicy._note_random_edge_parts` may have something to say."""
-        self.transfers: list | None = None
-        """The weight transfers as (node link, bytes), once resolved (node links never change)."""
-        self.idle_duration: IdleDuration | None = None
-        """How long they take on idle links (`ClosedFormRun.wait_transfers`)."""
+        self.transfers: NodeTransfers | None = None
+        """The weight transfers on their node links, once resolved (node links never change)."""
+        self.constant_setback: float | None = None
+        if type(policy).setback_iterations is RebuildPolicy.setback_iterations and not any(
+            policy.setback_grows_with_progress(plan) for plan in plans.values()
+        ):
+            # The sum `on_failures` forms, in its order, at any progress.
+            self.constant_setback = 0
+            for plan in plans.values():
+                self.constant_setback += policy.setback_iterations(plan, 0.0)
 
 
 class RebuildTwin(ClosedFormPolicy):
@@ -75,26 +81,31 @@ class RebuildTwin(ClosedFormPolicy):
             assert policy.edge_checkpointer is not None
             policy.edge_checkpointer.node_lost()
         start_s = run.now
-        run.wait_for_replacements(lost)
-        run.wait(self.restart_s, "recovery_downtime_s", "restart")
         transfers = known.transfers
         if transfers is None:
-            transfers = known.transfers = [(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends]
-            known.idle_duration = IdleDuration.of_requests(transfers)
+            transfers = known.transfers = NodeTransfers([(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends])
         if restored:
+            run.wait_for_replacements(lost)
+            run.wait(self.restart_s, "recovery_downtime_s", "restart")
             assert self.edge_checkpointer is not None
-            transfers = transfers + self.edge_checkpointer.read_requests(run, restored)  # this incarnation's links
-            if transfers:
-                run.wait_transfers(transfers, "recovery_downtime_s", "weight transfer and edge checkpoint read")
-        elif transfers:
-            run.wait_transfers(transfers, "recovery_downtime_s", "weight transfer", idle_duration=known.idle_duration)
+            requests = transfers.requests + self.edge_checkpointer.read_requests(run, restored)  # this incarnation's links
+            if requests:
+                run.wait_transfers(requests, "recovery_downtime_s", "weight transfer and edge checkpoint read")
+        elif not run.recover_unstopped(lost, self.restart_s, transfers if transfers.requests else None, "weight transfer"):
+            # Something can stop it (a failure, a background event, the deadline) or a link is busy: step by step.
+            run.wait_for_replacements(lost)
+            run.wait(self.restart_s, "recovery_downtime_s", "restart")
+            if transfers.requests:
+                run.wait_transfers(transfers.requests, "recovery_downtime_s", "weight transfer", idle_duration=transfers.idle_duration)
         stale_iterations = 0.0
         if restored:
             stale_iterations = max(run.progress - policy.edge_checkpointer.committed_progress, 0.0)
-        progress = run.progress
-        setback = 0
-        for plan in plans.values():
-            setback += policy.setback_iterations(plan, progress)
+        setback = known.constant_setback
+        if setback is None:
+            progress = run.progress
+            setback = 0
+            for plan in plans.values():
+                setback += policy.setback_iterations(plan, progress)
         run.apply_setback(setback)
         if restored:
             run.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))

@@ -62,6 +62,10 @@ class RebuildPolicy(RecoveryPolicy):
             return 0.0  # a stale reload, charged as lost work
         return self.scenario.convergence.setback_iterations(plan.setback_method, plan.setback_position, progress)
 
+    def setback_grows_with_progress(self, plan: RebuildPlan) -> bool:
+        """Whether `setback_iterations(plan, progress)` depends on `progress` (else it is one number)."""
+        return plan.setback_method is not None and self.scenario.convergence.setback_grows_with_progress(plan.setback_method, plan.setback_position)
+
     def source_bytes(self, plan: RebuildPlan, source_index: int) -> float:
         """Bytes one source sends: its blocks, plus the CheckFree+ (de)embedding replica it holds."""
         if plan.edge_part == "replica" and source_index == 0:
