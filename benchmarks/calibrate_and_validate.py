@@ -2,6 +2,7 @@
 
     python benchmarks/calibrate_and_validate.py [--out DIR] [--calibration FILE] [--max-rounds 3] [--recalibrate-each-round]
     python benchmarks/calibrate_and_validate.py --out DIR --revalidate   # the same runs, the current validator
+    python benchmarks/calibrate_and_validate.py --resummarize           # the committed tables, the current figures
 
 1. `churnsim calibrate --quick` into OUT/cpu-tiny.json (fit runs in OUT/calibration-runs): the
    procedure that makes the built-in calibration's timing half, so the tables validate it.
@@ -15,6 +16,9 @@
    Each run injects the failure path `churnsim simulate` samples for the same scenario.
 3. `churnsim validate` of each round; per group the median |relative error| of the total
    wall-clock (absolute and load-normalised, sim/validate.py) and of the time to target.
+   Beside them, how fast the machine ran (`sim.validate.machine_speed`): each run's measured steady
+   step over the predicted one, its median and its scatter. An exact model calibrated at the
+   round's typical speed would still show the scatter as its median absolute error.
    With `--recalibrate-each-round`, every round starts with its own `calibrate --quick`: each round
    is then the whole procedure (calibrate, then predict runs of the next minutes), so a slow or fast
    spell of this 2-core machine between one calibration and a later round does not count as model
@@ -132,6 +136,23 @@ def summarize(table) -> dict[str, dict[str, float]]:
     return summary
 
 
+def machine_speeds(table) -> dict[str, dict[str, float]]:
+    """Per group, how fast the machine ran during the round's runs against the calibration
+    (`sim.validate.machine_speed`): for the calibrated setup this is the machine alone; for the other
+    setups it also holds the compute model's error at those setups."""
+    import dataclasses
+
+    from churnsim.sim.validate import machine_speed
+
+    calibrated = table["run_id"].str.contains("-calibrated-")
+    speeds = {}
+    for group, rows in (("calibrated setup", table[calibrated]), ("other setups", table[~calibrated])):
+        speed = machine_speed(rows)
+        if speed is not None:
+            speeds[group] = dataclasses.asdict(speed)
+    return speeds
+
+
 def rounds_agree(first: dict, second: dict) -> bool:
     for group in TARGETS:
         for kind in ("absolute", "load_normalised"):
@@ -154,13 +175,25 @@ def validate_round(out: Path, round_index: int, calibration: Path) -> dict:
     validation = out / f"round-{round_index}" / "validation"
     _churnsim("validate", "--calibration", str(calibration), str(held_out), "--out", str(validation), "--overwrite")
     table = pd.read_csv(validation / "validation.csv")
-    table.to_csv(RESULTS_FILE.with_name(f"calibrate-and-validate-round-{round_index}.csv"), index=False)
+    table.to_csv(round_table_file(round_index), index=False)
     return summarize(table)
+
+
+def round_table_file(round_index: int) -> Path:
+    return RESULTS_FILE.with_name(f"calibrate-and-validate-round-{round_index}.csv")
+
+
+def _print_machine_speeds(speeds: dict) -> None:
+    for group, speed in speeds.items():
+        print(f"  machine speed, {group}: steady step {speed['lowest_factor']:.2f}–{speed['highest_factor']:.2f}× predicted "
+              f"(median {speed['median_factor']:.2f}×, single runs {100 * speed['scatter']:.1f} % from it)")
 
 
 def revalidated_rounds(out: Path, earlier_result: dict) -> list[dict]:
     """The rounds of an earlier run in `out`, validated again by the current validator (same runs, same
     calibrations); what the earlier run recorded of each round (seeds, times) is kept."""
+    import pandas as pd
+
     earlier = {entry["round"]: entry for entry in earlier_result.get("rounds", [])}
     rounds = []
     round_index = 0
@@ -169,8 +202,26 @@ def revalidated_rounds(out: Path, earlier_result: dict) -> list[dict]:
         calibration = own if own.exists() else out / "cpu-tiny.json"
         summary = validate_round(out, round_index, calibration)
         _print_summary(f"round {round_index} (revalidated)", summary)
-        rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": str(calibration), "summary": summary, "revalidated": True})
+        speeds = machine_speeds(pd.read_csv(round_table_file(round_index)))
+        _print_machine_speeds(speeds)
+        rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": str(calibration), "summary": summary,
+                       "machine_speed": speeds, "revalidated": True})
         round_index += 1
+    return rounds
+
+
+def resummarized_rounds(earlier_result: dict) -> list[dict]:
+    """The committed rounds' summaries and machine speeds computed again from their committed
+    validation tables (no runs, no validator): for a new figure of the same measurement."""
+    import pandas as pd
+
+    rounds = []
+    for entry in earlier_result.get("rounds", []):
+        table = pd.read_csv(round_table_file(entry["round"]))
+        summary, speeds = summarize(table), machine_speeds(table)
+        _print_summary(f"round {entry['round']} (from its committed table)", summary)
+        _print_machine_speeds(speeds)
+        rounds.append({**entry, "summary": summary, "machine_speed": speeds})
     return rounds
 
 
@@ -182,10 +233,13 @@ def main() -> None:
     parser.add_argument("--recalibrate-each-round", action="store_true", help="run calibrate --quick at the start of every round")
     parser.add_argument("--revalidate", action="store_true",
                         help="validate the rounds already in --out again with the current validator (no new runs)")
+    parser.add_argument("--resummarize", action="store_true",
+                        help="recompute the committed rounds' figures from their committed tables (no runs, no validation)")
     parser.add_argument("--first-seed", type=int, default=100, help="seeds of the held-out runs start here (never the calibration's 0, 1)")
     arguments = parser.parse_args()
     out: Path = arguments.out
-    out.mkdir(parents=True, exist_ok=True)
+    if not arguments.resummarize:
+        out.mkdir(parents=True, exist_ok=True)
     started_all = time.perf_counter()
 
     if arguments.recalibrate_each_round and arguments.calibration is not None:
@@ -201,20 +255,26 @@ def main() -> None:
 
     calibration = arguments.calibration
     calibrate_s = None
-    if arguments.revalidate:
-        earlier = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
-        rounds = revalidated_rounds(out, earlier)
+    earlier = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
+    again = arguments.revalidate or arguments.resummarize
+    if arguments.revalidate and arguments.resummarize:
+        parser.error("--revalidate and --resummarize exclude each other")
+    if again:
+        rounds = revalidated_rounds(out, earlier) if arguments.revalidate else resummarized_rounds(earlier)
         if not rounds:
-            parser.error(f"--revalidate: {out} holds no round-N/held-out directory of an earlier run")
+            parser.error(f"--revalidate: {out} holds no round-N/held-out directory of an earlier run" if arguments.revalidate
+                         else f"--resummarize: {RESULTS_FILE} records no rounds")
         calibrate_s = earlier.get("calibrate_s")
     elif calibration is None and not arguments.recalibrate_each_round:
         calibration, calibrate_s = calibrate(out)
 
+    import pandas as pd
+
     from churnsim.real.calibration_suite import run_suite
 
-    if not arguments.revalidate:
+    if not again:
         rounds = []
-    for round_index in range(0 if arguments.revalidate else arguments.max_rounds):
+    for round_index in range(0 if again else arguments.max_rounds):
         seeds = (arguments.first_seed + 2 * round_index, arguments.first_seed + 2 * round_index + 1)
         round_calibrate_s = None
         if arguments.recalibrate_each_round:
@@ -225,10 +285,12 @@ def main() -> None:
         started = time.perf_counter()
         run_suite(plan, held_out, on_run_done=lambda run, seconds: print(f"  {run.run_id}: {seconds:.1f} s", flush=True))
         summary = validate_round(out, round_index, calibration)
+        speeds = machine_speeds(pd.read_csv(round_table_file(round_index)))
         rounds.append({"round": round_index, "seeds": list(seeds), "calibration": str(calibration), "calibrate_s": round_calibrate_s,
-                       "runs_s": time.perf_counter() - started, "summary": summary,
+                       "runs_s": time.perf_counter() - started, "summary": summary, "machine_speed": speeds,
                        "load_average_1_5_15_min": list(os.getloadavg())})
         _print_summary(f"round {round_index}", summary)
+        _print_machine_speeds(speeds)
         if len(rounds) >= 2 and rounds_agree(rounds[-2]["summary"], rounds[-1]["summary"]):
             break
 
@@ -245,7 +307,7 @@ def main() -> None:
         "benchmark": "calibrate --quick, then held-out real runs of the calibrated and other setups, validated",
         "command": "python benchmarks/calibrate_and_validate.py" + (" --recalibrate-each-round" if recalibrated else ""),
         "recalibrated_each_round": recalibrated,
-        "revalidated_by_the_current_validator": arguments.revalidate,
+        "revalidated_by_the_current_validator": arguments.revalidate or (arguments.resummarize and earlier.get("revalidated_by_the_current_validator", False)),
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "processor": platform.machine()},
         "calibration": None if recalibrated else str(rounds[-1]["calibration"]),
         "calibrate_s": calibrate_s,
@@ -254,7 +316,7 @@ def main() -> None:
         "agreement_points": AGREEMENT_POINTS,
         "rounds": rounds,
         "spread_of_last_two_rounds": spread,
-        "total_s": earlier.get("total_s") if arguments.revalidate else time.perf_counter() - started_all,
+        "total_s": earlier.get("total_s") if again else time.perf_counter() - started_all,
     }
     RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_FILE.write_text(json.dumps(result, indent=2) + "\n")

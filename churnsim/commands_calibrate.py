@@ -364,7 +364,7 @@ def print_validation(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from churnsim.sim.validate import median_absolute_error
+    from churnsim.sim.validate import machine_speed, median_absolute_error
 
     out = Console(width=max(Console().width, 120))
     out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")
@@ -374,7 +374,20 @@ def print_validation(report) -> None:
         error = "—" if not math.isfinite(row.relative_error) else f"{100 * row.relative_error:+.1f} %"
         table.add_row(row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", error)
     out.print(table)
-    summary = Table("method", "runs", "median |error| of total wall-clock", title="wall-clock error per method")
+    summary = Table("method", "runs", "median |error| of total wall-clock", "load-normalised", title="wall-clock error per method")
     for row in median_absolute_error(report.table).itertuples(index=False):
-        summary.add_row(row.method, str(row.num_runs), f"{100 * row.median_absolute_relative_error:.1f} %")
+        normalised = row.median_load_normalised_absolute_relative_error
+        summary.add_row(
+            row.method,
+            str(row.num_runs),
+            f"{100 * row.median_absolute_relative_error:.1f} %",
+            f"{100 * normalised:.1f} %" if math.isfinite(normalised) else "—",
+        )
     out.print(summary)
+    speed = machine_speed(report.table)
+    if speed is not None:
+        out.print(
+            f"machine speed: the {speed.num_runs} real runs' steady steps were {speed.lowest_factor:.2f}–{speed.highest_factor:.2f}× "
+            f"the calibration's prediction (median {speed.median_factor:.2f}×, a single run {100 * speed.scatter:.1f} % from it "
+            "in the median); the absolute errors include this, the load-normalised ones rescale each run's compute by its own factor"
+        )

@@ -559,8 +559,49 @@ def find_twin(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | No
 
 
 def median_absolute_error(table: pd.DataFrame, quantity: str = "total_wall_clock_s") -> pd.DataFrame:
-    """Per method: runs and the median of |relative_error| of `quantity`."""
+    """Per method: runs and the median of |relative_error| of `quantity`, absolute and load-normalised
+    (NaN where no run of the method has a load-normalised prediction)."""
     rows = table[table["quantity"] == quantity].copy()
     rows["absolute_error"] = rows["relative_error"].abs()
-    grouped = rows.groupby("method", sort=True)["absolute_error"]
-    return pd.DataFrame({"num_runs": grouped.count(), "median_absolute_relative_error": grouped.median()}).reset_index()
+    rows["load_normalised_absolute_error"] = rows["load_normalised_relative_error"].abs()
+    grouped = rows.groupby("method", sort=True)
+    return pd.DataFrame(
+        {
+            "num_runs": grouped["absolute_error"].count(),
+            "median_absolute_relative_error": grouped["absolute_error"].median(),
+            "median_load_normalised_absolute_relative_error": grouped["load_normalised_absolute_error"].median(),
+        }
+    ).reset_index()
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    """How fast the machine ran during the validated real runs, against the calibration: per run,
+    its measured steady step over the predicted healthy one (the load normalisation's factor)."""
+
+    num_runs: int
+    median_factor: float
+    """The typical run's steady step over the prediction: 1.1 = the machine ran 10 % slower than while calibrating."""
+    scatter: float
+    """Median of |factor / median factor − 1|: how far single runs stray from the typical one. An
+    exact model calibrated at the typical speed would still show about this median absolute error."""
+    lowest_factor: float
+    highest_factor: float
+
+
+def machine_speed(table: pd.DataFrame) -> MachineSpeed | None:
+    """The machine's speed during the real runs of a validation table that have a load-normalised
+    prediction (None if none has)."""
+    normalised_runs = table.loc[table["load_normalised_relative_error"].notna(), "run_id"].unique()
+    steady = table[(table["quantity"] == "steady_iteration_s") & table["run_id"].isin(normalised_runs) & (table["predicted"] > 0)]
+    factors = (steady["measured"] / steady["predicted"]).dropna()
+    if factors.empty:
+        return None
+    median_factor = float(factors.median())
+    return MachineSpeed(
+        num_runs=len(factors),
+        median_factor=median_factor,
+        scatter=float((factors / median_factor - 1).abs().median()),
+        lowest_factor=float(factors.min()),
+        highest_factor=float(factors.max()),
+    )

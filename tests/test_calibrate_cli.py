@@ -127,7 +127,7 @@ def test_calibrate_from_existing_records_writes_a_loadable_calibration(calibrate
     assert "checkfree" in calibration.recovery
 
 
-def test_validate_replays_held_out_real_records_close_to_measured(calibrated):
+def test_validate_replays_held_out_real_records_close_to_measured(calibrated, capsys):
     root, calibration = calibrated
     held_out = root / "held-out"
     _record(held_out, method="none", seed=7)
@@ -140,6 +140,8 @@ def test_validate_replays_held_out_real_records_close_to_measured(calibrated):
     wall_clock = table[table["quantity"] == "total_wall_clock_s"]
     # The records follow the simulator's own closed form (+1 % noise): the replay must be close.
     assert (wall_clock["relative_error"].abs() < 0.03).all(), wall_clock
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "load-normalised" in printed and "machine speed: the 2 real runs' steady steps were" in printed
 
 
 def test_validate_refuses_a_fit_run_with_one_line(calibrated):

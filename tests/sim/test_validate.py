@@ -219,3 +219,37 @@ def test_a_step_begins_after_the_work_at_its_boundary():
     assert failed.iterations_executed > 50
     assert executed_step_time_s(failed, failed.iterations_executed - 1) == pytest.approx(failed.wall_clock_s - step_s)
     assert executed_step_time_s(failed, failed.iterations_executed) is None
+
+
+def _validation_rows(run_id: str, method: str, *, steady_measured_s: float, steady_predicted_s: float, wall_error: float, normalised_error: float | None):
+    """The rows of one run that `machine_speed` and `median_absolute_error` read (other columns NaN)."""
+    wall_rows = {"run_id": run_id, "method": method, "quantity": "total_wall_clock_s", "measured": 100.0, "predicted": 100.0 * (1 + wall_error),
+                 "relative_error": wall_error, "load_normalised_relative_error": float("nan") if normalised_error is None else normalised_error}
+    steady_rows = {"run_id": run_id, "method": method, "quantity": "steady_iteration_s", "measured": steady_measured_s,
+                   "predicted": steady_predicted_s, "relative_error": steady_predicted_s / steady_measured_s - 1,
+                   "load_normalised_relative_error": float("nan")}
+    return [wall_rows, steady_rows]
+
+
+def test_machine_speed_is_each_real_run_s_steady_step_over_the_prediction():
+    from churnsim.sim.validate import machine_speed, median_absolute_error
+
+    rows = (
+        _validation_rows("a", "checkfree", steady_measured_s=0.9, steady_predicted_s=1.0, wall_error=-0.10, normalised_error=0.01)
+        + _validation_rows("b", "checkfree", steady_measured_s=1.0, steady_predicted_s=1.0, wall_error=0.02, normalised_error=-0.03)
+        + _validation_rows("c", "redundant", steady_measured_s=2.4, steady_predicted_s=2.0, wall_error=0.20, normalised_error=0.05)
+        # A simulated record has no load-normalised prediction: not a measurement of the machine.
+        + _validation_rows("d", "redundant", steady_measured_s=5.0, steady_predicted_s=1.0, wall_error=0.0, normalised_error=None)
+    )
+    table = pd.DataFrame(rows)
+    speed = machine_speed(table)
+    assert speed is not None and speed.num_runs == 3
+    assert speed.median_factor == pytest.approx(1.0)
+    assert (speed.lowest_factor, speed.highest_factor) == (pytest.approx(0.9), pytest.approx(1.2))
+    assert speed.scatter == pytest.approx(0.1)  # median of |0.9 − 1|, 0, |1.2 − 1|
+    errors = median_absolute_error(table).set_index("method")
+    assert errors.loc["checkfree", "num_runs"] == 2
+    assert errors.loc["checkfree", "median_absolute_relative_error"] == pytest.approx(0.06)
+    assert errors.loc["checkfree", "median_load_normalised_absolute_relative_error"] == pytest.approx(0.02)
+    assert errors.loc["redundant", "median_load_normalised_absolute_relative_error"] == pytest.approx(0.05)
+    assert machine_speed(table[table["run_id"] == "d"]) is None
