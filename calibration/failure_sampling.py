@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Literal
 
 import numpy as np
 
@@ -62,6 +63,15 @@ class FailureEvent:
     time_s: float
     stage: int
     kind: FailureKind
+
+
+def sorted_events(events: Iterable[FailureEvent]) -> tuple[FailureEvent, ...]:
+    """`events` in `FailureEvent`'s order (time, stage, kind). Compared as field tuples in C: on the
+    per-stage runs a sampler concatenates, several times faster than the dataclass's own `__lt__`."""
+    return tuple(sorted(events, key=_EVENT_ORDER))
+
+
+_EVENT_ORDER = operator.attrgetter("time_s", "stage", "kind")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +129,7 @@ class FailureSampler:
         self.horizon_s = horizon_s
         self.num_preemptions_seen += num_preemptions
         # Every earlier event lies before the previous horizon: sorting the new ones keeps the path sorted.
-        return tuple(sorted(events))
+        return sorted_events(events)
 
 
 def _checked_num_stages(num_stages: int) -> int:
@@ -177,7 +187,7 @@ def scheduled_failures(config: ScheduleChurn, num_stages: int) -> tuple[FailureE
                 "a schedule churn replays failures by time: fill the time_s column"
             )
         events.append(FailureEvent(time_s=failure.time_s, stage=failure.stage, kind="scheduled"))
-    return tuple(sorted(events))
+    return sorted_events(events)
 
 
 def _event_source(config: ChurnConfig, num_stages: int, rng: np.random.Generator) -> _EventSource:

@@ -29,7 +29,7 @@ from churnsim.calibration.scenario import (
     UniformNetwork,
 )
 
-from churnsim.calibration.failure_sampling import FailureEvent
+from churnsim.calibration.failure_sampling import FailureEvent, sorted_events
 from .iteration import simulate_iteration
 from .methods import build_policy
 from .pipeline_state import build_pipeline_state
@@ -163,7 +163,7 @@ def replay_failures(record: RunRecord) -> tuple[FailureEvent, ...]:
             before = metrics.loc[metrics["step"] < int(failure.iteration or 0), "wall_time_s"]  # type: ignore[arg-type]
             time_s = float(before.iloc[-1]) if not before.empty else 0.0
         events.append(FailureEvent(time_s=float(time_s), stage=failure.stage, kind=failure.kind))  # type: ignore[arg-type]
-    return tuple(sorted(events))
+    return sorted_events(events)
 
 
 STEP_PLACEMENT_DELAY_S = 1e-6
