@@ -19,7 +19,9 @@ cheap, with the same floating-point operations:
   (replica refreshes, a redundant replacement's weights) are always put on their links.
 - Whole cycles of "iterations up to the next checkpoint, then its write" run in one tight loop
   (`_cycles`) while nothing can stop them; the first part that something could stop goes through
-  the general path.
+  the general path. Likewise a recovery's join delay, restart and transfers (weights or a
+  checkpoint read) are booked in one step (`recover_unstopped`) when they end before anything can
+  stop them on idle links, else waited for one by one.
 - Background work that the event model runs as processes (lazy asynchronous flushes, redundant
   replacements, replica refreshes) is each method's own recurrence (`sim/closed_form/*.py`), or a
   completion scheduled on a small heap, evaluated when the run reaches its time.

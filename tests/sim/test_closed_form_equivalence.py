@@ -295,3 +295,33 @@ def test_closed_form_is_used_for_the_usual_configurations() -> None:
     failures = failures_for_replication(scenario)
     for method in scenario.methods:
         assert simulate_run_and_policy(scenario, method, failures).engine == "closed_form", method.name
+
+
+def test_a_recovery_booked_in_one_step_is_booked_as_its_waits_one_by_one(monkeypatch) -> None:
+    """`ClosedFormRun.recover_unstopped` (join delay, restart and transfers at once) books exactly what
+    the step-by-step waits book: the same run, to the bit, with it and with it always declining."""
+    from churnsim.sim.closed_form.engine import ClosedFormRun
+
+    scenario = preset("checkfree-500m-geo-33pct")
+    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=600, max_wall_clock_s=60 * 3600.0)})
+    failures = failures_for_replication(scenario, replication=2)
+    one_step = ClosedFormRun.recover_unstopped
+    taken = []
+
+    def counted(self, *arguments):
+        booked = one_step(self, *arguments)
+        taken.append(booked)
+        return booked
+
+    for method in scenario.methods:
+        if method.name == "none":
+            continue
+        taken.clear()
+        monkeypatch.setattr(ClosedFormRun, "recover_unstopped", counted)
+        fused = simulate_run_and_policy(scenario, method, failures, iteration_model=IterationModel())
+        assert fused.engine == "closed_form" and any(taken), method.name  # the one-step booking was used
+        monkeypatch.setattr(ClosedFormRun, "recover_unstopped", lambda self, *arguments: False)
+        stepwise = simulate_run_and_policy(scenario, method, failures, iteration_model=IterationModel())
+        assert fused.result.wall_clock_s == stepwise.result.wall_clock_s, method.name
+        assert tuple(fused.result.timeline) == tuple(stepwise.result.timeline), method.name
+        _assert_same_run(stepwise, fused, f"{method.name}: one step against waits one by one")
