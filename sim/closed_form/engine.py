@@ -601,13 +601,18 @@ class ClosedFormRun:
             label = f"{name} (interrupted)" if interrupted else name
             self.timeline.extend((label, span_category or _SPAN_CATEGORY[category], stage, start_s, now, None))
 
-    def wait_for_replacements(self, stages) -> None:
+    def _joined_s(self, stages) -> float:
+        """When the last replacement node of `stages` has joined (0 if none is down)."""
         down_until = self.down_until
         join_s = 0.0
         for stage in stages:
             until_s = down_until.get(stage, 0.0)
             if until_s > join_s:
                 join_s = until_s
+        return join_s
+
+    def wait_for_replacements(self, stages) -> None:
+        join_s = self._joined_s(stages)
         now = self.now
         if join_s > now:
             self.wait(join_s - now, "recovery_downtime_s", "join delay")
@@ -619,12 +624,7 @@ class ClosedFormRun:
         links are idle; otherwise False, having booked nothing (the caller then waits step by step).
         """
         now = self.now
-        down_until = self.down_until
-        join_s = 0.0
-        for stage in stages:
-            until_s = down_until.get(stage, 0.0)
-            if until_s > join_s:
-                join_s = until_s
+        join_s = self._joined_s(stages)
         joined_s = now + (join_s - now) if join_s > now else now
         restarted_s = joined_s + restart_s if restart_s > 0 else joined_s
         if transfers is None:
