@@ -50,7 +50,9 @@ instant may be listed in another order.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import operator
 from typing import TYPE_CHECKING, Callable
 
 from churnsim.calibration.scenario import Scenario
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 _CREDIT_TOLERANCE = 1e-9  # relative: as sim/run.py
 _SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method"}
 _INFINITY = math.inf
+_LINK_OF_REQUEST = operator.itemgetter(0)
 
 
 class Interrupted(Exception):
@@ -773,15 +776,8 @@ class ClosedFormRun:
             link, num_bytes = requests[0]
             end_s = max(end_s, self._start_batch(group, link, [num_bytes], now, background))
         else:
-            link: FluidLink | None = None
-            sizes: list[float] = []
-            for next_link, num_bytes in list(requests) + [(None, 0.0)]:
-                if next_link is link:
-                    sizes.append(num_bytes)
-                    continue
-                if link is not None:
-                    end_s = max(end_s, self._start_batch(group, link, sizes, now, background))
-                link, sizes = next_link, [num_bytes]
+            for link, same_link in itertools.groupby(requests, key=_LINK_OF_REQUEST):  # consecutive requests on one link: one batch
+                end_s = max(end_s, self._start_batch(group, link, [num_bytes for _, num_bytes in same_link], now, background))
         group.end_s = end_s
         if background:
             self._schedule_group(group)
