@@ -72,6 +72,12 @@ class RunAborted(RuntimeError):
         self.rank = rank
 
 
+def rendezvous_timeout_s(timeout_s: float, join_delay_s: float) -> float:
+    """How long a replacement's rendezvous may take: the join delay, a process start (60 s covers a
+    slow torch import on a loaded machine) and a peer's longest wait (`timeout_s`)."""
+    return timeout_s + join_delay_s + 60.0
+
+
 def stall_limit_s(timeout_s: float) -> float:
     """Heartbeat age after which the launcher declares a rank stalled: half the peer timeout
     (at least 2 s), so the launcher names the stalled rank before a healthy peer's wait times out."""
@@ -406,8 +412,7 @@ class _Supervisor:
             stage=stage,
             num_stages=self.world_size,
             incarnation=incarnation,
-            # Long enough for the join delay, a process start and a peer's longest wait.
-            rendezvous_timeout_s=self.timeout_s + self.options.join_delay_s + 60.0,
+            rendezvous_timeout_s=rendezvous_timeout_s(self.timeout_s, self.options.join_delay_s),
             run_started_unix_ns=self.run_started_unix_ns,
             death_detected_perf_s=death_detected_perf_s,
         )

@@ -36,7 +36,7 @@ from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import save_scenario
 from churnsim.real.checkpoint import SynchronousCheckpointEngine
 from churnsim.real.journal import RankJournal
-from churnsim.real.launch import launch_local, main
+from churnsim.real.launch import launch_local, main, rendezvous_timeout_s
 from churnsim.real.model import MODEL_PRESETS
 from churnsim.real.pipeline import message_flow_completes
 from churnsim.real.run_directory import RECOVERIES_FILE, WORKERS_FILE
@@ -46,6 +46,7 @@ from churnsim.real.trainer import EXTERNAL_KILL_KIND, FAILURE_KIND, TrainingConf
 NUM_STAGES = 4
 NUM_ITERATIONS = 22
 JOIN_DELAY_S = 0.3
+RUN_TIMEOUT_S = 30.0
 SCHEDULED_KILLS = ((3, 2), (7, 0))  # (step, stage): an interior stage, then stage 0 (the recorder)
 EXTERNAL_KILLS = ((12, 3),)  # (at or after step, stage): the last stage, which computes the loss
 REMOTE_BYTES_PER_S = 8e6
@@ -72,7 +73,7 @@ def _config(method: str, *, failures=SCHEDULED_KILLS, join_delay_s=JOIN_DELAY_S,
         method=method_from_name(method, **METHOD_PARAMETERS.get(method, {})),
         failures=failures,
         corpus_max_bytes=200_000,
-        timeout_s=30,
+        timeout_s=RUN_TIMEOUT_S,
         failure_mode=failure_mode,
         join_delay_s=join_delay_s,
         **fields,
@@ -153,7 +154,8 @@ def test_every_method_trains_through_three_hard_kills_with_finite_loss(runs, met
     for row in handovers:
         assert row["failure_mode"] == "hard"
         assert row["join_s"] >= JOIN_DELAY_S, row
-        assert 0 <= row["rendezvous_s"] < 10, row
+        # Bounded by the launcher's own limit (a slower rendezvous fails the run), not by a guess of the machine's speed.
+        assert 0 <= row["rendezvous_s"] < rendezvous_timeout_s(RUN_TIMEOUT_S, JOIN_DELAY_S), row
     spans = set(result.spans["kind"])
     assert {"recovery.join", "recovery.rendezvous"} <= spans
 
