@@ -86,17 +86,20 @@ class NeedsEventModel(Exception):
 class TransferGroup:
     """Transfers started together and waited for together (the event model's `all_transfers_done`)."""
 
-    __slots__ = ("batches", "instant_end_s", "end_s", "unregistered", "on_done", "version", "waited")
+    __slots__ = ("batches", "instant_end_s", "end_s", "unregistered", "background", "on_done", "version", "waited")
 
-    def __init__(self, on_done: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_done: Callable[[], None] | None = None, *, background: bool = False) -> None:
         self.batches: list[FlowBatch] = []
         self.instant_end_s = -_INFINITY
         """Latest end of its latency-only transfers (zero bytes, infinite bandwidth)."""
         self.end_s = -_INFINITY
         self.unregistered: list[FlowBatch] = []
         """Batches timed in closed form on idle links and not (yet) known to them."""
+        self.background = background or on_done is not None
+        """Nobody waits for it as it starts: its batches are put on their links, and a later flow
+        that shares one re-times its `end_s`."""
         self.on_done = on_done
-        """A background group's completion callback (called at `end_s`)."""
+        """A background group's completion callback (called at `end_s`), if it has one."""
         self.version = 0
         self.waited = False
         """True while the trainer waits for it: a later flow that moves its end is out of the closed form."""
@@ -757,20 +760,22 @@ class ClosedFormRun:
             self._links[key] = link
         return link
 
-    def start_transfers(self, requests, *, on_done: Callable[[], None] | None = None) -> TransferGroup:
+    def start_transfers(self, requests, *, on_done: Callable[[], None] | None = None, background: bool = False) -> TransferGroup:
         """Start `requests` ((link, bytes) pairs, in order) now, as `all_transfers_done` does.
 
-        Without `on_done` (the trainer will wait for it) a batch on an idle link is timed in closed
-        form and not registered; with `on_done` (background) every batch is registered and
-        `on_done` is called when the last transfer arrives, even if later flows delay it.
+        For the trainer to wait for (neither argument), a batch on an idle link is timed in closed
+        form and not registered. In the background (`background`, or an `on_done`) every batch is
+        registered and the group's `end_s` follows later flows that delay it; `on_done`, if given,
+        is called when the last transfer arrives. A background group without one costs no event:
+        its owner reads `end_s` when it gets there.
         """
         if self._abandoned:
             for link, _ in requests:
                 if link.family in self._abandoned:
                     self._register_abandoned(link.family)
         now = self.now
-        group = TransferGroup(on_done)
-        background = on_done is not None
+        group = TransferGroup(on_done, background=background)
+        background = group.background
         end_s = now
         if len(requests) == 1:
             link, num_bytes = requests[0]
@@ -779,7 +784,7 @@ class ClosedFormRun:
             for link, same_link in itertools.groupby(requests, key=_LINK_OF_REQUEST):  # consecutive requests on one link: one batch
                 end_s = max(end_s, self._start_batch(group, link, [num_bytes for _, num_bytes in same_link], now, background))
         group.end_s = end_s
-        if background:
+        if on_done is not None:
             self._schedule_group(group)
         return group
 
@@ -828,7 +833,7 @@ class ClosedFormRun:
         else:
             watched = [
                 earlier for earlier in link.batches
-                if earlier.group is not None and (earlier.group.on_done is not None or earlier.group.waited)
+                if earlier.group is not None and (earlier.group.background or earlier.group.waited)
             ]
         moved = link.add(batch, watched=watched)
         if link.busy_until_s > self._busy_until_s:

@@ -116,7 +116,13 @@ class RebuildTwin(ClosedFormPolicy):
 
 
 class CheckFreePlusTwin(RebuildTwin):
-    """CheckFree+: the (de)embedding replica refresh in the background, instead of edge checkpoints."""
+    """CheckFree+: the (de)embedding replica refresh in the background, instead of edge checkpoints.
+
+    A refresh is a background transfer group with no completion event: the event model's `done`
+    is processed exactly when the run has reached the group's end (which later flows on its links
+    may move), so the next boundary and `finish` read `end_s` against `now`, and its span is booked
+    as a background span (placed where the event model books it, `ClosedFormRun.background_span`).
+    """
 
     policy: CheckFreePlusPolicy
 
@@ -124,27 +130,36 @@ class CheckFreePlusTwin(RebuildTwin):
         super().__init__(policy, scenario)
         self.periodic_writer = None  # its boundary is the refresh
         self._refresh: TransferGroup | None = None
-        self._refresh_processed = True
+        self._refresh_started: tuple[float, int] = (0.0, 0)
+        """(start, timeline length then) of the refresh in flight, for its span."""
+        self._refresh_booked = True
         last = self.num_stages - 1
         self._refresh_track = f"links 0→1, {last}→{last - 1}"
         self._refresh_bytes = (embedding_weight_bytes(scenario), head_weight_bytes(scenario))
 
+    def _book_refresh(self, run: ClosedFormRun) -> None:
+        assert self._refresh is not None
+        start_s, marker = self._refresh_started
+        run.background_span("(de)embedding replica refresh", "flush", start_s, self._refresh.end_s, marker, track=self._refresh_track)
+        self._refresh_booked = True
+
     def at_boundary(self, run: ClosedFormRun) -> None:
         policy = self.policy
-        if self._refresh is not None and not self._refresh_processed:
-            run.wait_until(self._refresh.end_s, "method_overhead_s", "replica refresh backlog")
+        refresh = self._refresh
+        if refresh is not None and not self._refresh_booked:
+            if refresh.end_s > run.now:
+                run.wait_until(refresh.end_s, "method_overhead_s", "replica refresh backlog")
+            self._book_refresh(run)
         last = self.num_stages - 1
-        start_s = run.now
-        track = self._refresh_track
-
-        def done() -> None:
-            self._refresh_processed = True
-            run.span("(de)embedding replica refresh", "flush", start_s, track=track)  # booked in time order: on the heap
-
-        self._refresh_processed = False
+        self._refresh_started = (run.now, run.timeline_length())
+        self._refresh_booked = False
         self._refresh = run.start_transfers(
             [(run.node_link(0, 1), self._refresh_bytes[0]), (run.node_link(last, last - 1), self._refresh_bytes[1])],
-            on_done=done,
+            background=True,
         )
         policy._refresh_origin = run.iterations_executed
         policy.num_refreshes += 1
+
+    def finish(self, run: ClosedFormRun) -> None:
+        if self._refresh is not None and not self._refresh_booked and self._refresh.end_s <= run.now:
+            self._book_refresh(run)
