@@ -5,7 +5,11 @@ and its successor's weights); here a replacement is a small object whose steps a
 callbacks on the engine's heap: its transfers start when the node is ready, and their completions
 (timed on the node links, with any transfers of earlier replacements still in flight there) make
 the stage healthy again, which re-times the chunk in progress exactly as the event model's
-state-change interrupt does.
+state-change interrupt does. The successor's replica changes no state: only the next failure reads
+whether it has arrived (`RedundantPolicy.is_fatal`), so its transfer is a background group without
+an event, and the replicas that have arrived by then are counted when a failure comes
+(`_replicas_arrived`). Staleness changes only at failures, so this is what the event model's
+`yield replica` decides at the replica's arrival.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from churnsim.calibration.scenario import Scenario
 from ..methods.base import stage_weight_bytes
 from ..methods.redundant import RedundantPolicy
 from .checkpointing import SyncCheckpointerTwin, recover
-from .engine import ClosedFormPolicy, ClosedFormRun
+from .engine import ClosedFormPolicy, ClosedFormRun, TransferGroup
 
 
 class RedundantTwin(ClosedFormPolicy):
@@ -26,12 +30,28 @@ class RedundantTwin(ClosedFormPolicy):
         self.checkpointer = self.periodic_writer = SyncCheckpointerTwin(policy.checkpointer, scenario)
         self.restart_s = scenario.recovery.restart_s
         self.weight_bytes = tuple(stage_weight_bytes(scenario, stage) for stage in range(self.num_stages))
+        self.awaiting_replica: list[_Replacement] = []
+        """Replacements holding their own weights whose successor's replica had not arrived then."""
 
     def at_boundary(self, run: ClosedFormRun) -> None:
         self.checkpointer.write(run)
 
+    def _replicas_arrived(self, run: ClosedFormRun) -> None:
+        """The successor replicas that have arrived by now: no longer missing, unless their
+        replacement went stale first (a failure since, which came through here before it changed that)."""
+        still_awaited = []
+        for replacement in self.awaiting_replica:
+            if replacement.replica is not None and replacement.replica.end_s <= run.now:
+                if not replacement.stale():
+                    self.policy.replica_missing.discard(replacement.stage + 1)
+            else:
+                still_awaited.append(replacement)
+        self.awaiting_replica = still_awaited
+
     def on_failures(self, run: ClosedFormRun, failures) -> None:
         policy = self.policy
+        if self.awaiting_replica:
+            self._replicas_arrived(run)
         if policy.restart.in_progress:
             self._restart(run, failures)
             return
@@ -69,7 +89,7 @@ class RedundantTwin(ClosedFormPolicy):
 class _Replacement:
     """`RedundantPolicy._replace` for one replacement node: ready, then the stage's weights, then its successor's."""
 
-    __slots__ = ("twin", "run", "stage", "epoch", "token", "failed_s", "waiting_for_replica", "replica_arrived")
+    __slots__ = ("twin", "run", "stage", "epoch", "token", "failed_s", "replica")
 
     def __init__(self, twin: RedundantTwin, run: ClosedFormRun, stage: int, epoch: int, token: int, failed_s: float) -> None:
         self.twin = twin
@@ -78,8 +98,8 @@ class _Replacement:
         self.epoch = epoch
         self.token = token
         self.failed_s = failed_s
-        self.waiting_for_replica = False
-        self.replica_arrived = False
+        self.replica: TransferGroup | None = None
+        """The successor's replica on its way (a background group: its end follows the link)."""
 
     def stale(self) -> bool:
         policy = self.twin.policy
@@ -91,7 +111,7 @@ class _Replacement:
         run, stage, weight_bytes = self.run, self.stage, self.twin.weight_bytes
         run.start_transfers([(run.node_link(stage - 1, stage), weight_bytes[stage])], on_done=self.own_done)
         if stage + 1 < self.twin.num_stages:
-            run.start_transfers([(run.node_link(stage + 1, stage), weight_bytes[stage + 1])], on_done=self.replica_done)
+            self.replica = run.start_transfers([(run.node_link(stage + 1, stage), weight_bytes[stage + 1])], background=True)
 
     def own_done(self) -> None:
         if self.stale():
@@ -100,13 +120,8 @@ class _Replacement:
         del policy.hosted_by[stage]
         run.set_pipeline_state(policy._state())
         run.span(f"stage {stage} run by node {stage - 1}", "degraded", self.failed_s, stage=stage)
-        if stage + 1 < self.twin.num_stages:
-            if self.replica_arrived:
-                policy.replica_missing.discard(stage + 1)  # its event had fired: the process goes on at once
+        if self.replica is not None:
+            if self.replica.end_s <= run.now:
+                policy.replica_missing.discard(stage + 1)  # it has arrived: the process goes on at once
             else:
-                self.waiting_for_replica = True
-
-    def replica_done(self) -> None:
-        self.replica_arrived = True
-        if self.waiting_for_replica and not self.stale():
-            self.twin.policy.replica_missing.discard(self.stage + 1)
+                self.twin.awaiting_replica.append(self)
