@@ -23,8 +23,10 @@ cheap, with the same floating-point operations:
   checkpoint read) are booked in one step (`recover_unstopped`) when they end before anything can
   stop them on idle links, else waited for one by one.
 - Background work that the event model runs as processes (lazy asynchronous flushes, redundant
-  replacements, replica refreshes) is each method's own recurrence (`sim/closed_form/*.py`), or a
-  completion scheduled on a small heap, evaluated when the run reaches its time.
+  replacements, replica refreshes) is each method's own recurrence (`sim/closed_form/*.py`), a
+  completion scheduled on a small heap, evaluated when the run reaches its time, or, where the
+  completion changes nothing until its owner looks (CheckFree+'s refresh, a redundant successor's
+  replica), a background group whose `end_s` the owner reads when it gets there: no event at all.
 - A failure during a recovery raises `Interrupted` out of the wait in progress, books the
   interrupted part, and the method's recovery is called again with the new failures, exactly as the
   event model re-enters it: the remaining wait is recomputed, never replayed event by event.
