@@ -130,9 +130,9 @@ class CheckFreePlusTwin(RebuildTwin):
         super().__init__(policy, scenario)
         self.periodic_writer = None  # its boundary is the refresh
         self._refresh: TransferGroup | None = None
+        """The refresh whose span is not booked yet (None once it is)."""
         self._refresh_started: tuple[float, int] = (0.0, 0)
-        """(start, timeline length then) of the refresh in flight, for its span."""
-        self._refresh_booked = True
+        """(start, timeline length then) of that refresh, for its span."""
         last = self.num_stages - 1
         self._refresh_track = f"links 0→1, {last}→{last - 1}"
         self._refresh_bytes = (embedding_weight_bytes(scenario), head_weight_bytes(scenario))
@@ -141,18 +141,17 @@ class CheckFreePlusTwin(RebuildTwin):
         assert self._refresh is not None
         start_s, marker = self._refresh_started
         run.background_span("(de)embedding replica refresh", "flush", start_s, self._refresh.end_s, marker, track=self._refresh_track)
-        self._refresh_booked = True
+        self._refresh = None
 
     def at_boundary(self, run: ClosedFormRun) -> None:
         policy = self.policy
         refresh = self._refresh
-        if refresh is not None and not self._refresh_booked:
+        if refresh is not None:
             if refresh.end_s > run.now:
                 run.wait_until(refresh.end_s, "method_overhead_s", "replica refresh backlog")
             self._book_refresh(run)
         last = self.num_stages - 1
         self._refresh_started = (run.now, run.timeline_length())
-        self._refresh_booked = False
         self._refresh = run.start_transfers(
             [(run.node_link(0, 1), self._refresh_bytes[0]), (run.node_link(last, last - 1), self._refresh_bytes[1])],
             background=True,
@@ -161,5 +160,5 @@ class CheckFreePlusTwin(RebuildTwin):
         policy.num_refreshes += 1
 
     def finish(self, run: ClosedFormRun) -> None:
-        if self._refresh is not None and not self._refresh_booked and self._refresh.end_s <= run.now:
+        if self._refresh is not None and self._refresh.end_s <= run.now:
             self._book_refresh(run)
