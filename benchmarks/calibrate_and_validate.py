@@ -167,8 +167,8 @@ def _print_summary(label: str, summary: dict) -> None:
         print(f"  {group:34s} {100 * figures['absolute']:6.1f} % / {100 * figures['load_normalised']:6.1f} %   n={figures['runs']}")
 
 
-def validate_round(out: Path, round_index: int, calibration: Path) -> dict:
-    """`churnsim validate` of one round's held-out runs; its table is committed, its summary returned."""
+def validate_round(out: Path, round_index: int, calibration: Path):
+    """`churnsim validate` of one round's held-out runs; its table, also committed."""
     import pandas as pd
 
     held_out = out / f"round-{round_index}" / "held-out"
@@ -176,7 +176,15 @@ def validate_round(out: Path, round_index: int, calibration: Path) -> dict:
     _churnsim("validate", "--calibration", str(calibration), str(held_out), "--out", str(validation), "--overwrite")
     table = pd.read_csv(validation / "validation.csv")
     table.to_csv(round_table_file(round_index), index=False)
-    return summarize(table)
+    return table
+
+
+def round_figures(table, label: str) -> dict:
+    """A round's headline figures from its validation table (`summary`, `machine_speed`), printed."""
+    summary, speeds = summarize(table), machine_speeds(table)
+    _print_summary(label, summary)
+    _print_machine_speeds(speeds)
+    return {"summary": summary, "machine_speed": speeds}
 
 
 def round_table_file(round_index: int) -> Path:
@@ -192,20 +200,14 @@ def _print_machine_speeds(speeds: dict) -> None:
 def revalidated_rounds(out: Path, earlier_result: dict) -> list[dict]:
     """The rounds of an earlier run in `out`, validated again by the current validator (same runs, same
     calibrations); what the earlier run recorded of each round (seeds, times) is kept."""
-    import pandas as pd
-
     earlier = {entry["round"]: entry for entry in earlier_result.get("rounds", [])}
     rounds = []
     round_index = 0
     while (out / f"round-{round_index}" / "held-out").is_dir():
         own = out / f"round-{round_index}" / "cpu-tiny.json"
         calibration = own if own.exists() else out / "cpu-tiny.json"
-        summary = validate_round(out, round_index, calibration)
-        _print_summary(f"round {round_index} (revalidated)", summary)
-        speeds = machine_speeds(pd.read_csv(round_table_file(round_index)))
-        _print_machine_speeds(speeds)
-        rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": str(calibration), "summary": summary,
-                       "machine_speed": speeds, "revalidated": True})
+        figures = round_figures(validate_round(out, round_index, calibration), f"round {round_index} (revalidated)")
+        rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": str(calibration), **figures, "revalidated": True})
         round_index += 1
     return rounds
 
@@ -217,11 +219,8 @@ def resummarized_rounds(earlier_result: dict) -> list[dict]:
 
     rounds = []
     for entry in earlier_result.get("rounds", []):
-        table = pd.read_csv(round_table_file(entry["round"]))
-        summary, speeds = summarize(table), machine_speeds(table)
-        _print_summary(f"round {entry['round']} (from its committed table)", summary)
-        _print_machine_speeds(speeds)
-        rounds.append({**entry, "summary": summary, "machine_speed": speeds})
+        figures = round_figures(pd.read_csv(round_table_file(entry["round"])), f"round {entry['round']} (from its committed table)")
+        rounds.append({**entry, **figures})
     return rounds
 
 
@@ -268,8 +267,6 @@ def main() -> None:
     elif calibration is None and not arguments.recalibrate_each_round:
         calibration, calibrate_s = calibrate(out)
 
-    import pandas as pd
-
     from churnsim.real.calibration_suite import run_suite
 
     if not again:
@@ -284,13 +281,11 @@ def main() -> None:
         print(f"round {round_index}: {len(plan)} held-out runs, seeds {seeds} ...", flush=True)
         started = time.perf_counter()
         run_suite(plan, held_out, on_run_done=lambda run, seconds: print(f"  {run.run_id}: {seconds:.1f} s", flush=True))
-        summary = validate_round(out, round_index, calibration)
-        speeds = machine_speeds(pd.read_csv(round_table_file(round_index)))
+        table = validate_round(out, round_index, calibration)
+        runs_s = time.perf_counter() - started
+        figures = round_figures(table, f"round {round_index}")
         rounds.append({"round": round_index, "seeds": list(seeds), "calibration": str(calibration), "calibrate_s": round_calibrate_s,
-                       "runs_s": time.perf_counter() - started, "summary": summary, "machine_speed": speeds,
-                       "load_average_1_5_15_min": list(os.getloadavg())})
-        _print_summary(f"round {round_index}", summary)
-        _print_machine_speeds(speeds)
+                       "runs_s": runs_s, **figures, "load_average_1_5_15_min": list(os.getloadavg())})
         if len(rounds) >= 2 and rounds_agree(rounds[-2]["summary"], rounds[-1]["summary"]):
             break
 
