@@ -3,8 +3,8 @@
 Runs `--runs` identical no-failure real runs of `cpu-tiny` back to back (`churnsim real run`, method
 `none`, no churn, `--steps` steps, extra `--set` settings as given). Before each it times a fixed
 one-thread probe (60 products of two 256 × 256 matrices, best of three). For every run: the probe
-and the median steady step (wall-clock between consecutive steps, the first 20 left out), and the
-median of each half of those steps. It answers whether the absolute validation error of issue 9
+and the median steady step (`calibration.fit_timing.steady_iteration_times_s`: the steps that
+calibration and validation time), and the median of each half of those steps. It answers whether the absolute validation error of issue 9
 can be below the machine's own run-to-run noise, and whether a measurement before a run could
 correct for it. Appends to benchmarks/results/identical-runs-spread.json (one entry per call). A
 benchmark, not a test: minutes of real runs; run nothing else beside it.
@@ -15,7 +15,6 @@ benchmark, not a test: minutes of real runs; run nothing else beside it.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
@@ -28,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import RESULTS_DIRECTORY, machine  # noqa: E402
 
+from churnsim.calibration.fit_timing import steady_iteration_times_s  # noqa: E402
+from churnsim.calibration.run_record import read_run_record  # noqa: E402
+
 RESULTS_FILE = RESULTS_DIRECTORY / "identical-runs-spread.json"
-WARM_STEPS = 20
 
 
 def probe_s() -> float:
@@ -44,12 +45,6 @@ def probe_s() -> float:
             matrix @ matrix
         best = min(best, time.perf_counter() - started)
     return best
-
-
-def steady_steps_s(run_directory: Path) -> list[float]:
-    with open(run_directory / "metrics.csv", newline="") as metrics:
-        times = [float(row["wall_time_s"]) for row in csv.DictReader(metrics)]
-    return [later - earlier for earlier, later in zip(times[WARM_STEPS:], times[WARM_STEPS + 1:])]
 
 
 def main() -> None:
@@ -68,7 +63,7 @@ def main() -> None:
             for setting in settings:
                 command += ["--set", setting]
             subprocess.run(command, check=True, capture_output=True)
-            steps = steady_steps_s(run_directory)
+            steps = steady_iteration_times_s(read_run_record(run_directory)).tolist()  # as calibration and validation take them
         half = len(steps) // 2
         row = {
             "probe_s": probe,
