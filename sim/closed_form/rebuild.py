@@ -91,7 +91,7 @@ class RebuildTwin(ClosedFormPolicy):
             requests = transfers.requests + self.edge_checkpointer.read_requests(run, restored)  # this incarnation's links
             if requests:
                 run.wait_transfers(requests, "recovery_downtime_s", "weight transfer and edge checkpoint read")
-        elif not run.recover_unstopped(lost, self.restart_s, transfers if transfers.requests else None, "weight transfer"):
+        elif not run.recover_unstopped(lost, self.restart_s, transfers, "weight transfer"):
             # Something can stop it (a failure, a background event, the deadline) or a link is busy: step by step.
             run.wait_for_replacements(lost)
             run.wait(self.restart_s, "recovery_downtime_s", "restart")

@@ -31,7 +31,7 @@ class RedundantTwin(ClosedFormPolicy):
         self.restart_s = scenario.recovery.restart_s
         self.weight_bytes = tuple(stage_weight_bytes(scenario, stage) for stage in range(self.num_stages))
         self.awaiting_replica: list[_Replacement] = []
-        """Replacements holding their own weights whose successor's replica had not arrived then."""
+        """Replacements holding their own weights whose successor's replica (never None here) had not arrived then."""
 
     def at_boundary(self, run: ClosedFormRun) -> None:
         self.checkpointer.write(run)
@@ -41,7 +41,7 @@ class RedundantTwin(ClosedFormPolicy):
         replacement went stale first (a failure since, which came through here before it changed that)."""
         still_awaited = []
         for replacement in self.awaiting_replica:
-            if replacement.replica is not None and replacement.replica.end_s <= run.now:
+            if replacement.replica.end_s <= run.now:
                 if not replacement.stale():
                     self.policy.replica_missing.discard(replacement.stage + 1)
             else:
