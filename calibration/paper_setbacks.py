@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy import optimize
 
 from .churn import stage_hourly_probability_to_rate_per_s
 from .convergence import MethodSetbacks, PowerLawLossCurve, SetbackSpec, default_setbacks
@@ -166,6 +165,8 @@ def solve_setback(model: ProgressModel, curve: PowerLawLossCurve, observed_loss:
         return SetbackSolution(setback_iterations=0.0, bound="no_failure_curve")
     if statistic(max_setback_iterations) < observed_loss:
         return SetbackSolution(setback_iterations=max_setback_iterations, bound="saturated")
+    from scipy import optimize  # lazily: presets import this module, only a fit solves (issue 11)
+
     root = optimize.brentq(lambda s: statistic(s) - observed_loss, 0.0, max_setback_iterations, xtol=1e-3, rtol=1e-6)
     return SetbackSolution(setback_iterations=float(root))
 

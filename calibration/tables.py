@@ -7,11 +7,13 @@ for). One row per observation; every time in seconds.
 from __future__ import annotations
 
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .errors import InputError
 from .methods import speedup_baselines
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Where a run's wall-clock time goes, in stacking order: goodput_s + the rest == wall_clock_s.
 TIME_CATEGORIES: tuple[str, ...] = (
@@ -148,6 +150,8 @@ COMMUNICATION_SPAN_KINDS: frozenset[str] = frozenset({"send", "receive", "send_w
 
 def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     """Read a CSV or Parquet result table and check it has `columns`."""
+    import pandas as pd  # here, not at the top: the simulator reads this module's columns, not its tables (issue 11)
+
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such result table; run the command that writes it first")

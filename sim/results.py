@@ -8,29 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
+from churnsim.calibration.tables import TIME_CATEGORIES
 
-def badput_categories() -> tuple[str, ...]:
-    """Where wall-clock time goes besides goodput: goodput_s + sum(badput) == wall_clock_s for every
-    run (definitions in calibration/tables.py and sim/accounting.py).
-
-    Read from the contract when first asked, not when this module is imported: calibration/tables.py
-    imports pandas, which would otherwise be half of the time `import churnsim.sim.run` takes.
-    """
-    global BADPUT_CATEGORIES
-    known = globals().get("BADPUT_CATEGORIES")
-    if known is not None:
-        return known
-    from churnsim.calibration.tables import TIME_CATEGORIES
-
-    BADPUT_CATEGORIES = TIME_CATEGORIES[1:]
-    return BADPUT_CATEGORIES
-
-
-def __getattr__(name: str):
-    # `BADPUT_CATEGORIES` is a module constant that appears on first use (PEP 562).
-    if name == "BADPUT_CATEGORIES":
-        return badput_categories()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+BADPUT_CATEGORIES: tuple[str, ...] = TIME_CATEGORIES[1:]
+"""Where wall-clock time goes besides goodput: goodput_s + sum(badput) == wall_clock_s for every run
+(definitions in calibration/tables.py and sim/accounting.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +76,7 @@ class RunResult:
             "num_failures": len(self.failures),
             "goodput_s": self.goodput_s,
         }
-        summary.update({category: self.badput[category] for category in badput_categories()})
+        summary.update({category: self.badput[category] for category in BADPUT_CATEGORIES})
         return summary
 
 

@@ -79,3 +79,21 @@ print(json.dumps(sorted(sys.modules)), file=sys.stderr)
     heavy = ("rich", "pydantic", "torch", "simpy", "numpy", "pandas", "churnsim.sim", "churnsim.calibration.scenario")
     offenders = sorted(name for name in loaded if any(name == root or name.startswith(root + ".") for root in heavy))
     assert not offenders, f"`churnsim {' '.join(arguments)}` imports {offenders[:5]}"
+
+
+def test_a_simulated_run_of_a_preset_imports_neither_pandas_nor_scipy():
+    # pandas is for writing tables and scipy for fits and intervals; one run needs neither (issue 11).
+    code = """
+import json, sys
+from churnsim.calibration.failure_sampling import failures_for_replication
+from churnsim.calibration.methods import method_from_name
+from churnsim.calibration.presets import preset
+from churnsim.sim.run import simulate_run
+scenario = preset("checkfree-500m-geo-16pct", {"target.loss": None, "target.iterations": 200})
+simulate_run(scenario, method_from_name("checkfree"), failures_for_replication(scenario))
+print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(completed.stderr))
+    offenders = sorted(name for name in loaded if name.split(".")[0] in ("pandas", "scipy"))
+    assert not offenders, f"a simulated run imports {offenders[:5]}"
