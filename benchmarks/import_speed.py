@@ -11,12 +11,19 @@ Also lists the ten heaviest imports of `churnsim.sim.run` (`python -X importtime
 event-model reference here: imports are the same in both engines. Writes
 benchmarks/results/import-speed.json.
 
+Bytecode: a user's second command finds churnsim's modules compiled in `__pycache__` (Python writes
+them on the first import), so the timed commands run with bytecode writing allowed, after one
+warm-up that writes them, even where the environment sets PYTHONDONTWRITEBYTECODE (this machine
+does: without the caches every import compiles churnsim's ~30 modules from source, ≈ 75 ms of an
+import of `churnsim.sim.run` by cProfile, 2026-11-26; the first command after an install pays that).
+
     python benchmarks/import_speed.py [--max-rounds 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -39,8 +46,17 @@ def commands() -> dict[str, list[str]]:
     }
 
 
+def cached_bytecode_environment() -> dict[str, str]:
+    """The environment of a user's shell: bytecode written to (and read from) `__pycache__`."""
+    environment = dict(os.environ)
+    environment.pop("PYTHONDONTWRITEBYTECODE", None)
+    return environment
+
+
 def heaviest_imports(module: str, count: int = 10) -> list[tuple[str, float]]:
-    completed = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True)
+    completed = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"], env=cached_bytecode_environment(), capture_output=True, text=True, check=True
+    )
     rows = []
     for line in completed.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line or "cumulative" in line:
@@ -56,11 +72,14 @@ def main() -> None:
     parser.add_argument("--max-rounds", type=int, default=8)
     arguments = parser.parse_args()
     to_run = commands()
+    environment = cached_bytecode_environment()
+    for command in to_run.values():  # the warm-up: writes the bytecode caches
+        subprocess.run(command, env=environment, capture_output=True, check=True)
 
     def one_round() -> dict:
         result = {}
         for name, command in to_run.items():
-            wall, cpu, completed = timed(lambda: subprocess.run(command, capture_output=True, check=True))
+            wall, cpu, completed = timed(lambda: subprocess.run(command, env=environment, capture_output=True, check=True))
             result[name] = (wall, cpu)
         return result
 

@@ -5,8 +5,6 @@ model that forbids unknown keys, is immutable once built, and is read through `l
 reports the first problem as `<file>: <field path> = <value>: <what is wrong>; <fix>`.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import tempfile
@@ -22,7 +20,12 @@ SCHEMA_VERSION = 1
 
 
 class StrictModel(BaseModel):
-    """Base of every contract model: unknown keys are errors, values are immutable."""
+    """Base of every contract model: unknown keys are errors, values are immutable.
+
+    Modules that define models do without `from __future__ import annotations`: pydantic would turn
+    every string annotation back into a type when the class is created, which was half of the
+    models' share of `import churnsim.sim.run` (tests/calibration/test_model_modules.py keeps it so).
+    """
 
     # Infinite bandwidths are legal values; JSON has no literal for them, so they travel as "Infinity".
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, ser_json_inf_nan="strings")

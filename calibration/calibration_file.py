@@ -4,8 +4,6 @@ JSON, validated like every contract file. Durations are medians with a spread (t
 range) and the number of samples behind them, so a reader can judge how much to trust them.
 """
 
-from __future__ import annotations
-
 from pydantic import Field
 
 from .base import SCHEMA_VERSION, StrictModel, load_model, save_model

@@ -14,8 +14,6 @@ A scenario's `churn` field is one of the models below, told apart by its `kind`:
 This module only describes and validates; it imports neither numpy nor the simulator.
 """
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 from typing import Annotated, Literal, Union

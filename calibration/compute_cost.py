@@ -22,8 +22,6 @@ against the stage's parameters (fixed + per parameter), and the per-iteration ti
 spans against the number of microbatches (`iteration_overhead_s` + per microbatch).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 import numpy as np

@@ -10,8 +10,6 @@ The baseline is a shifted power law, L(i) = floor + scale · (i + offset)^(−ex
 empirical form of LLM loss against steps (Kaplan et al., arXiv 2001.08361, fit per run here).
 """
 
-from __future__ import annotations
-
 import math
 from typing import Any, Literal
 

@@ -14,8 +14,6 @@ so a new method needs no edit to this module. sim/ and real/ each keep one class
 (`sim.methods.POLICIES`, `real.methods.METHODS`); a test checks that the three registries agree.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 

@@ -10,8 +10,6 @@ back after a rollback. Times are seconds since the start of the run. A record is
 temporary sibling directory and renamed into place, so a crash leaves no half-written record.
 """
 
-from __future__ import annotations
-
 import datetime as _datetime
 import json
 import os

@@ -4,8 +4,6 @@ A scenario file is JSON (see README "File formats"): JSON round-trips every valu
 extra dependency and is what pydantic validates natively. Units are in the field names.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Annotated, Literal, Union
 
