@@ -780,10 +780,6 @@ class ClosedFormRun:
         now = self.now
         group = TransferGroup(on_done, background=background)
         background = group.background
-        if background and self._waited_group is None and self._fast_wait is None and self._start_on_idle_links(group, requests, now):
-            if on_done is not None:
-                self._schedule_group(group)
-            return group
         end_s = now
         if len(requests) == 1:
             link, num_bytes = requests[0]
@@ -795,35 +791,6 @@ class ClosedFormRun:
         if on_done is not None:
             self._schedule_group(group)
         return group
-
-    def _start_on_idle_links(self, group: TransferGroup, requests, now: float) -> bool:
-        """Start a background group whose requests are single flows on distinct idle links (a replica
-        refresh, a replica copy: the usual case) as `_start_batch` and `_add_to_link` start them, with
-        none of their cases to tell apart: each batch ends at the idle link's closed form. False,
-        having started nothing, for any other group."""
-        previous = None
-        for link, num_bytes in requests:
-            if link is previous or link.instant or not num_bytes > 0 or link.busy_until_s > now:
-                return False
-            previous = link
-        if len(requests) > 2 and len({id(link) for link, _ in requests}) < len(requests):
-            return False  # a link named twice, apart: its second batch joins the first
-        end_s = now
-        for link, num_bytes in requests:
-            latency_s = link.latency_s
-            batch = FlowBatch(now + latency_s if latency_s > 0 else now, (num_bytes,), group, link)
-            group.batches.append(batch)
-            link.add(batch)
-            busy_until_s = link.busy_until_s
-            if busy_until_s > self._busy_until_s:
-                self._busy_until_s = busy_until_s
-            family = link.family
-            if family is not None and busy_until_s > self._family_busy_until_s.get(family, -_INFINITY):
-                self._family_busy_until_s[family] = busy_until_s
-            if batch.end_s > end_s:
-                end_s = batch.end_s
-        group.end_s = end_s
-        return True
 
     def _start_batch(self, group: TransferGroup, link: FluidLink, sizes: list[float], now: float, background: bool) -> float:
         latency_s = link.latency_s
