@@ -359,14 +359,13 @@ class ClosedFormRun:
         """
         checkpointer = writer.checkpointer
         transfers = writer.writes
-        family = transfers.family
         serialization_s = checkpointer.serialization_s
         timeline, waits = self.timeline, self.waits_s
         write_label, serialization_label = writer.write_label, writer.serialization_label
 
         def write() -> bool:
             now = self.now
-            if self._busy_until_s > now and self._family_busy_until_s.get(family, -_INFINITY) > now:
+            if not transfers.idle_from(self, now):
                 return False
             written_s = now + serialization_s if serialization_s > 0 else now
             end_s = transfers.idle_end_s(written_s)
@@ -884,9 +883,9 @@ class ClosedFormRun:
             group.waited = False
             self._waited_group = None
 
-    def wait_transfers(self, requests, category: str, name: str, *, idle_duration: "IdleDuration | None" = None) -> None:
-        """Start `requests` ((link, bytes) pairs, in order) and wait for them all; `idle_duration`,
-        made once from the same requests, times them when every link is idle."""
+    def wait_transfers(self, transfers: NodeTransfers, category: str, name: str) -> None:
+        """Start `transfers` and wait for them all; timed by their idle-link closed form when every link is idle."""
+        requests = transfers.requests
         now = self.now
         if self._busy_until_s > now:
             if self._abandoned:
@@ -898,7 +897,7 @@ class ClosedFormRun:
                     self.wait_group(self.start_transfers(requests), category, name)
                     return
         # Every link is idle: each link's batch ends at its closed form; nothing to register unless abandoned.
-        end_s = (idle_duration or IdleDuration.of_requests(requests)).end_s(now)
+        end_s = transfers.idle_end_s(now)
         if end_s > now:
             self._fast_wait = requests
             stopped_s = self._advance(end_s)
@@ -917,7 +916,7 @@ class ClosedFormRun:
         """Start `transfers` and wait for them; in closed form, without resolving links, when no flow is in flight."""
         now = self.now
         family = transfers.family
-        if self._busy_until_s > now and self._family_busy_until_s.get(family, -_INFINITY) > now:
+        if not transfers.idle_from(self, now):
             self._register_abandoned(family)
             self.wait_group(self.start_transfers(transfers.requests(self, self.node_generation)), category, name)
             return

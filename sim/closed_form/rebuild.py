@@ -84,19 +84,18 @@ class RebuildTwin(ClosedFormPolicy):
         transfers = known.transfers
         if transfers is None:
             transfers = known.transfers = NodeTransfers([(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends])
+        transfer_label = "weight transfer"
         if restored:
-            run.wait_for_replacements(lost)
-            run.wait(self.restart_s, "recovery_downtime_s", "restart")
             assert self.edge_checkpointer is not None
-            requests = transfers.requests + self.edge_checkpointer.read_requests(run, restored)  # this incarnation's links
-            if requests:
-                run.wait_transfers(requests, "recovery_downtime_s", "weight transfer and edge checkpoint read")
-        elif not run.recover_unstopped(lost, self.restart_s, transfers, "weight transfer"):
+            # The edge checkpoints are read from this incarnation's links, fixed at the failures' arrival.
+            transfers = NodeTransfers(transfers.requests + self.edge_checkpointer.read_requests(run, restored))
+            transfer_label = "weight transfer and edge checkpoint read"
+        if not run.recover_unstopped(lost, self.restart_s, transfers, transfer_label):
             # Something can stop it (a failure, a background event, the deadline) or a link is busy: step by step.
             run.wait_for_replacements(lost)
             run.wait(self.restart_s, "recovery_downtime_s", "restart")
             if transfers.requests:
-                run.wait_transfers(transfers.requests, "recovery_downtime_s", "weight transfer", idle_duration=transfers.idle_duration)
+                run.wait_transfers(transfers, "recovery_downtime_s", transfer_label)
         stale_iterations = 0.0
         if restored:
             stale_iterations = max(run.progress - policy.edge_checkpointer.committed_progress, 0.0)
