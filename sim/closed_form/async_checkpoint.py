@@ -288,7 +288,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
     def cycles(self, run: ClosedFormRun) -> None:
         """Whole cycles of (iterations up to the next snapshot, the snapshot) that nothing can stop, inline.
 
-        `execute`'s chunk and `at_boundary` in the usual case: the healthy state, every first-level
+        `_train_loop`'s chunk and `at_boundary` in the usual case: the healthy state, every first-level
         flusher idle at the boundary (so every host slot is free), the snapshot copy hidden behind
         the iteration, a first level of per-stage links. Every step is the one the general path
         takes, booked alike; it returns, having booked nothing of it, at the first part that differs.

@@ -6,7 +6,7 @@ processor-sharing links as events, and a failure interrupts a process. Between f
 is deterministic, so this engine computes it instead, in the same order and, wherever that is
 cheap, with the same floating-point operations:
 
-- The trainer loop is the same loop (`ClosedFormRun.execute` mirrors `Run._train_loop`, `_train`,
+- The trainer loop is the same loop (`ClosedFormRun._train_loop` mirrors `Run._train_loop`, `_train`,
   `_credit`), but a chunk or a wait is one comparison of its end with the next thing that can stop
   it: the next failure arrival (replayed as the churn process does, with its clock's arithmetic),
   the deadline, or a background event that changes the pipeline state while training.
@@ -303,6 +303,14 @@ class ClosedFormRun:
 
     # ----------------------------------------------------------------- the trainer (sim/run.py)
     def execute(self) -> None:
+        try:
+            self._train_loop()
+        finally:
+            # The shared exception keeps the frames of its last raise, and with them this run and its
+            # records, until the next raise (of a later run): let them go when the run does.
+            _INTERRUPTED.__traceback__ = None
+
+    def _train_loop(self) -> None:
         twin = self.twin
         twin.on_start(self)
         pending = self.pending
@@ -346,9 +354,13 @@ class ClosedFormRun:
             except Interrupted:
                 pass
         twin.finish(self)
-        for link in self._links.values():  # drop the last busy periods' batch ↔ group cycles
+        # Drop the reference cycles that would keep the run alive until a collection: the last busy
+        # periods' batch ↔ group, and background callbacks (a redundant replacement holds the run)
+        # that will never be called.
+        for link in self._links.values():
             for batch in link.batches:
                 batch.group = None
+        self._background.clear()
 
     def _cycles(self, writer) -> None:
         """Whole cycles of (iterations up to the next checkpoint, its write) that nothing can stop, inline.
@@ -389,7 +401,7 @@ class ClosedFormRun:
 
     def run_cycles(self, interval: int, origin_of: Callable[[], int], boundary_work: Callable[[], bool]) -> None:
         """Whole cycles of (iterations up to the next boundary, the boundary's work) that nothing can
-        stop, in the healthy state: the loop of `execute` without its checks. A boundary comes
+        stop, in the healthy state: the loop of `_train_loop` without its checks. A boundary comes
         `interval` iterations after `origin_of()`; `boundary_work` does the boundary's work and
         returns True, or returns False having booked nothing when something could stop it. Returns
         at the first part the general path must do (nothing of it booked).
@@ -414,7 +426,7 @@ class ClosedFormRun:
 
     def book_unstopped_chunk(self, start_s: float, end_s: float, chunk: int, iteration_time_s: float) -> None:
         """`chunk` healthy iterations from `start_s` to `end_s` that nothing stopped, booked as `_train`
-        books them (the fast paths of `execute` and the cycle loops)."""
+        books them (the fast paths of `_train_loop` and the cycle loops)."""
         self.now = end_s
         by_time = self.training_s_by_iteration_time
         by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + (end_s - start_s)

@@ -36,6 +36,9 @@ class RedundantTwin(ClosedFormPolicy):
     def at_boundary(self, run: ClosedFormRun) -> None:
         self.checkpointer.write(run)
 
+    def finish(self, run: ClosedFormRun) -> None:
+        self.awaiting_replica = []  # nothing reads them after the run; each holds the run
+
     def _replicas_arrived(self, run: ClosedFormRun) -> None:
         """The successor replicas that have arrived by now: no longer missing, unless their
         replacement went stale first (a failure since, which came through here before it changed that)."""

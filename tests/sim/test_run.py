@@ -225,3 +225,37 @@ def test_one_failure_never_makes_a_run_finish_sooner_for_any_method():
         for stage in range(4):
             hit = simulate_run(INVARIANT_SCENARIO, method_config, (failure(333.0, stage),), iteration_model=MODEL)
             assert hit.wall_clock_s >= clean.wall_clock_s, (name, stage)
+
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_a_closed_form_run_is_freed_as_soon_as_it_ends(name):
+    """Nothing keeps a finished run (and its records) alive until a collection: not the shared
+    exception the engine raises for every interrupt (its traceback holds the frames of its last
+    raise), nor a reference cycle through background work that never came (a redundant replacement)."""
+    import gc
+    import weakref
+
+    from churnsim.calibration.scenario import TargetSpec
+    from churnsim.sim.closed_form import ClosedFormRun, twin_for
+    from churnsim.sim.methods import build_policy
+
+    scenario = preset("checkfree-500m-geo-16pct", method=name)
+    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=3000, max_wall_clock_s=1e9)})
+    policy = build_policy(scenario.methods[0], scenario)
+    run = ClosedFormRun(
+        scenario, policy, twin_for(policy, scenario), failures_for_replication(scenario),
+        iteration_model=IterationModel(), healthy_state=policy.healthy_state(),
+    )
+    run.execute()
+    if name == "checkpoint":  # a wait was interrupted: the shared exception was raised
+        assert any("(interrupted)" in str(field) for field in run.timeline)
+    freed = weakref.ref(run)
+    collector_was_enabled = gc.isenabled()
+    gc.disable()  # freed by reference counting alone, not by a collection that happens to run
+    try:
+        del run, policy
+        assert freed() is None
+    finally:
+        if collector_was_enabled:
+            gc.enable()
