@@ -129,10 +129,10 @@ def simulate_run_and_policy(
     if reference_events is None:
         reference_events = os.environ.get(REFERENCE_EVENTS_VARIABLE, "") not in ("", "0")
     iteration_model = iteration_model or shared_iteration_model()
-    from churnsim.calibration.failure_sampling import LazyFailurePath
+    from churnsim.calibration.failure_sampling import LazyFailurePath, sorted_events
 
     # A lazy path is already in time order and must not be sampled to its end up front.
-    failures = failures if isinstance(failures, LazyFailurePath) else tuple(sorted(failures))
+    failures = failures if isinstance(failures, LazyFailurePath) else sorted_events(failures)
     with _collector_paused():
         if not reference_events and not per_microbatch_everywhere:
             from .closed_form import NeedsEventModel, twin_for
@@ -273,10 +273,10 @@ class Run:
         self.env = simpy.Environment()
         self.scenario = scenario
         self.policy = policy
-        from churnsim.calibration.failure_sampling import LazyFailurePath
+        from churnsim.calibration.failure_sampling import LazyFailurePath, sorted_events
 
         # A lazy path is already in time order and must not be sampled to its end up front.
-        self.failures = failures if isinstance(failures, LazyFailurePath) else tuple(sorted(failures))
+        self.failures = failures if isinstance(failures, LazyFailurePath) else sorted_events(failures)
         self.iteration_model = iteration_model
         self.per_microbatch_everywhere = per_microbatch_everywhere
         self.num_stages = scenario.pipeline.num_stages
