@@ -91,11 +91,21 @@ def machine() -> dict:
         "load_average_1_5_15_min": [round(value, 2) for value in load],
         "git_head": commit,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "closed_form_engine": closed_form_engine(),
     }
+
+
+def closed_form_engine() -> str:
+    """Which build of the closed-form engine this process runs: a regular install's, compiled by mypyc
+    (setup.py), or an editable install's source."""
+    from churnsim.sim.closed_form import COMPILED
+
+    return "compiled (mypyc)" if COMPILED else "source (pure Python)"
 
 
 def write_result(name: str, payload: dict) -> Path:
     RESULTS_DIRECTORY.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIRECTORY / f"{name}.json"
+    print(f"closed-form engine: {closed_form_engine()}")
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     return path

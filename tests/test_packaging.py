@@ -1,6 +1,6 @@
 """What a wheel holds: every package of the tree, under the name pyproject.toml maps it to.
 
-An editable install (`pip install -e .`, the README's) finds a package that `[tool.setuptools]
+An editable install (`pip install -e .`, the README's test command) finds a package that `[tool.setuptools]
 packages` leaves out through its source directory, so only a wheel or `pip install .` would miss it,
 with a ModuleNotFoundError at the first run that needs it.
 """

@@ -4,6 +4,9 @@
 (`reference_events=True`); see `engine.py` for what is computed in closed form and how it stays
 equal to the event model. A policy class without a registered twin (one a user adds with
 `register_policy`) runs in the event model; `register_twin` adds one.
+
+A regular install runs this package compiled by mypyc (setup.py), an editable one runs its source;
+both give the same results. `COMPILED` says which one this process runs.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from ..methods.rebuild import CheckFreePlusPolicy, CheckFreePolicy, CopyPolicy, 
 from ..methods.redundant import RedundantPolicy
 from .async_checkpoint import AsyncCheckpointTwin
 from .checkpointing import CheckpointTwin
+from . import engine
 from .engine import ClosedFormPolicy, ClosedFormRun, Interrupted, NeedsEventModel
 from .rebuild import CheckFreePlusTwin, RebuildTwin
 from .redundant import RedundantTwin
+
+COMPILED = not engine.__file__.endswith(".py")
+"""Whether the engine runs as mypyc's extension modules (a regular install) or from its source."""
 
 TWINS: dict[type[RecoveryPolicy], type[ClosedFormPolicy]] = {}
 
@@ -56,4 +63,4 @@ for _policy_class, _twin_class in (
 ):
     register_twin(_policy_class, _twin_class)
 
-__all__ = ["ClosedFormPolicy", "ClosedFormRun", "Interrupted", "NeedsEventModel", "TWINS", "register_twin", "twin_for"]
+__all__ = ["COMPILED", "ClosedFormPolicy", "ClosedFormRun", "Interrupted", "NeedsEventModel", "TWINS", "register_twin", "twin_for"]

@@ -117,10 +117,10 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         """The epoch's latest snapshots (back-pressure looks `slots` snapshots back)."""
         self._pending_first: deque[_Snapshot] = deque()
         """Snapshots on their way to the first level (their durable instant is known, not yet booked)."""
-        self._workers = [
-            None if level == 0 else _LevelWorker(self.level_transfers[level], max(policy.level_serialization_s[level]))
-            for level in range(len(self.levels))
-        ]
+        self._workers = {
+            level: _LevelWorker(self.level_transfers[level], max(policy.level_serialization_s[level])) for level in range(1, len(self.levels))
+        }
+        """The round process of each level after the first."""
         self._reset_epoch()
 
     # ------------------------------------------------------------ epochs
@@ -129,7 +129,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         state is cleared, not rebuilt (the event model starts new processes at every failure)."""
         self._recent.clear()
         self._pending_first.clear()
-        for worker in self._workers[1:]:
+        for worker in self._workers.values():
             worker.free_s = -math.inf
             worker.round = None
             worker.candidates.clear()
@@ -323,7 +323,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
             policy._origin = run.iterations_executed
             return True
 
-        run.run_cycles(policy.config.interval_iterations, lambda: policy._origin, snapshot)
+        run.run_cycles(policy.config.interval_iterations, lambda: policy._origin, snapshot)  # type: ignore[attr-defined]  # its config's
 
     def _read(self, stages) -> tuple[TierTransfers, str] | None:
         """The read of a restart of `stages` from the restore point's level (None: there is none)."""

@@ -124,4 +124,4 @@ class CheckpointTwin(ClosedFormPolicy):
         checkpointer = self.policy.checkpointer
         checkpointer.node_lost()
         recover(self.policy.recovery, run, failures, restore_progress=checkpointer.committed_progress, read=self.checkpointer.read)
-        checkpointer.restart_origin(run)
+        checkpointer.restart_origin(run)  # type: ignore[arg-type]  # a run offers the RunContext API it uses

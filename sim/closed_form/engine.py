@@ -59,6 +59,8 @@ import math
 import operator
 from typing import TYPE_CHECKING, Callable
 
+from mypy_extensions import mypyc_attr
+
 from churnsim.calibration.scenario import Scenario
 
 from ..accounting import WAIT_CATEGORIES, Ledger
@@ -69,6 +71,7 @@ from .fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
     from ..methods.base import RecoveryPolicy
+    from .checkpointing import SyncCheckpointerTwin
 
 _CREDIT_TOLERANCE = 1e-9  # relative: as sim/run.py
 _SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method"}
@@ -116,6 +119,7 @@ class TransferGroup:
         self.end_s = end_s
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a user's twin (`register_twin`) is plain Python
 class ClosedFormPolicy:
     """The closed-form twin of one `RecoveryPolicy`: its generators as plain calls on a `ClosedFormRun`.
 
@@ -128,7 +132,7 @@ class ClosedFormPolicy:
         self.scenario = scenario
         self.num_stages = scenario.pipeline.num_stages
 
-    periodic_writer = None
+    periodic_writer: "SyncCheckpointerTwin | None" = None
     """A `SyncCheckpointerTwin` whose write is all of `at_boundary` (the engine then runs whole
     cycles of iterations and writes inline: `ClosedFormRun._cycles`), or None."""
 
@@ -141,7 +145,7 @@ class ClosedFormPolicy:
         """Before training (the policy's `on_start`)."""
 
     def iterations_until_boundary(self, run: "ClosedFormRun") -> int | None:
-        return self.policy.iterations_until_boundary(run)  # plain arithmetic on the policy's state
+        return self.policy.iterations_until_boundary(run)  # type: ignore[arg-type]  # a run offers the RunContext API it reads
 
     def at_boundary(self, run: "ClosedFormRun") -> None:
         """The periodic work (the policy's `at_boundary`)."""
@@ -293,7 +297,7 @@ class ClosedFormRun:
         self._tiers = {tier.name: tier for tier in scenario.storage}
         self._waited_group: TransferGroup | None = None
         self._tier_link_ids: set[int] = set()
-        self._fast_wait: object = None
+        self._fast_wait: str | list[tuple[FluidLink, float]] | None = None
         """While the trainer waits on transfers timed in closed form and not registered: "tier" (their
         links not resolved: any storage link) or their requests. A background transfer joining one of
         their links would slow them, which the closed form did not count."""
@@ -317,7 +321,7 @@ class ClosedFormRun:
         target_iterations = self.target_iterations
         # The twin's own rule, or the policy's plain arithmetic on its state (one call fewer).
         if type(twin).iterations_until_boundary is ClosedFormPolicy.iterations_until_boundary:
-            iterations_until_boundary = self.policy.iterations_until_boundary
+            iterations_until_boundary: Callable[[ClosedFormRun], int | None] = self.policy.iterations_until_boundary  # type: ignore[assignment]
         else:
             iterations_until_boundary = twin.iterations_until_boundary
         at_boundary = twin.at_boundary
@@ -358,8 +362,8 @@ class ClosedFormRun:
         # periods' batch ↔ group, and background callbacks (a redundant replacement holds the run)
         # that will never be called.
         for link in self._links.values():
-            for batch in link.batches:
-                batch.group = None
+            for finished in link.batches:
+                finished.group = None
         self._background.clear()
 
     def _cycles(self, writer) -> None:
@@ -490,9 +494,10 @@ class ClosedFormRun:
             if self._state is self.healthy_state:
                 degraded = False
             else:
-                degraded = self._degraded_label.get(id(self._state))
-                if degraded is None:
-                    degraded = self._degraded_label[id(self._state)] = self._state != self.healthy_state
+                known = self._degraded_label.get(id(self._state))
+                if known is None:
+                    known = self._degraded_label[id(self._state)] = self._state != self.healthy_state
+                degraded = known
             if degraded:
                 self.timeline.extend(("degraded training", "degraded", -1, start_s, self.now, None))
             else:
@@ -766,10 +771,11 @@ class ClosedFormRun:
         key = ("node", source_stage, destination_stage)
         link = self._links.get(key)
         if link is None:
-            state = self.healthy_state
+            bandwidths, latencies = self.healthy_state.link_bandwidth_bytes_per_s, self.healthy_state.link_latency_s
+            assert bandwidths is not None and latencies is not None, "a built pipeline state has its link matrices"
             link = FluidLink(
-                bandwidth_bytes_per_s=state.link_bandwidth_bytes_per_s[source_stage][destination_stage],
-                latency_s=state.link_latency_s[source_stage][destination_stage],
+                bandwidth_bytes_per_s=bandwidths[source_stage][destination_stage],
+                latency_s=latencies[source_stage][destination_stage],
                 name=f"link-{source_stage}-{destination_stage}",
             )
             self._links[key] = link
@@ -805,6 +811,7 @@ class ClosedFormRun:
 
     def _start_batch(self, group: TransferGroup, link: FluidLink, sizes: list[float], now: float, background: bool) -> float:
         latency_s = link.latency_s
+        positive: tuple[float, ...]
         if len(sizes) == 1:
             positive = (sizes[0],) if sizes[0] > 0 else ()
         else:
@@ -826,7 +833,7 @@ class ClosedFormRun:
             if background:
                 fast_wait = self._fast_wait
                 if fast_wait is not None and (
-                    id(link) in self._tier_link_ids if fast_wait == "tier" else any(link is used for used, _ in fast_wait)
+                    id(link) in self._tier_link_ids if isinstance(fast_wait, str) else any(link is used for used, _ in fast_wait)
                 ):
                     raise NeedsEventModel(f"a background transfer joins {link.name} during a transfer the trainer waits for")
                 self._check_trainer_group_untouched(link, admit_s)
@@ -843,6 +850,7 @@ class ClosedFormRun:
     def _add_to_link(self, batch: FlowBatch) -> None:
         link = batch.link
         # Re-time only the batches something waits for: a background group's, the trainer's.
+        watched: list[FlowBatch] | tuple[()]
         if batch.admit_s >= link.busy_until_s:
             watched = ()  # an idle link: nothing earlier to re-time
         else:
@@ -870,9 +878,12 @@ class ClosedFormRun:
         group.version += 1
         version = group.version
 
+        on_done = group.on_done
+        assert on_done is not None
+
         def done() -> None:
             if group.version == version:
-                group.on_done()
+                on_done()
 
         self.schedule(group.end_s, done)
 

@@ -76,7 +76,7 @@ class RebuildTwin(ClosedFormPolicy):
         for event in failures:
             run.record_failure(event, plans[event.stage].handled_as)
         if known.copies_edge and not policy._noted_random_edge_parts:
-            policy._note_random_edge_parts(run, plans)
+            policy._note_random_edge_parts(run, plans)  # type: ignore[arg-type]  # a run offers the RunContext API it uses
         if restored:
             assert policy.edge_checkpointer is not None
             policy.edge_checkpointer.node_lost()
@@ -98,6 +98,7 @@ class RebuildTwin(ClosedFormPolicy):
                 run.wait_transfers(transfers, "recovery_downtime_s", transfer_label)
         stale_iterations = 0.0
         if restored:
+            assert policy.edge_checkpointer is not None
             stale_iterations = max(run.progress - policy.edge_checkpointer.committed_progress, 0.0)
         setback = known.constant_setback
         if setback is None:

@@ -44,7 +44,9 @@ class RedundantTwin(ClosedFormPolicy):
         replacement went stale first (a failure since, which came through here before it changed that)."""
         still_awaited = []
         for replacement in self.awaiting_replica:
-            if replacement.replica.end_s <= run.now:
+            replica = replacement.replica
+            assert replica is not None  # only a replacement with a successor awaits its replica
+            if replica.end_s <= run.now:
                 if not replacement.stale():
                     self.policy.replica_missing.discard(replacement.stage + 1)
             else:

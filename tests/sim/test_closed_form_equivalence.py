@@ -303,7 +303,11 @@ def test_closed_form_is_used_for_the_usual_configurations() -> None:
 def test_a_recovery_booked_in_one_step_is_booked_as_its_waits_one_by_one(monkeypatch) -> None:
     """`ClosedFormRun.recover_unstopped` (join delay, restart and transfers at once) books exactly what
     the step-by-step waits book: the same run, to the bit, with it and with it always declining."""
+    from churnsim.sim.closed_form import COMPILED
     from churnsim.sim.closed_form.engine import ClosedFormRun
+
+    if COMPILED:
+        pytest.skip("a compiled class's methods cannot be replaced; the source build (editable install) runs this")
 
     scenario = preset("checkfree-500m-geo-33pct")
     scenario = scenario.model_copy(update={"target": TargetSpec(iterations=600, max_wall_clock_s=60 * 3600.0)})
