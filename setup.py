@@ -102,7 +102,8 @@ class BuildExtensionsOrPurePython(build_ext):
             _say(f"compiling the closed-form engine failed ({error!r}): it stays pure Python")
 
 
-setup(
-    ext_modules=_compiled_engine_modules() if _wants_compiled_engine() else [],
-    cmdclass={"build_ext": BuildExtensionsOrPurePython},
-)
+if __name__ == "__main__":  # as setuptools runs it; tests/test_build.py imports the pieces above
+    setup(
+        ext_modules=_compiled_engine_modules() if _wants_compiled_engine() else [],
+        cmdclass={"build_ext": BuildExtensionsOrPurePython},
+    )

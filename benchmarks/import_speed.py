@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,6 +47,9 @@ simulate_run(scenario, method_from_name("checkfree"), failures_for_replication(s
 """
 """A script's first simulated run: the simulator, a preset, its failure path and a 300-iteration run."""
 UNTARGETED = ("python (empty)", "first run of a preset")
+WORKING_DIRECTORY = tempfile.gettempdir()
+"""Where the commands run: outside the checkout, whose churnsim/ folder would shadow a regular
+(non-editable) install's package for `python -c` (sys.path starts with the current directory)."""
 
 
 def commands() -> dict[str, list[str]]:
@@ -68,7 +72,8 @@ def cached_bytecode_environment() -> dict[str, str]:
 
 def heaviest_imports(module: str, count: int = 10) -> list[tuple[str, float]]:
     completed = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", f"import {module}"], env=cached_bytecode_environment(), capture_output=True, text=True, check=True
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"],
+        env=cached_bytecode_environment(), cwd=WORKING_DIRECTORY, capture_output=True, text=True, check=True,
     )
     rows = []
     for line in completed.stderr.splitlines():
@@ -87,12 +92,14 @@ def main() -> None:
     to_run = commands()
     environment = cached_bytecode_environment()
     for command in to_run.values():  # the warm-up: writes the bytecode caches
-        subprocess.run(command, env=environment, capture_output=True, check=True)
+        subprocess.run(command, env=environment, cwd=WORKING_DIRECTORY, capture_output=True, check=True)
 
     def one_round() -> dict:
         result = {}
         for name, command in to_run.items():
-            wall, cpu, completed = timed(lambda: subprocess.run(command, env=environment, capture_output=True, check=True))
+            wall, cpu, completed = timed(
+                lambda: subprocess.run(command, env=environment, cwd=WORKING_DIRECTORY, capture_output=True, check=True)
+            )
             result[name] = (wall, cpu)
         return result
 
