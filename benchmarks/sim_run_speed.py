@@ -6,7 +6,8 @@ failure path for all), timed in the closed-form engine (the default) and in the 
 (benchmarks/speed_common.py); both must give the same result. Target (issue 11): at most 0.1 s per
 run for every method in closed form. Then the same run for `none` with the iteration simulated per
 microbatch at every iteration (no cache), over a shorter run and extrapolated. Prints a table and
-writes benchmarks/results/sim-run-speed.json; not part of the test run.
+writes benchmarks/results/sim-run-speed.json; not part of the test run. A regular install times the
+compiled engine, an editable one its source (setup.py); the output and the file say which.
 
     python benchmarks/sim_run_speed.py [--iterations 100000] [--per-microbatch-iterations 2000] [--max-rounds 6]
 """
