@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -9,9 +12,10 @@ from hypothesis import strategies as st
 from churnsim.calibration.churn import PoissonChurn
 from churnsim.calibration.methods import METHOD_NAMES
 from churnsim.calibration.presets import preset
-from churnsim.calibration.scenario import FlopsCompute
+from churnsim.calibration.scenario import FlopsCompute, TargetSpec
+from churnsim.sim.closed_form import ClosedFormRun, twin_for
 from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods import POLICIES
+from churnsim.sim.methods import POLICIES, build_policy
 from churnsim.sim.pipeline_state import build_pipeline_state
 from churnsim.sim.results import BADPUT_CATEGORIES
 from churnsim.calibration.failure_sampling import failures_for_replication
@@ -227,20 +231,12 @@ def test_one_failure_never_makes_a_run_finish_sooner_for_any_method():
             assert hit.wall_clock_s >= clean.wall_clock_s, (name, stage)
 
 
-
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_a_closed_form_run_is_freed_as_soon_as_it_ends(name):
     """Nothing keeps a finished run (and its records) alive until a collection: not the shared
     exception the engine raises for every interrupt (its traceback holds the frames of its last
     raise), nor a reference cycle through background work that never came (a redundant replacement).
     Watched through its policy, which the run holds: the compiled run takes no weak reference."""
-    import gc
-    import weakref
-
-    from churnsim.calibration.scenario import TargetSpec
-    from churnsim.sim.closed_form import ClosedFormRun, twin_for
-    from churnsim.sim.methods import build_policy
-
     scenario = preset("checkfree-500m-geo-16pct", method=name)
     scenario = scenario.model_copy(update={"target": TargetSpec(iterations=3000, max_wall_clock_s=1e9)})
     policy = build_policy(scenario.methods[0], scenario)
