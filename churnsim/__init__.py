@@ -4,7 +4,17 @@ Subpackages: `churnsim.calibration` (the file contract), `churnsim.sim` (SimPy s
 `churnsim.real` (PyTorch pipeline runs), `churnsim.figures` (plots from saved results).
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# In a checkout, `calibration/`, `sim/`, `real/` and `figures/` sit beside this folder; an install maps
+# them into the package (pyproject.toml). When this folder is imported straight from a checkout (its
+# root first on sys.path, as for `python -m churnsim` or a spawned process started there, even with
+# churnsim installed), look for the subpackages beside it too, instead of failing to find them.
+_CHECKOUT_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_CHECKOUT_ROOT, "sim", "__init__.py")) and not _os.path.isdir(_os.path.join(_CHECKOUT_ROOT, "churnsim", "sim")):
+    __path__.append(_CHECKOUT_ROOT)
 
 
 def installed_version() -> str:

@@ -1,4 +1,5 @@
-"""What a wheel holds: every package of the tree, under the name pyproject.toml maps it to.
+"""What a wheel holds: every package of the tree, under the name pyproject.toml maps it to; and what a
+process started in the checkout finds.
 
 An editable install (`pip install -e .`, the README's test command) finds a package that `[tool.setuptools]
 packages` leaves out through its source directory, so only a wheel or `pip install .` would miss it,
@@ -7,6 +8,9 @@ with a ModuleNotFoundError at the first run that needs it.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +57,16 @@ def test_every_listed_package_exists():
     for package in _settings()["packages"]:
         directory = _directory_of(package)
         assert (directory / "__init__.py").is_file(), f"{package} is listed in pyproject.toml but {directory} holds no package"
+
+
+def test_a_process_started_in_the_checkout_finds_the_subpackages_beside_churnsim():
+    """`python -m churnsim`, or a process that multiprocessing starts, in the checkout's root imports
+    its `churnsim/` folder first even where churnsim is installed; the subpackages beside that folder
+    must be found (without site-packages here, so no install can supply them)."""
+    code = (
+        "import importlib.util, json; "
+        "print(json.dumps([importlib.util.find_spec('churnsim.' + name).origin for name in ('calibration', 'sim', 'real', 'figures')]))"
+    )
+    completed = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    origins = [Path(origin) for origin in json.loads(completed.stdout)]
+    assert origins == [ROOT / name / "__init__.py" for name in ("calibration", "sim", "real", "figures")]
