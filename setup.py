@@ -77,16 +77,21 @@ def _compiled_engine_modules() -> list:
 
 @contextlib.contextmanager
 def _package_view() -> Iterator[str]:
-    """A temporary directory where `churnsim/<folder>` links to this tree's folders, so that mypy
-    sees `sim/closed_form/engine.py` as `churnsim.sim.closed_form.engine`."""
+    """A temporary directory laid out as the install lays out the package (pyproject.toml's
+    `package-dir`, links to this tree's folders), so that mypy sees `sim/closed_form/engine.py` as
+    `churnsim.sim.closed_form.engine`."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
     here = Path(__file__).resolve().parent
+    package_directories = read_configuration(here / "pyproject.toml")["tool"]["setuptools"]["package-dir"]
     with tempfile.TemporaryDirectory(prefix="churnsim-mypyc-") as directory:
         package = Path(directory, "churnsim")
         package.mkdir()
-        for name in ("calibration", "sim", "real", "figures"):
-            (package / name).symlink_to(here / name, target_is_directory=True)
-        for path in (here / "churnsim").glob("*.py"):
+        for path in (here / package_directories["churnsim"]).glob("*.py"):
             (package / path.name).symlink_to(path)
+        for name, folder in package_directories.items():
+            if name != "churnsim":  # churnsim.<subpackage> → churnsim/<subpackage>
+                (package / name.split(".", 1)[1]).symlink_to(here / folder, target_is_directory=True)
         yield directory
 
 

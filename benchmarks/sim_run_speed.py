@@ -7,7 +7,7 @@ failure path for all), timed in the closed-form engine (the default) and in the 
 run for every method in closed form. Then the same run for `none` with the iteration simulated per
 microbatch at every iteration (no cache), over a shorter run and extrapolated. Prints a table and
 writes benchmarks/results/sim-run-speed.json; not part of the test run. A regular install times the
-compiled engine, an editable one its source (setup.py); the output and the file say which.
+compiled engine, an editable one its source (setup.py); `write_result` prints and records which.
 
     python benchmarks/sim_run_speed.py [--iterations 100000] [--per-microbatch-iterations 2000] [--max-rounds 6]
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from speed_common import closed_form_engine, repeat_until_agreed, timed, write_result  # noqa: E402
+from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
 
 from churnsim.calibration.failure_sampling import failures_for_replication  # noqa: E402
 from churnsim.calibration.methods import METHOD_NAMES  # noqa: E402
@@ -51,7 +51,7 @@ def main() -> None:
     scenario = scenario_with_iterations(arguments.iterations)
     failures = failures_for_replication(scenario)
     by_name = {method.name: method for method in scenario.methods}
-    print(f"{arguments.iterations} iterations of {scenario.name}, {len(failures)} failures sampled; engine: {closed_form_engine()}\n")
+    print(f"{arguments.iterations} iterations of {scenario.name}, {len(failures)} failures sampled\n")
     print(f"{'method':18s} {'closed form s/run':>18s} {'event model s/run':>18s} {'speed-up':>9s} {'engine':>12s} {'reached':>8s} {'≤ 0.1 s':>8s}")
     rows = {}
     for name in METHOD_NAMES:

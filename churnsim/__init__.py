@@ -12,8 +12,9 @@ __version__ = "0.1.0"
 # them into the package (pyproject.toml). When this folder is imported straight from a checkout (its
 # root first on sys.path, as for `python -m churnsim` or a spawned process started there, even with
 # churnsim installed), look for the subpackages beside it too, instead of failing to find them.
-_CHECKOUT_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_CHECKOUT_ROOT, "sim", "__init__.py")) and not _os.path.isdir(_os.path.join(_CHECKOUT_ROOT, "churnsim", "sim")):
+_PACKAGE_DIRECTORY = _os.path.dirname(_os.path.abspath(__file__))
+_CHECKOUT_ROOT = _os.path.dirname(_PACKAGE_DIRECTORY)
+if not _os.path.isdir(_os.path.join(_PACKAGE_DIRECTORY, "sim")) and _os.path.isfile(_os.path.join(_CHECKOUT_ROOT, "sim", "__init__.py")):
     __path__.append(_CHECKOUT_ROOT)
 
 
