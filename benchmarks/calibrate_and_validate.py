@@ -82,7 +82,7 @@ def _scenario(setup: str, *, rate: float, seed: int, method: str, failures: bool
     return scenario
 
 
-def round_plan(round_index: int, seeds: tuple[int, int]):
+def round_plan(round_index: int, seeds: tuple[int, int], *, other_setups: bool = True):
     from churnsim.calibration.presets import preset
     from churnsim.real.calibration_suite import SuiteRun
     from churnsim.real.scenario_run import training_config
@@ -98,7 +98,7 @@ def round_plan(round_index: int, seeds: tuple[int, int]):
         seed = seeds[index % len(seeds)]
         plan.append(run(f"calibrated-{method}-{rate:g}-per-hour-s{seed}", "calibrated", method, rate=rate, seed=seed))
     seed = seeds[0]
-    for setup in OTHER_SETUPS:
+    for setup in OTHER_SETUPS if other_setups else ():
         plan.append(run(f"{setup}-none-twin-s{seed}", setup, "none", rate=0.0, seed=seed, failures=False))
         for method in OTHER_SETUP_METHODS:
             plan.append(run(f"{setup}-{method}-s{seed}", setup, method, rate=OTHER_SETUP_RATE_PER_NODE_HOUR, seed=seed))
@@ -234,6 +234,8 @@ def main() -> None:
                         help="validate the rounds already in --out again with the current validator (no new runs)")
     parser.add_argument("--resummarize", action="store_true",
                         help="recompute the committed rounds' figures from their committed tables (no runs, no validation)")
+    parser.add_argument("--calibrated-only", action="store_true",
+                        help="held-out runs of the calibrated setup only (a short check: about 10 runs a round)")
     parser.add_argument("--first-seed", type=int, default=100, help="seeds of the held-out runs start here (never the calibration's 0, 1)")
     arguments = parser.parse_args()
     out: Path = arguments.out
@@ -276,7 +278,7 @@ def main() -> None:
         round_calibrate_s = None
         if arguments.recalibrate_each_round:
             calibration, round_calibrate_s = calibrate(out / f"round-{round_index}")
-        plan = round_plan(round_index, seeds)
+        plan = round_plan(round_index, seeds, other_setups=not arguments.calibrated_only)
         held_out = out / f"round-{round_index}" / "held-out"
         print(f"round {round_index}: {len(plan)} held-out runs, seeds {seeds} ...", flush=True)
         started = time.perf_counter()

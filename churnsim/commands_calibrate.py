@@ -105,7 +105,8 @@ def calibrate_command(
         if runs or quick or methods:
             raise InputError("--convergence runs the convergence lab: drop --runs, --quick and --method")
         calibrate_convergence(
-            out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points, table=setback_table
+            out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points, table=setback_table,
+            device=device,
         )
         return
     started = time.perf_counter()
@@ -170,7 +171,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def calibrate_convergence(
-    out: Path, *, base: str, seeds: tuple[int, ...], num_iterations: int, num_failure_points: int, table: Path | None = None
+    out: Path, *, base: str, seeds: tuple[int, ...], num_iterations: int, num_failure_points: int, table: Path | None = None,
+    device: str = "cpu",
 ) -> None:
     """`calibrate --convergence`: the lab's per-rebuild table beside OUT, and OUT = BASE with measured setbacks."""
     from rich.console import Console
@@ -200,7 +202,12 @@ def calibrate_convergence(
         description = f"{calibration.name} model, lab table {table.name}, seeds {','.join(map(str, seeds))}"
     else:
         require_torch("the convergence lab")
+        import torch
+
         from churnsim.real.convergence_lab import lab_settings, measure_setbacks
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
         from churnsim.real.scenario_run import model_config
 
         settings = lab_settings(
@@ -210,6 +217,7 @@ def calibrate_convergence(
             microbatch_size=calibration.pipeline.microbatch_size,
             num_iterations=num_iterations,
             num_failure_points=num_failure_points,
+            device=device,
         )
         console.print(
             f"convergence lab: {len(seeds)} seed(s) × {num_iterations} iterations, {num_failure_points} failure points × "

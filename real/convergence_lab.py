@@ -68,6 +68,8 @@ class LabSettings:
     num_eval_batches: int = 4
     eval_every_iterations: int = 20
     corpus_max_bytes: int = 2_000_000
+    device: str = "cpu"
+    """Where the stages train: "cpu" or "cuda" (a GPU per lab process; several processes may share one)."""
 
     def __post_init__(self) -> None:
         last = max(self.failure_iterations, default=0) + self.window_iterations
@@ -94,7 +96,8 @@ class LabPipeline:
         self.seed = seed
         self.swap = swap_odd_microbatches
         num_stages = settings.num_stages
-        self.stages = [StageModule(settings.model, stage, num_stages, seed=seed) for stage in range(num_stages)]
+        self.device = torch.device(settings.device)
+        self.stages = [StageModule(settings.model, stage, num_stages, seed=seed).to(self.device) for stage in range(num_stages)]
         self.lr_scales = [1.0] * num_stages
         self.optimizers = [self._optimizer(stage) for stage in range(num_stages)]
         self.gradient_norms = [1.0] * num_stages
@@ -132,7 +135,7 @@ class LabPipeline:
             groups = [(rows(even), False), (rows(odd), True)] if odd else [(rows(even), False)]
         total = 0.0
         for rows_index, swapped in groups:
-            part_tokens, part_targets = tokens[rows_index], targets[rows_index]
+            part_tokens, part_targets = tokens[rows_index].to(self.device), targets[rows_index].to(self.device)
             weight = part_tokens.shape[0] / tokens.shape[0]
             loss = self._forward_loss(part_tokens, part_targets, swapped) * weight
             loss.backward()
@@ -209,7 +212,10 @@ def run_seed(settings: LabSettings, seed: int, *, on_fork_done=None) -> tuple[pd
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     data = TokenData.load(None, seq_len=settings.model.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
-    eval_batches = data.held_out_batches(num_batches=settings.num_eval_batches, num_sequences=settings.microbatch_size * settings.num_microbatches)
+    eval_batches = [
+        (tokens.to(settings.device), targets.to(settings.device))
+        for tokens, targets in data.held_out_batches(num_batches=settings.num_eval_batches, num_sequences=settings.microbatch_size * settings.num_microbatches)
+    ]
     window = settings.window_iterations
     failure_set = set(settings.failure_iterations)
     windows = tuple(sorted({*settings.early_windows, window}))
@@ -290,6 +296,8 @@ def lab_settings(
     num_iterations: int = 1000,
     num_failure_points: int = 16,
     window_iterations: int = 30,
+    device: str = "cpu",
+    corpus_max_bytes: int = 2_000_000,
 ) -> LabSettings:
     """The lab for one model and pipeline (e.g. a calibration's): every method with the
     `uses_setbacks` trait, failures spread evenly over the run from 10 % of it, so the data show how a
@@ -320,6 +328,8 @@ def lab_settings(
         early_windows=(5, 10),
         methods=tuple(methods),
         learning_rate=learning_rate,
+        device=device,
+        corpus_max_bytes=corpus_max_bytes,
     )
 
 
@@ -334,17 +344,31 @@ def _run_seed_task(arguments: tuple[LabSettings, int]) -> tuple[pd.DataFrame, pd
     return run_seed(settings, seed)
 
 
-def measure_setbacks(settings: LabSettings, seeds: tuple[int, ...], *, workers: int = 2) -> tuple[pd.DataFrame, pd.DataFrame, dict[bool, Any]]:
-    """(per-rebuild rows with setbacks, baseline curve rows, fitted curves), one process per seed."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def measure_setbacks(
+    settings: LabSettings, seeds: tuple[int, ...], *, workers: int = 2, on_seed_done=None
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[bool, Any]]:
+    """(per-rebuild rows with setbacks, baseline curve rows, fitted curves), one process per seed.
 
-    tasks = [(settings, seed) for seed in seeds]
+    `on_seed_done(seed, rows, curve)` sees each seed's raw tables as soon as it finishes, so a long
+    lab can keep what it measured if it is stopped."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    tasks = {seed: (settings, seed) for seed in seeds}
+    by_seed: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
     if workers <= 1 or len(seeds) <= 1:
-        results = [_run_seed_task(task) for task in tasks]
+        for seed, task in tasks.items():
+            by_seed[seed] = _run_seed_task(task)
+            if on_seed_done is not None:
+                on_seed_done(seed, *by_seed[seed])
     else:
         with ProcessPoolExecutor(max_workers=min(workers, len(seeds)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_run_seed_task, tasks))
+            futures = {pool.submit(_run_seed_task, task): seed for seed, task in tasks.items()}
+            for future in as_completed(futures):
+                by_seed[futures[future]] = future.result()
+                if on_seed_done is not None:
+                    on_seed_done(futures[future], *by_seed[futures[future]])
+    results = [by_seed[seed] for seed in seeds]  # in seed order, whatever order they finished in
     rows = pd.concat([rows for rows, _ in results], ignore_index=True)
     curve = pd.concat([curve for _, curve in results], ignore_index=True)
     rows, curves = add_setbacks(rows, curve)

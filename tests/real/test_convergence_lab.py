@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from churnsim.calibration.methods import method_from_name
-from churnsim.real.convergence_lab import LabPipeline, LabSettings, add_setbacks, run_seed
+from churnsim.real.convergence_lab import LabPipeline, LabSettings, add_setbacks, measure_setbacks, run_seed
 from churnsim.real.model import ModelConfig
 
 MODEL = ModelConfig(vocab_size=256, dim=16, num_heads=2, num_layers=4, seq_len=16)
@@ -53,3 +54,25 @@ def test_a_lost_stage_gets_exactly_the_gradient_weighted_average_of_its_neighbou
     expected = (weights[0] * before[1] + weights[1] * before[3]) / sum(weights)
     torch.testing.assert_close(after, expected)
     assert pipeline.lr_scales[2] == 1.1
+
+
+def test_each_seed_s_raw_tables_are_handed_over_as_it_finishes_and_the_result_is_in_seed_order():
+    settings = _settings(num_iterations=12, failure_iterations=(6,), methods=(method_from_name("random"),))
+    seen: list[tuple[int, int, set[int]]] = []
+    rows, curve, _ = measure_setbacks(
+        settings, (5, 2), workers=1, on_seed_done=lambda seed, rows, curve: seen.append((seed, len(rows), set(curve["seed"])))
+    )
+    assert seen == [(5, 4, {5}), (2, 4, {2})]  # 1 failure point × (interior, edge) × 2 windows, per seed
+    assert list(rows["seed"].drop_duplicates()) == [5, 2]
+    assert rows["setback_iterations"].notna().all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CI has none; ran on an H100 on 2026-11-26)")
+def test_the_lab_trains_on_the_gpu_when_its_settings_name_cuda():
+    from churnsim.real.data import TokenData
+
+    settings = _settings(device="cuda")
+    pipeline = LabPipeline(settings, seed=0, swap_odd_microbatches=True)
+    assert {parameter.device.type for stage in pipeline.stages for parameter in stage.parameters()} == {"cuda"}
+    data = TokenData.load(None, seq_len=MODEL.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
+    assert math.isfinite(pipeline.train_step(data, 0))
