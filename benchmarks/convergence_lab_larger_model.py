@@ -45,6 +45,7 @@ from churnsim.real.model import ModelConfig
 
 EVALS_PER_FORK = 3  # the lab's windows 5, 10 and W
 PROBE_WINDOW_S = 12.0
+WORKER_STARTUP_S = 15.0  # a lab process's start: imports, corpus, CUDA context
 
 
 def _probe_worker(arguments: tuple) -> dict[str, float]:
@@ -130,13 +131,12 @@ def main() -> int:
     probe_s = time.perf_counter() - started
     print(f"probe ({workers} processes together): {1e3 * rate['step_s']:.1f} ms per step, {1e3 * rate['eval_s']:.1f} ms per evaluation", flush=True)
     num_rounds = math.ceil(len(seeds) / workers)
-    startup_s = 15.0
     num_iterations = arguments.min_iterations
     for candidate in range(arguments.min_iterations, arguments.max_iterations + 1, 100):
-        if lab_seconds(candidate, settings_for, rate, num_rounds, startup_s) <= arguments.budget_s:
+        if lab_seconds(candidate, settings_for, rate, num_rounds, WORKER_STARTUP_S) <= arguments.budget_s:
             num_iterations = candidate
     settings = settings_for(num_iterations)
-    predicted_s = lab_seconds(num_iterations, settings_for, rate, num_rounds, startup_s)
+    predicted_s = lab_seconds(num_iterations, settings_for, rate, num_rounds, WORKER_STARTUP_S)
     if predicted_s > arguments.budget_s:
         print(f"convergence_lab_larger_model: even {num_iterations} iterations need about {predicted_s:.0f} s at the probed rate, "
               f"over --budget-s {arguments.budget_s:.0f}; raise the budget, or use fewer failure points or a smaller model", file=sys.stderr)
@@ -172,7 +172,7 @@ def main() -> int:
         "seeds": list(seeds), "num_iterations": num_iterations, "failure_iterations": list(settings.failure_iterations),
         "window_iterations": settings.window_iterations, "methods": [m.name for m in settings.methods],
         "probe": rate, "probe_s": probe_s, "predicted_lab_s": predicted_s, "lab_s": lab_s,
-        "baseline_final_held_out_loss": curve.sort_values("iteration").groupby(["seed", "swapped"])["held_out_loss"].last().to_dict().__repr__(),
+        "baseline_final_held_out_loss": curve.sort_values("iteration").groupby(["seed", "swapped"], as_index=False)["held_out_loss"].last().to_dict(orient="records"),
         "summary": summary.to_dict(orient="records"),
         "paired_differences": told_apart.to_dict(orient="records"),
     }

@@ -76,3 +76,14 @@ def test_the_lab_trains_on_the_gpu_when_its_settings_name_cuda():
     assert {parameter.device.type for stage in pipeline.stages for parameter in stage.parameters()} == {"cuda"}
     data = TokenData.load(None, seq_len=MODEL.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
     assert math.isfinite(pipeline.train_step(data, 0))
+
+
+def test_on_cuda_the_seeds_take_the_host_s_gpus_in_turn(monkeypatch):
+    from churnsim.real import convergence_lab
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    devices = [convergence_lab._on_gpu(_settings(device="cuda"), index).device for index in range(3)]
+    assert devices == ["cuda:0", "cuda:1", "cuda:0"]
+    assert convergence_lab._on_gpu(_settings(device="cpu"), 1).device == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert convergence_lab._on_gpu(_settings(device="cuda"), 1).device == "cuda"
