@@ -2,6 +2,7 @@
 
     python benchmarks/convergence_lab_larger_model.py --out DIR [--device cpu|cuda] [--budget-s 1800]
         [--seeds 0,1] [--layers 8 --dim 64 --stages 4 ...]
+    python benchmarks/convergence_lab_larger_model.py --out DIR --combine DIR1 DIR2   # pool runs of other seeds
 
 Why: on cpu-tiny (4 layers of width 64, one layer per stage, 1,000 iterations) the four interior
 rebuilds cannot be told apart. The CheckFree paper's ordering (weighted average < copy < random
@@ -16,7 +17,8 @@ of each seed, same batches) on such a model, as long as the budget allows.
    not even --min-iterations fits, it stops there and says so.
 3. the lab; each seed's raw tables are appended to DIR as soon as it finishes (rows-raw.csv,
    curve-raw.csv), then setbacks.csv (per rebuild) and result.json (settings, probe, summary table,
-   paired differences).
+   paired differences). `--combine` pools the raw tables of earlier runs of the same model and
+   length (other seeds) and refits them together: one baseline curve, the summary, the pairs.
 
 A manual experiment, not a test. On one H100 (2026-11-26) three lab processes sharing the GPU took
 104 ms per step each of the 12-layer, width-256 default model: processes that share one GPU take
@@ -110,7 +112,10 @@ def main() -> int:
     parser.add_argument("--min-iterations", type=int, default=300)
     parser.add_argument("--max-iterations", type=int, default=6000)
     parser.add_argument("--corpus-max-bytes", type=int, default=2_000_000)
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, help="pool these earlier runs' raw tables instead of running")
     arguments = parser.parse_args()
+    if arguments.combine:
+        return combine(arguments.combine, arguments.out)
     if arguments.device == "cuda" and not torch.cuda.is_available():
         print("convergence_lab_larger_model: no CUDA device here; run it on a machine with a GPU or pass --device cpu", file=sys.stderr)
         return 2
@@ -155,12 +160,6 @@ def main() -> int:
     lab_started = time.perf_counter()
     rows, curve, _ = measure_setbacks(settings, seeds, workers=workers, on_seed_done=keep)
     lab_s = time.perf_counter() - lab_started
-    rows.to_csv(out / "setbacks.csv", index=False)
-
-    from churnsim.calibration.fit_setbacks import methods_told_apart, setback_summary
-
-    summary = setback_summary(rows)
-    told_apart = pd.concat([methods_told_apart(rows, position) for position in ("interior", "edge")], ignore_index=True)
     result = {
         "benchmark": "the convergence lab on a deeper or wider model than cpu-tiny, sized to a time budget",
         "command": "python benchmarks/convergence_lab_larger_model.py " + " ".join(sys.argv[1:]),
@@ -172,15 +171,60 @@ def main() -> int:
         "seeds": list(seeds), "num_iterations": num_iterations, "failure_iterations": list(settings.failure_iterations),
         "window_iterations": settings.window_iterations, "methods": [m.name for m in settings.methods],
         "probe": rate, "probe_s": probe_s, "predicted_lab_s": predicted_s, "lab_s": lab_s,
+    }
+    write_result(out, result, rows, curve)
+    print(f"wrote {out} in {time.perf_counter() - started:.0f} s (lab {lab_s:.0f} s, predicted {predicted_s:.0f} s)")
+    return 0
+
+
+def write_result(out: Path, result: dict, rows: pd.DataFrame, curve: pd.DataFrame) -> None:
+    """setbacks.csv and result.json (the summary table and the paired differences), and print them."""
+    from churnsim.calibration.fit_setbacks import methods_told_apart, setback_summary
+
+    rows.to_csv(out / "setbacks.csv", index=False)
+    summary = setback_summary(rows)
+    told_apart = pd.concat([methods_told_apart(rows, position) for position in ("interior", "edge")], ignore_index=True)
+    result = {
+        **result,
         "baseline_final_held_out_loss": curve.sort_values("iteration").groupby(["seed", "swapped"], as_index=False)["held_out_loss"].last().to_dict(orient="records"),
         "summary": summary.to_dict(orient="records"),
         "paired_differences": told_apart.to_dict(orient="records"),
     }
     (out / "result.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
-    kept = summary[summary["window_iterations"] == settings.window_iterations]
+    kept = summary[summary["window_iterations"] == summary["window_iterations"].max()]
     print(kept.to_string(index=False), flush=True)
     print(told_apart.to_string(index=False), flush=True)
-    print(f"wrote {out} in {time.perf_counter() - started:.0f} s (lab {lab_s:.0f} s, predicted {predicted_s:.0f} s)")
+
+
+def combine(directories: list[Path], out: Path) -> int:
+    """`--combine`: the raw tables of runs of one model and length, refitted together."""
+    from churnsim.real.convergence_lab import add_setbacks
+
+    results = [json.loads((directory / "result.json").read_text()) for directory in directories]
+    same = ("model", "pipeline", "num_iterations", "failure_iterations", "window_iterations", "methods")
+    for directory, result in zip(directories[1:], results[1:]):
+        differing = [key for key in same if result[key] != results[0][key]]
+        if differing:
+            print(f"convergence_lab_larger_model: {directory} differs from {directories[0]} in {', '.join(differing)}; combine runs of one setup", file=sys.stderr)
+            return 2
+    # Raw tables hold seeds in the order they finished; the pooled ones are in seed order.
+    rows = pd.concat([pd.read_csv(directory / "rows-raw.csv") for directory in directories], ignore_index=True)
+    rows = rows.sort_values("seed", kind="stable", ignore_index=True)
+    curve = pd.concat([pd.read_csv(directory / "curve-raw.csv") for directory in directories], ignore_index=True)
+    curve = curve.sort_values("seed", kind="stable", ignore_index=True)
+    seeds = [seed for result in results for seed in result["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        print(f"convergence_lab_larger_model: seeds {seeds} repeat across the runs; combine runs of distinct seeds", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    rows, _ = add_setbacks(rows, curve)
+    rows.to_csv(out / "rows-raw.csv", index=False, columns=[c for c in rows.columns if c != "setback_iterations"])
+    curve.to_csv(out / "curve-raw.csv", index=False)
+    kept = {key: results[0][key] for key in ("benchmark", *same)}
+    write_result(out, {**kept, "command": "python benchmarks/convergence_lab_larger_model.py " + " ".join(sys.argv[1:]), "seeds": seeds,
+                       "combined_from": [{key: result.get(key) for key in ("command", "environment", "seeds", "probe", "lab_s")} for result in results]},
+                 rows, curve)
+    print(f"wrote {out}: {len(seeds)} seeds pooled")
     return 0
 
 
