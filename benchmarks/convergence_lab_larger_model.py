@@ -41,7 +41,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from churnsim.real.convergence_lab import LabPipeline, lab_settings, measure_setbacks
+from churnsim.real.convergence_lab import LabPipeline, lab_settings, measure_setbacks, settings_for_worker
 from churnsim.real.data import TokenData
 from churnsim.real.model import ModelConfig
 
@@ -78,7 +78,7 @@ def _probe_worker(arguments: tuple) -> dict[str, float]:
 def probe(settings, workers: int) -> dict[str, float]:
     start_at = time.time() + 40.0  # every process past its start-up (CUDA context, corpus) before the window
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_probe_worker, [(settings, start_at, 1000 + w) for w in range(workers)]))
+        results = list(pool.map(_probe_worker, [(settings_for_worker(settings, w), start_at, 1000 + w) for w in range(workers)]))
     return {"step_s": max(r["step_s"] for r in results), "eval_s": max(r["eval_s"] for r in results),
             "per_worker_step_s": [r["step_s"] for r in results]}
 

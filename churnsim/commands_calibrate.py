@@ -205,10 +205,10 @@ def calibrate_convergence(
         import torch
 
         from churnsim.real.convergence_lab import lab_settings, measure_setbacks
+        from churnsim.real.scenario_run import model_config
 
         if device == "cuda" and not torch.cuda.is_available():
             raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
-        from churnsim.real.scenario_run import model_config
 
         settings = lab_settings(
             model_config(calibration.model),

@@ -345,8 +345,8 @@ def _run_seed_task(arguments: tuple[LabSettings, int]) -> tuple[pd.DataFrame, pd
     return run_seed(settings, seed)
 
 
-def _on_gpu(settings: LabSettings, index: int) -> LabSettings:
-    """Seed `index`'s settings: on CUDA, the host's GPUs in turn. Processes that share one GPU take
+def settings_for_worker(settings: LabSettings, index: int) -> LabSettings:
+    """The settings of the `index`-th lab process: on CUDA, the host's GPUs in turn. Processes that share one GPU take
     turns on it (three lab processes of a 12-layer model on one H100 took 104 ms per step each)."""
     if settings.device != "cuda" or torch.cuda.device_count() < 2:
         return settings
@@ -363,20 +363,22 @@ def measure_setbacks(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    tasks = {seed: (_on_gpu(settings, index), seed) for index, seed in enumerate(seeds)}
+    tasks = {seed: (settings_for_worker(settings, index), seed) for index, seed in enumerate(seeds)}
     by_seed: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
+
+    def finished(seed: int, result: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+        by_seed[seed] = result
+        if on_seed_done is not None:
+            on_seed_done(seed, *result)
+
     if workers <= 1 or len(seeds) <= 1:
         for seed, task in tasks.items():
-            by_seed[seed] = _run_seed_task(task)
-            if on_seed_done is not None:
-                on_seed_done(seed, *by_seed[seed])
+            finished(seed, _run_seed_task(task))
     else:
         with ProcessPoolExecutor(max_workers=min(workers, len(seeds)), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(_run_seed_task, task): seed for seed, task in tasks.items()}
             for future in as_completed(futures):
-                by_seed[futures[future]] = future.result()
-                if on_seed_done is not None:
-                    on_seed_done(futures[future], *by_seed[futures[future]])
+                finished(futures[future], future.result())
     results = [by_seed[seed] for seed in seeds]  # in seed order, whatever order they finished in
     rows = pd.concat([rows for rows, _ in results], ignore_index=True)
     curve = pd.concat([curve for _, curve in results], ignore_index=True)

@@ -1,11 +1,29 @@
-"""Shared test settings: in CI, property tests are derandomized so a run can be reproduced."""
+"""Shared test settings (in CI, property tests are derandomized so a run can be reproduced) and the
+check of the bad-input contract."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Bad input's contract: exit code 2, one line `churnsim: error: ...` holding every fragment, no traceback."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("churnsim: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def assert_one_line_error():
+    return _assert_one_line_error

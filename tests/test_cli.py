@@ -19,15 +19,6 @@ def run_cli(arguments: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True, timeout=600)
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("churnsim: error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
 def test_whatif_quick_writes_tables_figures_and_manifest(tmp_path):
     out = tmp_path / "whatif"
     main(["whatif", "--quick", "--preset", "checkfree-124m-geo-10pct", "--workers", "1", "--out", str(out)])
@@ -77,13 +68,13 @@ def test_simulate_writes_one_record_per_run_and_a_perfetto_timeline(tmp_path):
         (["plot", "does-not-exist"], ("not a results directory",)),
     ],
 )
-def test_bad_input_gives_one_line_and_exit_code_2(arguments, fragments, tmp_path):
+def test_bad_input_gives_one_line_and_exit_code_2(arguments, fragments, tmp_path, assert_one_line_error):
     result = subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "x").exists()  # nothing half-written
 
 
-def test_broken_scenario_file_names_the_field(tmp_path):
+def test_broken_scenario_file_names_the_field(tmp_path, assert_one_line_error):
     data = json.loads(preset("checkfree-124m-geo-10pct").model_dump_json())
     data["churn"]["failure_probability_per_stage_hour"] = 1.5
     (tmp_path / "scenario.json").write_text(json.dumps(data))
@@ -94,7 +85,7 @@ def test_broken_scenario_file_names_the_field(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_unreachable_dask_scheduler_is_one_clear_line(tmp_path):
+def test_unreachable_dask_scheduler_is_one_clear_line(tmp_path, assert_one_line_error):
     result = subprocess.run(
         [sys.executable, "-m", "churnsim", "sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "replications=1",
          "--scheduler", "tcp://127.0.0.1:1", "--out", "x"],

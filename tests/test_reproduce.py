@@ -23,14 +23,6 @@ def run_cli(arguments: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True, timeout=600)
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("churnsim: error: "), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
 def table_rows(report: str) -> dict[str, list[str]]:
     """Rows of the report's claims table (the first markdown table), by claim id."""
     rows = {}
@@ -105,14 +97,14 @@ def test_reproduce_checkfree_lists_every_claim(tmp_path, monkeypatch):
         (["reproduce"], ("Missing argument 'PAPER'",)),
     ],
 )
-def test_bad_arguments_give_one_line_and_write_nothing(tmp_path, arguments, fragments):
+def test_bad_arguments_give_one_line_and_write_nothing(tmp_path, arguments, fragments, assert_one_line_error):
     out = tmp_path / "out"
     result = run_cli([*arguments, "--out", str(out)])
     assert_one_line_error(result, *fragments)
     assert not out.exists()
 
 
-def test_another_papers_results_are_not_mixed_in(tmp_path):
+def test_another_papers_results_are_not_mixed_in(tmp_path, assert_one_line_error):
     out = tmp_path / "out"
     out.mkdir()
     (out / "manifest.json").write_text(json.dumps({"command": "reproduce", "scenario": {"name": "checkfree"}}))

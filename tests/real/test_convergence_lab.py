@@ -82,8 +82,19 @@ def test_on_cuda_the_seeds_take_the_host_s_gpus_in_turn(monkeypatch):
     from churnsim.real import convergence_lab
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    devices = [convergence_lab._on_gpu(_settings(device="cuda"), index).device for index in range(3)]
+    devices = [convergence_lab.settings_for_worker(_settings(device="cuda"), index).device for index in range(3)]
     assert devices == ["cuda:0", "cuda:1", "cuda:0"]
-    assert convergence_lab._on_gpu(_settings(device="cpu"), 1).device == "cpu"
+    assert convergence_lab.settings_for_worker(_settings(device="cpu"), 1).device == "cpu"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert convergence_lab._on_gpu(_settings(device="cuda"), 1).device == "cuda"
+    assert convergence_lab.settings_for_worker(_settings(device="cuda"), 1).device == "cuda"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+def test_the_lab_on_cuda_without_a_gpu_is_refused_in_one_line(tmp_path, assert_one_line_error):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "churnsim", "calibrate", "--convergence", "--device", "cuda", "--out", "x/lab.json"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert_one_line_error(result, "--device cuda: CUDA is not available")
+    assert not (tmp_path / "x").exists()
