@@ -20,9 +20,10 @@ of each seed, same batches) on such a model, as long as the budget allows.
    paired differences). `--combine` pools the raw tables of earlier runs of the same model and
    length (other seeds) and refits them together: one baseline curve, the summary, the pairs.
 
-A manual experiment, not a test. On one H100 (2026-11-26) three lab processes sharing the GPU took
-104 ms per step each of the 12-layer, width-256 default model: processes that share one GPU take
-turns on it, so give each worker its own GPU (CUDA_VISIBLE_DEVICES) or run one worker per GPU.
+A manual experiment, not a test; the defaults are the 8-layer run in the README
+(`benchmarks/results/convergence-lab-8-layers/`). With --device cuda the workers take a host's GPUs
+in turn: on one H100 (2026-11-26) three processes of a 12-layer, width-256 model sharing the GPU
+took 104 ms per step each, as processes on one GPU take turns on it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ WORKER_STARTUP_S = 15.0  # a lab process's start: imports, corpus, CUDA context
 
 
 def _probe_worker(arguments: tuple) -> dict[str, float]:
-    """Steps and held-out evaluations per second of one process while all workers run together."""
+    """Seconds per training step and per held-out evaluation of one process while all workers run together."""
     settings, start_at, seed = arguments
     torch.set_num_threads(1)
     data = TokenData.load(None, seq_len=settings.model.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
