@@ -42,8 +42,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from churnsim.real.convergence_lab import LabPipeline, lab_settings, measure_setbacks, settings_for_worker
-from churnsim.real.data import TokenData
+from churnsim.real.convergence_lab import LabPipeline, lab_data, lab_settings, measure_setbacks, settings_for_worker
 from churnsim.real.model import ModelConfig
 
 EVALS_PER_FORK = 3  # the lab's windows 5, 10 and W
@@ -55,10 +54,7 @@ def _probe_worker(arguments: tuple) -> dict[str, float]:
     """Seconds per training step and per held-out evaluation of one process while all workers run together."""
     settings, start_at, seed = arguments
     torch.set_num_threads(1)
-    data = TokenData.load(None, seq_len=settings.model.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
-    batches = [(t.to(settings.device), y.to(settings.device))
-               for t, y in data.held_out_batches(num_batches=settings.num_eval_batches,
-                                                 num_sequences=settings.microbatch_size * settings.num_microbatches)]
+    data, batches = lab_data(settings)
     pipeline = LabPipeline(settings, seed=seed, swap_odd_microbatches=False)
     for iteration in range(3):  # warm-up: kernels, allocator
         pipeline.train_step(data, iteration)

@@ -208,15 +208,19 @@ def _failure_stages(num_stages: int) -> tuple[int, int]:
     return (0, 1) if num_stages < 3 else (1, 0)  # an interior and an edge stage, in turn
 
 
+def lab_data(settings: LabSettings) -> tuple[TokenData, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A lab process's corpus and its fixed held-out batches, on the lab's device."""
+    data = TokenData.load(None, seq_len=settings.model.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
+    num_sequences = settings.microbatch_size * settings.num_microbatches
+    batches = data.held_out_batches(num_batches=settings.num_eval_batches, num_sequences=num_sequences)
+    return data, [(tokens.to(settings.device), targets.to(settings.device)) for tokens, targets in batches]
+
+
 def run_seed(settings: LabSettings, seed: int, *, on_fork_done=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rebuild rows, baseline held-out curve rows) of one seed (module docstring)."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    data = TokenData.load(None, seq_len=settings.model.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
-    eval_batches = [
-        (tokens.to(settings.device), targets.to(settings.device))
-        for tokens, targets in data.held_out_batches(num_batches=settings.num_eval_batches, num_sequences=settings.microbatch_size * settings.num_microbatches)
-    ]
+    data, eval_batches = lab_data(settings)
     window = settings.window_iterations
     failure_set = set(settings.failure_iterations)
     windows = tuple(sorted({*settings.early_windows, window}))
