@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from churnsim.calibration.methods import method_from_name
-from churnsim.real.convergence_lab import LabPipeline, LabSettings, add_setbacks, measure_setbacks, run_seed
+from churnsim.real.convergence_lab import LabPipeline, LabSettings, add_setbacks, lab_data, measure_setbacks, run_seed
 from churnsim.real.model import ModelConfig
 
 MODEL = ModelConfig(vocab_size=256, dim=16, num_heads=2, num_layers=4, seq_len=16)
@@ -69,12 +71,11 @@ def test_each_seed_s_raw_tables_are_handed_over_as_it_finishes_and_the_result_is
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CI has none; ran on an H100 on 2026-11-26)")
 def test_the_lab_trains_on_the_gpu_when_its_settings_name_cuda():
-    from churnsim.real.data import TokenData
-
     settings = _settings(device="cuda")
     pipeline = LabPipeline(settings, seed=0, swap_odd_microbatches=True)
     assert {parameter.device.type for stage in pipeline.stages for parameter in stage.parameters()} == {"cuda"}
-    data = TokenData.load(None, seq_len=MODEL.seq_len, held_out_fraction=0.05, max_bytes=settings.corpus_max_bytes)
+    data, held_out = lab_data(settings)
+    assert {tokens.device.type for tokens, _ in held_out} == {"cuda"}
     assert math.isfinite(pipeline.train_step(data, 0))
 
 
@@ -91,9 +92,6 @@ def test_on_cuda_the_seeds_take_the_host_s_gpus_in_turn(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
 def test_the_lab_on_cuda_without_a_gpu_is_refused_in_one_line(tmp_path, assert_one_line_error):
-    import subprocess
-    import sys
-
     result = subprocess.run([sys.executable, "-m", "churnsim", "calibrate", "--convergence", "--device", "cuda", "--out", "x/lab.json"],
                             capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
     assert_one_line_error(result, "--device cuda: CUDA is not available")
