@@ -23,6 +23,8 @@
    is then the whole procedure (calibrate, then predict runs of the next minutes), so a slow or fast
    spell of this 2-core machine between one calibration and a later round does not count as model
    error, and the rounds are independent replicates of what a user does.
+   With `CHURNSIM_PIN_STAGES=1` in the environment every stage process runs pinned to a core of its
+   own (real/cpu_placement.py); the results say whether they did (`stage_processes_pinned`).
 4. Rounds repeat until two consecutive rounds agree within `AGREEMENT_POINTS` percentage points on
    every headline figure (or `--max-rounds`); the last two are reported with their spread.
 
@@ -270,6 +272,7 @@ def main() -> None:
         calibration, calibrate_s = calibrate(out)
 
     from churnsim.real.calibration_suite import run_suite
+    from churnsim.real.cpu_placement import pinning_requested
 
     if not again:
         rounds = []
@@ -292,6 +295,7 @@ def main() -> None:
             break
 
     recalibrated = all(Path(entry["calibration"]).parent.name.startswith("round-") for entry in rounds)
+    calibrated_only = all(entry["summary"].get("other setups", {}).get("runs", 0) == 0 for entry in rounds)
     last = rounds[-2:] if len(rounds) >= 2 else rounds
     spread = {
         group: {
@@ -302,7 +306,9 @@ def main() -> None:
     }
     result = {
         "benchmark": "calibrate --quick, then held-out real runs of the calibrated and other setups, validated",
-        "command": "python benchmarks/calibrate_and_validate.py" + (" --recalibrate-each-round" if recalibrated else ""),
+        "command": "python benchmarks/calibrate_and_validate.py" + (" --recalibrate-each-round" if recalibrated else "")
+        + (" --calibrated-only" if calibrated_only else ""),
+        "stage_processes_pinned": earlier.get("stage_processes_pinned", False) if again else pinning_requested(),
         "recalibrated_each_round": recalibrated,
         "revalidated_by_the_current_validator": arguments.revalidate or (arguments.resummarize and earlier.get("revalidated_by_the_current_validator", False)),
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "processor": platform.machine()},

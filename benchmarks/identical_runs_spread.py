@@ -59,7 +59,7 @@ def main() -> None:
         probe = probe_s()
         with tempfile.TemporaryDirectory() as directory:
             run_directory = Path(directory) / "run"
-            command = ["churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "none", "--out", str(run_directory)]
+            command = [sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "none", "--out", str(run_directory)]
             for setting in settings:
                 command += ["--set", setting]
             subprocess.run(command, check=True, capture_output=True)

@@ -43,6 +43,7 @@ import torch.multiprocessing as multiprocessing
 
 from churnsim.calibration.errors import InputError
 
+from .cpu_placement import pinning_requested
 from .distributed import Communicator, destroy_process_group, find_free_port, init_process_group
 from .methods import METHODS
 from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
@@ -656,6 +657,8 @@ def launch_local(
     run goes on.
     """
     _check_remote_checkpoint_dir(config)
+    if pinning_requested():
+        config = dataclasses.replace(config, pin_stages_to_cores=True)
     lease = None
     if run_dir is not None:
         lease, config = _prepare(Path(run_dir), config, resume, run_id=run_id, restart_unfinished=restart_unfinished)

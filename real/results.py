@@ -95,12 +95,14 @@ def write_record(
         METRICS_COLUMNS,
         RealRunSettings,
         RunManifest,
+        hardware_description,
         make_run_record,
         provenance_fields,
         write_run_record,
     )
     from churnsim.calibration.scenario import PipelineSpec
 
+    from .cpu_placement import placement_plan
     from .scenario_run import model_spec
 
     config = result.config
@@ -123,6 +125,8 @@ def write_record(
         checkpoint_directory=checkpoint_directory,
         failure_rate_per_stage_hour=failure_rate_per_stage_hour,
     )
+    placement = placement_plan(config.num_stages, config.num_threads, config.pin_stages_to_cores)
+    provenance = provenance_fields() | {"hardware": hardware_description() | {"stage_placement": placement}}
     manifest = RunManifest(
         run_id=run_id or uuid.uuid4().hex[:12],
         source="real",
@@ -131,7 +135,7 @@ def write_record(
         replication=replication,
         scenario=scenario,
         real_settings=settings,
-        **provenance_fields(),
+        **provenance,
         notes=tuple(
             f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
             + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")

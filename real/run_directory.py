@@ -46,7 +46,7 @@ OWN_ENTRIES: tuple[str, ...] = (RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY
 """What a real run keeps in its directory beside the record files."""
 RUN_FORMAT = "churnsim-real-run"
 # Fields a resumed run may change: how long to wait, how many threads, how far to train.
-_MAY_CHANGE_ON_RESUME = ("timeout_s", "num_threads", "num_iterations", "run_id", "resume")
+_MAY_CHANGE_ON_RESUME = ("timeout_s", "num_threads", "pin_stages_to_cores", "num_iterations", "run_id", "resume")
 
 
 def _now_utc() -> str:

@@ -59,6 +59,7 @@ from churnsim.calibration.pipeline_schedule import SCHEDULES
 from churnsim.calibration.tables import STEP_SYNC_SPAN
 
 from .checkpoint.format import DEFAULT_RUN_ID
+from .cpu_placement import pin_stage_process
 from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
 from .distributed import Communicator, GroupBroken
 from .methods import MethodContext, StageRuntime, build_method
@@ -112,6 +113,9 @@ class TrainingConfig:
     deterministic: bool = True
     num_threads: int = 1
     """torch intra-op threads per rank (1 keeps S ranks from oversubscribing a small machine)."""
+    pin_stages_to_cores: bool = False
+    """Each stage process on physical cores of its own where the machine has enough (real/cpu_placement.py);
+    `launch_local` turns it on when the environment sets CHURNSIM_PIN_STAGES=1."""
     run_id: str = DEFAULT_RUN_ID
     """The run's id, bound into every checkpoint it writes (the launcher sets it; see run_directory.py)."""
     resume: bool = False
@@ -240,6 +244,7 @@ class _Stage:
         stage = self.stage = communicator.rank
         self.last = config.num_stages - 1
         device = self.device = communicator.device
+        pin_stage_process(stage, config.num_stages, config.num_threads, config.pin_stages_to_cores)
         set_determinism(config, stage)
         module = self.module = StageModule(config.model, stage, config.num_stages, seed=config.seed).to(device)
 
