@@ -15,7 +15,7 @@ and it reaches every command that runs real stages: `real run`, `calibrate`, the
 pinned runs at once on one machine would share the same cores.
 
 Stage s of S, with T torch threads each, gets T physical cores, one logical CPU on each, counted
-from the end of the process's allowed CPUs (CPU 0 takes most interrupts; the launcher stays
+from the end of the process's allowed CPUs (CPU 0 often takes most interrupts; the launcher stays
 unpinned). With fewer physical cores than S × T nothing is pinned: the stages share the cores, as
 calibration/cpu_sharing.py models it. Every run record says how its stages were placed.
 """
@@ -37,23 +37,18 @@ def pinning_requested() -> bool:
 def physical_cores(cpus: Iterable[int], topology_root: Path = _TOPOLOGY_ROOT) -> list[list[int]]:
     """The logical CPUs grouped by physical core (package, core id), cores in order of their lowest
     CPU; a CPU whose topology the kernel does not expose counts as a core of its own."""
-    cores: dict[tuple[str, str] | tuple[str, int], list[int]] = {}
+    cores: dict[tuple[str, str], list[int]] = {}
     for cpu in sorted(cpus):
         topology = topology_root / f"cpu{cpu}" / "topology"
         try:
-            key: tuple[str, str] | tuple[str, int] = (
-                (topology / "physical_package_id").read_text().strip(),
-                (topology / "core_id").read_text().strip(),
-            )
+            key = ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
         except OSError:
-            key = ("unknown", cpu)
+            key = ("no topology", str(cpu))
         cores.setdefault(key, []).append(cpu)
     return sorted(cores.values(), key=min)
 
 
-def stage_cpus(
-    stage: int, num_stages: int, threads_per_stage: int, cores: list[list[int]]
-) -> tuple[int, ...] | None:
+def stage_cpus(stage: int, num_stages: int, threads_per_stage: int, cores: list[list[int]]) -> tuple[int, ...] | None:
     """The logical CPUs stage `stage` is pinned to (module docstring), None when `cores` are too few."""
     needed = num_stages * threads_per_stage
     if len(cores) < needed:
@@ -62,13 +57,20 @@ def stage_cpus(
     return tuple(core[0] for core in chosen[stage * threads_per_stage : (stage + 1) * threads_per_stage])
 
 
+def _allowed_physical_cores() -> list[list[int]] | None:
+    """This process's allowed CPUs by physical core; None where the platform has no CPU affinity."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return physical_cores(os.sched_getaffinity(0))
+
+
 def placement_plan(num_stages: int, threads_per_stage: int, pin: bool) -> str:
     """What `pin_stage_process` does for every stage of such a run here, in words (for run records)."""
     if not pin:
         return "the OS places stage processes (not pinned)"
-    if not hasattr(os, "sched_getaffinity"):
+    cores = _allowed_physical_cores()
+    if cores is None:
         return "the OS places stage processes (no CPU affinity on this platform)"
-    cores = physical_cores(os.sched_getaffinity(0))
     plans = [stage_cpus(stage, num_stages, threads_per_stage, cores) for stage in range(num_stages)]
     if plans[0] is None:
         return f"the OS places stage processes ({len(cores)} physical cores < {num_stages} stages × {threads_per_stage} thread(s))"
@@ -77,9 +79,8 @@ def placement_plan(num_stages: int, threads_per_stage: int, pin: bool) -> str:
 
 def pin_stage_process(stage: int, num_stages: int, threads_per_stage: int, pin: bool) -> tuple[int, ...] | None:
     """Pin this process to its stage's CPUs when `pin` and the machine allows; returns them."""
-    if not pin or not hasattr(os, "sched_setaffinity"):
-        return None
-    cpus = stage_cpus(stage, num_stages, threads_per_stage, physical_cores(os.sched_getaffinity(0)))
+    cores = _allowed_physical_cores() if pin else None
+    cpus = stage_cpus(stage, num_stages, threads_per_stage, cores) if cores is not None else None
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
     return cpus
