@@ -204,15 +204,15 @@ def combine(directories: list[Path], out: Path) -> int:
         if differing:
             print(f"convergence_lab_larger_model: {directory} differs from {directories[0]} in {', '.join(differing)}; combine runs of one setup", file=sys.stderr)
             return 2
+    seeds = [seed for result in results for seed in result["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        print(f"convergence_lab_larger_model: seeds {seeds} repeat across the runs; combine runs of distinct seeds", file=sys.stderr)
+        return 2
     # Raw tables hold seeds in the order they finished; the pooled ones are in seed order.
     rows = pd.concat([pd.read_csv(directory / "rows-raw.csv") for directory in directories], ignore_index=True)
     rows = rows.sort_values("seed", kind="stable", ignore_index=True)
     curve = pd.concat([pd.read_csv(directory / "curve-raw.csv") for directory in directories], ignore_index=True)
     curve = curve.sort_values("seed", kind="stable", ignore_index=True)
-    seeds = [seed for result in results for seed in result["seeds"]]
-    if len(set(seeds)) != len(seeds):
-        print(f"convergence_lab_larger_model: seeds {seeds} repeat across the runs; combine runs of distinct seeds", file=sys.stderr)
-        return 2
     out.mkdir(parents=True, exist_ok=True)
     rows, _ = add_setbacks(rows, curve)
     rows.to_csv(out / "rows-raw.csv", index=False, columns=[c for c in rows.columns if c != "setback_iterations"])

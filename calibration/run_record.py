@@ -236,12 +236,13 @@ def utc_now() -> str:
     return _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def provenance_fields() -> dict[str, object]:
-    """What every output records about where it was made (the field names of `RunManifest`)."""
+def provenance_fields(**hardware_notes: str) -> dict[str, object]:
+    """What every output records about where it was made (the field names of `RunManifest`);
+    `hardware_notes` join the hardware description (a real run's stage placement)."""
     return {
         "git_revision": git_revision(),
         "package_versions": package_versions(),
-        "hardware": hardware_description(),
+        "hardware": hardware_description() | hardware_notes,
         "created_utc": utc_now(),
     }
 

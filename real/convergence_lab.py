@@ -350,8 +350,9 @@ def _run_seed_task(arguments: tuple[LabSettings, int]) -> tuple[pd.DataFrame, pd
 
 
 def settings_for_worker(settings: LabSettings, index: int) -> LabSettings:
-    """The settings of the `index`-th lab process: on CUDA, the host's GPUs in turn. Processes that share one GPU take
-    turns on it (three lab processes of a 12-layer model on one H100 took 104 ms per step each)."""
+    """The settings of the `index`-th lab process: on CUDA, the host's GPUs in turn. Processes that
+    share one GPU take turns on it (three lab processes of a 12-layer model on one H100 took 104 ms
+    per step each)."""
     if settings.device != "cuda" or torch.cuda.device_count() < 2:
         return settings
     return dataclasses.replace(settings, device=f"cuda:{index % torch.cuda.device_count()}")

@@ -95,7 +95,6 @@ def write_record(
         METRICS_COLUMNS,
         RealRunSettings,
         RunManifest,
-        hardware_description,
         make_run_record,
         provenance_fields,
         write_run_record,
@@ -126,7 +125,6 @@ def write_record(
         failure_rate_per_stage_hour=failure_rate_per_stage_hour,
     )
     placement = placement_plan(config.num_stages, config.num_threads, config.pin_stages_to_cores)
-    provenance = provenance_fields() | {"hardware": hardware_description() | {"stage_placement": placement}}
     manifest = RunManifest(
         run_id=run_id or uuid.uuid4().hex[:12],
         source="real",
@@ -135,7 +133,7 @@ def write_record(
         replication=replication,
         scenario=scenario,
         real_settings=settings,
-        **provenance,
+        **provenance_fields(stage_placement=placement),
         notes=tuple(
             f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
             + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")
