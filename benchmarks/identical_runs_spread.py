@@ -6,7 +6,8 @@ one-thread probe (60 products of two 256 × 256 matrices, best of three). For ev
 and the median steady step (`calibration.fit_timing.steady_iteration_times_s`: the steps that
 calibration and validation time), and the median of each half of those steps. It answers whether the absolute validation error of issue 9
 can be below the machine's own run-to-run noise, and whether a measurement before a run could
-correct for it. Appends to benchmarks/results/identical-runs-spread.json (one entry per call). A
+correct for it. With CHURNSIM_PIN_STAGES=1 each stage process runs on a core of its own, and the
+entry says so. Appends to benchmarks/results/identical-runs-spread.json (one entry per call). A
 benchmark, not a test: minutes of real runs; run nothing else beside it.
 
     python benchmarks/identical_runs_spread.py [--runs 10] [--steps 120] [--set pipeline.num_stages=2 ...]
@@ -29,6 +30,7 @@ from speed_common import RESULTS_DIRECTORY, machine  # noqa: E402
 
 from churnsim.calibration.fit_timing import steady_iteration_times_s  # noqa: E402
 from churnsim.calibration.run_record import read_run_record  # noqa: E402
+from churnsim.real.cpu_placement import pinning_requested  # noqa: E402
 
 RESULTS_FILE = RESULTS_DIRECTORY / "identical-runs-spread.json"
 
@@ -78,6 +80,7 @@ def main() -> None:
     typical = statistics.median(medians)
     summary = {
         "settings": settings,
+        "stage_processes_pinned": pinning_requested(),  # CHURNSIM_PIN_STAGES=1 (real/cpu_placement.py)
         "runs": rows,
         "median_step_range_s": [min(medians), max(medians)],
         "median_run_from_typical": statistics.median(abs(value / typical - 1) for value in medians),
