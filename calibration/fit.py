@@ -41,6 +41,7 @@ from .fit_timing import (
     machine_step_s,
     measured_duration,
     record_setup_key,
+    run_speed_factors,
     shared_cores_of,
 )
 from .scenario import ExplicitCompute
@@ -119,12 +120,14 @@ def build_calibration(
         optimizer_step_s=optimizer_step.median_s,
         shared_cores=shared_cores,
     )
+    speed_factors = run_speed_factors(fit_records, num_warmup_iterations=num_warmup_iterations)
     compute_model, overhead_s = fit_compute_cost_model(
         [*fit_records, *shape_records],
         predict_iteration_s,
         calibrated_key=record_setup_key(fit_records[0]),
         calibrated_compute=measured_compute,
         num_warmup_iterations=num_warmup_iterations,
+        speed_factors=speed_factors,
     )
     baseline_records = [record for record in fit_records if is_no_failure_run(record)]
     if not baseline_records:
@@ -163,7 +166,8 @@ def build_calibration(
         stage_timings=stage_timings,
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
-        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
+        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations, speed_factors=speed_factors),
+        run_speed_factors=speed_factors,
         compute_model=compute_model,
         machine_step_s=machine_step_s(baseline_records, num_warmup_iterations=num_warmup_iterations),
         checkpoint_write_latency_s=checkpoint_write_latency_s,

@@ -13,7 +13,7 @@ warm-up make them slow and unrepresentative).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -121,7 +121,7 @@ def fit_stage_timings(
             f"no forward/backward spans after the first {num_warmup_iterations} iterations in runs "
             f"{[r.manifest.run_id for r in records]}; run more iterations or lower num_warmup_iterations"
         )
-    per_microbatch = spans.groupby(["run", "rank", "iteration", "microbatch", "stage", "kind"], dropna=False)["duration_s"].sum().reset_index()
+    per_microbatch = _work_per_hop(spans).reset_index()
     if as_core_seconds:
         per_microbatch = _with_work_outside_spans(per_microbatch, records)
     stages = sorted(int(stage) for stage in per_microbatch["stage"].unique())
@@ -136,6 +136,43 @@ def fit_stage_timings(
             raise InputError(f"spans.csv: stage {stage} has no {'forward' if forward.empty else 'backward'} spans; check the run records")
         timings.append(StageTimings(stage=stage, block_forward=measured_duration(forward), block_backward=measured_duration(backward)))
     return tuple(timings)
+
+
+def _work_per_hop(spans: pd.DataFrame) -> pd.Series:
+    """`duration_s` of the hops of one (run, rank, step, microbatch, stage, kind) summed: a stage's
+    whole work on one microbatch, also where CheckFree+ swapped routes split it in two hops."""
+    return spans.groupby(["run", "rank", "iteration", "microbatch", "stage", "kind"], dropna=False)["duration_s"].sum()
+
+
+def run_speed_factors(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, float]:
+    """How fast the machine ran each run against all of them pooled, by run id: per (stage,
+    forward/backward) the run's median work per hop over the pooled median, and the median of
+    those ratios (1.0: typical; 1.1: 10 % slower).
+
+    Runs of one setup do the same forward and backward work per hop whatever the method, so these
+    spans measure the machine, not the method. A whole step moves with them: in one `calibrate
+    --quick` on 2 cores (2026-11-26) the plain-method runs' median steady steps ranged ±8 %
+    (141.9–165.5 ms), and divided by their factors ±2 % (153.5–159.5 ms). Spans in core-seconds
+    (`cpu_sharing`), without the work between spans: a method's extra messages change that.
+    Runs without steady forward/backward spans get no entry.
+    """
+    spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations, as_core_seconds=True)
+    if spans.empty:
+        return {}
+    per_hop = _work_per_hop(spans)
+    pooled = per_hop.groupby(level=["stage", "kind"]).median()
+    per_run = per_hop.groupby(level=["run", "stage", "kind"]).median()
+    ratios = per_run / pooled.reindex(per_run.index.droplevel("run")).to_numpy()
+    return {str(run): float(value) for run, value in ratios.groupby(level="run").median().items()}
+
+
+def speed_normalised_step_s(record: RunRecord, speed_factors: Mapping[str, float], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> float | None:
+    """The run's median steady step divided by its speed factor (`run_speed_factors`; 1.0 when it
+    has none): its step at the pooled runs' typical speed. None without steady steps."""
+    steps = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+    if steps.empty:
+        return None
+    return float(steps.median()) / speed_factors.get(record.manifest.run_id, 1.0)
 
 
 def _with_work_outside_spans(per_microbatch: pd.DataFrame, records: Sequence[RunRecord]) -> pd.DataFrame:
@@ -223,18 +260,23 @@ def fit_compute_cost_model(
     calibrated_key: str,
     calibrated_compute: ExplicitCompute,
     num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+    speed_factors: Mapping[str, float] | None = None,
 ) -> tuple[ComputeCostModel, float]:
     """The compute cost model (calibration.compute_cost) from every record, and the per-iteration
     overhead measured on the calibrated setup.
 
     Hop and optimizer work come from every (setup, stage) median in core-seconds; the calibrated
     setup's hop medians are `calibrated_compute`'s (the caller measured them from the same records). The overhead is
-    what the simulated iteration lacks against a run's median steady step: for each no-failure run
-    of a `plain_iteration` method, the o that makes the simulator's iteration (its compute with o
+    what the simulated iteration lacks against a run's median steady step: for each run of a
+    `plain_iteration` method, the o that makes the simulator's iteration (its compute with o
     added where the optimizer step sits; `predict_iteration_s`, the simulator's model passed in)
-    last as long as the run's median steady step. The calibrated setup's runs use its measured
-    per-stage times (`calibrated_compute`), the others the fitted hop model; medians, not means, so
-    that a slow spell of the machine during calibration does not become a permanent cost.
+    last as long as the run's median steady step. Other setups take their no-failure runs and the
+    fitted hop model. The calibrated setup takes its measured per-stage times (`calibrated_compute`,
+    pooled over its runs) and every plain-method run, failures or not, each step divided by the
+    run's speed factor (`run_speed_factors` of the calibrated setup's runs, computed when not given):
+    so the overhead belongs to the pooled runs' typical speed, like the hop times, and not to the
+    speed of the one or two no-failure runs. Medians, not means, so that a slow spell of the machine
+    during calibration does not become a permanent cost.
     """
     cores = {shared_cores_of(record) for record in records}
     if len(cores) != 1:
@@ -273,30 +315,33 @@ def fit_compute_cost_model(
         num_configurations=len(groups),
         hop_relative_residual=float(np.median([forward_residual, backward_residual])),
     )
+    if speed_factors is None:
+        speed_factors = run_speed_factors(groups.get(calibrated_key, []), num_warmup_iterations=num_warmup_iterations)
     microbatches, overheads, calibrated_overheads = [], [], []
     for key, group in groups.items():
         settings = group[0].manifest.real_settings
         assert settings is not None
-        compute = calibrated_compute if key == calibrated_key else hops_only.compute_for(settings.model, settings.pipeline)
+        calibrated = key == calibrated_key
+        compute = calibrated_compute if calibrated else hops_only.compute_for(settings.model, settings.pipeline)
         for record in group:
-            if not has_plain_iteration(record) or len(record.failures.failures) > 0:
+            if not has_plain_iteration(record) or (len(record.failures.failures) > 0 and not calibrated):
                 continue
-            steps = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
-            if steps.empty:
+            step_s = speed_normalised_step_s(record, speed_factors if calibrated else {}, num_warmup_iterations=num_warmup_iterations)
+            if step_s is None:
                 continue
 
             def predict(overhead_s: float, settings=settings, compute=compute) -> float:
                 charged = compute.model_copy(update={"optimizer_step_s": compute.optimizer_step_s + overhead_s})
                 return float(predict_iteration_s(settings.model, settings.pipeline, charged))
 
-            overhead_s = _solve_overhead_s(float(steps.median()), predict)
+            overhead_s = _solve_overhead_s(step_s, predict)
             microbatches.append(settings.pipeline.num_microbatches)
             overheads.append(overhead_s)
             if key == calibrated_key:
                 calibrated_overheads.append(overhead_s)
     if not calibrated_overheads:
         raise InputError(
-            "no steady iterations of a no-failure run to measure the iteration overhead: give at least one no-failure run of a method in "
+            "no steady iterations of a run to measure the iteration overhead: give at least one run of a method in "
             f"{sorted(method_names_where(plain_iteration=True))} longer than {num_warmup_iterations} warm-up iterations"
         )
     overhead_fixed_s, overhead_per_microbatch_s = fit_linear_non_negative(microbatches, [max(value, 1e-9) for value in overheads])
@@ -304,25 +349,38 @@ def fit_compute_cost_model(
     return model, float(np.median(calibrated_overheads))
 
 
-def fit_method_iteration_extra_s(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, float]:
-    """Median steady step of each non-plain method minus that of all plain-method runs pooled.
+def fit_method_iteration_extra_s(
+    records: Sequence[RunRecord],
+    *,
+    num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+    speed_factors: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Per non-plain method, its runs' median steady step minus that of the plain-method runs, both
+    at the runs' typical speed: each run's median steady step divided by its speed factor
+    (`run_speed_factors` of `records`, one setup; computed when not given), then the median over runs.
 
     Only methods without the `plain_iteration` trait get an entry: for plain methods the pooled
     overhead (`fit_compute_cost_model`) is the better estimate. Signed: noise can make it negative.
-    Medians, so that a slow spell of the machine during one run does not become the method's cost.
+    Without the speed factors the extra was a difference between two runs' speeds as much as the
+    method's cost: between two calibrations on one machine CheckFree+'s moved from 20.6 to 26.7 ms
+    and redundant computation's from 21.7 to 10.9 ms (README, "Calibration and validation").
     """
-    def steady(chosen: Sequence[RunRecord]) -> pd.Series:
-        times = [steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations) for record in chosen]
-        return pd.concat(times) if times else pd.Series(dtype=float)
+    if speed_factors is None:
+        speed_factors = run_speed_factors(records, num_warmup_iterations=num_warmup_iterations)
 
-    plain = steady([record for record in records if has_plain_iteration(record)])
-    if plain.empty:
+    def typical_step_s(chosen: Sequence[RunRecord]) -> float | None:
+        steps = [speed_normalised_step_s(record, speed_factors, num_warmup_iterations=num_warmup_iterations) for record in chosen]
+        measured = [step for step in steps if step is not None]
+        return float(np.median(measured)) if measured else None
+
+    plain_s = typical_step_s([record for record in records if has_plain_iteration(record)])
+    if plain_s is None:
         return {}
     extras = {}
     for method in sorted({record.manifest.method for record in records if not has_plain_iteration(record)}):
-        own = steady([record for record in records if record.manifest.method == method])
-        if not own.empty:
-            extras[method] = float(own.median() - plain.median())
+        own_s = typical_step_s([record for record in records if record.manifest.method == method])
+        if own_s is not None:
+            extras[method] = own_s - plain_s
     return extras
 
 

@@ -295,7 +295,9 @@ def print_calibration(calibration) -> None:
         for tier in calibration.storage
     ]
     if calibration.machine_step_s is not None:
-        lines.append(f"machine speed while calibrating: median no-failure step {_seconds(calibration.machine_step_s)}")
+        speeds = sorted(calibration.run_speed_factors.values())
+        spread = f"; its runs' hops took {speeds[0]:.2f}–{speeds[-1]:.2f}× their pooled median ({len(speeds)} runs)" if speeds else ""
+        lines.append(f"machine speed while calibrating: median no-failure step {_seconds(calibration.machine_step_s)}{spread}")
     compute = calibration.compute_model
     if compute is not None:
         cores = f"{compute.shared_cores} shared cores" if compute.shared_cores else "a device per stage"

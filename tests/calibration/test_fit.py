@@ -18,6 +18,7 @@ from churnsim.calibration.fit import (
     estimate_setbacks,
     fit_baseline_curve,
     fit_compute_cost_model,
+    fit_method_iteration_extra_s,
     fit_link_profile,
     fit_optimizer_step,
     fit_recovery_times,
@@ -28,7 +29,7 @@ from churnsim.calibration.fit import (
 from churnsim.calibration.fit_convergence import SetbackSample, setback_spec
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.run_record import RealRunSettings, RunManifest, RunRecord, make_run_record
-from churnsim.calibration.fit_timing import record_setup_key
+from churnsim.calibration.fit_timing import record_setup_key, run_speed_factors
 from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec
 
 NUM_STAGES = 4
@@ -71,9 +72,19 @@ def _progress_lost(iteration: int, failures: tuple[tuple[int, int], ...]) -> flo
 
 
 def _record(
-    *, method: str, seed: int, failures: tuple[tuple[int, int], ...] = (), swap: bool = False, num_iterations: int = NUM_ITERATIONS
+    *,
+    method: str,
+    seed: int,
+    failures: tuple[tuple[int, int], ...] = (),
+    swap: bool = False,
+    num_iterations: int = NUM_ITERATIONS,
+    speed: float = 1.0,
+    extra_work_s: float = 0.0,
 ) -> RunRecord:
     """A real-run record: spans from known lognormal durations, loss from TRUE_CURVE with a seed's noise.
+
+    `speed` stretches every span and steady step (1.2: the machine ran 20 % slower); `extra_work_s`
+    is a method's steady extra per step at speed 1.
 
     The multiplicative loss noise depends only on the seed (same data order as the reference run);
     a small independent noise stands for non-deterministic kernels.
@@ -89,7 +100,7 @@ def _record(
         for stage in range(NUM_STAGES):
             for microbatch in range(NUM_MICROBATCHES):
                 for kind, medians in (("forward", FORWARD_MEDIAN_S), ("backward", BACKWARD_MEDIAN_S)):
-                    duration = slow * medians[stage] * math.exp(TIMING_SIGMA * rng.standard_normal())
+                    duration = slow * speed * medians[stage] * math.exp(TIMING_SIGMA * rng.standard_normal())
                     # CheckFree+ edge stages do an odd microbatch in two hops: split the work in two spans.
                     parts = (0.3, 0.7) if swap and microbatch % 2 and stage in (0, NUM_STAGES - 1) else (1.0,)
                     for part in parts:
@@ -98,7 +109,7 @@ def _record(
                         start += part * duration
             optimizer_s = slow * OPTIMIZER_MEDIAN_S * math.exp(TIMING_SIGMA * rng.standard_normal())
             spans.append(dict(rank=stage, stage=stage, iteration=step, kind="optimizer", microbatch=None, start_s=start, end_s=start + optimizer_s))
-        duration_s = PREDICTED_ITERATION_S + OVERHEAD_S + 0.01 * rng.standard_normal()
+        duration_s = speed * (PREDICTED_ITERATION_S + OVERHEAD_S + extra_work_s) + 0.01 * rng.standard_normal()
         if step in failed_steps:
             event = failed_steps[step]
             for rank in range(NUM_STAGES):
@@ -196,6 +207,55 @@ def test_iteration_overhead_is_measured_steady_median_minus_prediction(reference
     assert model.iteration_overhead_s == pytest.approx(OVERHEAD_S, abs=0.002) and model.overhead_per_microbatch_s == 0.0
     slower = fit_compute_cost_model(records, lambda *_: 2.0, calibrated_key=record_setup_key(references[0]), calibrated_compute=measured)
     assert slower[1] == 0.0
+
+
+def test_speed_factors_measure_each_run_against_all_runs_pooled():
+    runs = [_record(method="none", seed=seed, speed=speed) for seed, speed in ((1, 0.9), (2, 1.0), (3, 1.1))]
+    factors = run_speed_factors(runs, num_warmup_iterations=WARMUP)
+    assert factors["none-seed2"] == pytest.approx(1.0, abs=0.02)
+    assert factors["none-seed1"] / factors["none-seed3"] == pytest.approx(0.9 / 1.1, rel=0.01)
+
+
+def _fit_overhead(records: list[RunRecord]) -> float:
+    timings = fit_stage_timings(records, num_warmup_iterations=WARMUP)
+    optimizer = fit_optimizer_step(records, num_warmup_iterations=WARMUP)
+    measured = ExplicitCompute(
+        block_forward_s=tuple(t.block_forward.median_s for t in timings),
+        block_backward_s=tuple(t.block_backward.median_s for t in timings),
+        optimizer_step_s=optimizer.median_s,
+    )
+    true_work_s = sum(FORWARD_MEDIAN_S) + sum(BACKWARD_MEDIAN_S)
+
+    def predict(model, pipeline, compute):
+        # The predicted iteration moves with the hop times it is given, as the simulator's does.
+        hop_speed = (sum(compute.block_forward_s) + sum(compute.block_backward_s)) / true_work_s
+        return hop_speed * PREDICTED_ITERATION_S + compute.optimizer_step_s - optimizer.median_s
+
+    _, overhead = fit_compute_cost_model(
+        records,
+        predict,
+        calibrated_key=record_setup_key(records[0]),
+        calibrated_compute=measured,
+        num_warmup_iterations=WARMUP,
+    )
+    return overhead
+
+
+def test_overhead_belongs_to_the_typical_speed_not_to_a_slow_no_failure_run(checkfree_runs):
+    slow_reference = _record(method="none", seed=5, speed=1.3)
+    # The only no-failure run ran 30 % slow: taken alone it gives about 1.3 * 1.05 - 1.0 = 0.365 s.
+    # At the pooled runs' speed p the overhead is p * OVERHEAD_S, p within a few % of 1.
+    assert _fit_overhead([slow_reference, *checkfree_runs]) == pytest.approx(OVERHEAD_S, rel=0.1)
+
+
+def test_method_extra_is_measured_at_the_typical_speed():
+    extra_work_s = 0.08
+    plain = [_record(method="none", seed=1, speed=0.9), _record(method="checkfree", seed=2, failures=FAILURES, speed=1.0)]
+    redundant = _record(method="redundant", seed=3, speed=1.15, extra_work_s=extra_work_s)
+    # Raw steady steps differ by 1.15 * 1.13 - median(0.9, 1.0) * 1.05 = 0.30 s.
+    extras = fit_method_iteration_extra_s([*plain, redundant], num_warmup_iterations=WARMUP)
+    assert set(extras) == {"redundant"}
+    assert extras["redundant"] == pytest.approx(extra_work_s, abs=0.005)
 
 
 def test_link_profile_recovers_latency_and_bandwidth_within_five_percent():
