@@ -337,7 +337,7 @@ def fit_compute_cost_model(
             overhead_s = _solve_overhead_s(step_s, predict)
             microbatches.append(settings.pipeline.num_microbatches)
             overheads.append(overhead_s)
-            if key == calibrated_key:
+            if calibrated:
                 calibrated_overheads.append(overhead_s)
     if not calibrated_overheads:
         raise InputError(
