@@ -151,6 +151,11 @@ class CheckpointEngine(abc.ABC):
     def close(self) -> None:
         """Finish background work and release resources; the engine cannot save afterwards."""
 
+    def mark_boundary(self) -> None:
+        """An iteration boundary passed: a node that fails before the next one dies here, and a
+        background save that lands after this instant lands too late (`lose_node_local_levels`).
+        Nothing is in flight after a synchronous save returns."""
+
     def lose_node_local_levels(self) -> None:
         """Simulate node loss: every level that does not survive it is deleted and forgotten."""
         for level in self._levels:

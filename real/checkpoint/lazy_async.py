@@ -125,6 +125,9 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         self._num_pending_copies = 0
         self._num_pending_durable = 0
         self._pending_remote_stems: set[str] = set()
+        # Remote commits since the last `mark_boundary` (None before the first): a node lost at that
+        # boundary never made them. Without a boundary a loss strikes when it is called.
+        self._remote_stems_since_boundary: set[str] | None = None
         self._error: BaseException | None = None
         self._error_reported = False
         self._stop = threading.Event()
@@ -204,15 +207,32 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         self._hash_executor.shutdown()
         self._raise_if_failed(for_write=False)
 
+    def mark_boundary(self) -> None:
+        with self._condition:
+            self._remote_stems_since_boundary = set()
+
     def lose_node_local_levels(self) -> None:
-        """Simulate node loss: in-flight saves, the host pool and the local level are gone."""
+        """Simulate node loss at the last `mark_boundary` (now, if none was marked): in-flight saves,
+        the host pool and the local level are gone.
+
+        A save still in flight at that boundary is gone from the remote level too, also when its copy
+        landed before the loss was noticed (a real local run notices a failure at the next step's
+        start, after the ranks' failures all-reduce, by when a small flush has landed): a node that
+        dies at the boundary never finishes it, and the simulator abandons such a snapshot
+        (sim/methods/async_checkpoint.py). Keeping it, runs restored the checkpoint of the very
+        iteration that failed where the simulator rolled back one interval further.
+        """
+        with self._condition:
+            lost = frozenset(self._pending_remote_stems | (self._remote_stems_since_boundary or set()))
         self._halt()
         for thread in self._threads:
             thread.join()
+        self._remote.discard(lost)
         with self._condition:
             self._num_pending_copies = 0
             self._num_pending_durable = 0
             self._pending_remote_stems.clear()
+            self._remote_stems_since_boundary = None
             self._condition.notify_all()
         self._pool.reset()
         self._local.wipe()
@@ -397,6 +417,8 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
             )
             with self._condition:
                 self._pending_remote_stems.discard(snapshot.stem)
+                if self._remote_stems_since_boundary is not None:
+                    self._remote_stems_since_boundary.add(snapshot.stem)
                 self._num_pending_durable -= 1
                 self._condition.notify_all()
             end_s = time.perf_counter()

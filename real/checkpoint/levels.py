@@ -203,11 +203,7 @@ class LevelDirectory:
         ))
         fsync_directory(self.path)
         os.replace(manifest_temporary, manifest_path)
-        latest_path = self.path / LATEST_FILE
-        latest = {"manifest": manifest_path.name, "iteration": iteration, "sequence": sequence}
-        latest_temporary = write_durable_temporary(latest_path, json.dumps(latest).encode())
-        fsync_directory(self.path)
-        os.replace(latest_temporary, latest_path)
+        self._point_latest_at(manifest_path, iteration, sequence)
         info = CheckpointInfo(
             iteration=iteration, level=self.name, sequence=sequence, manifest_path=manifest_path,
             data_path=self.data_path(stem), file_nbytes=file_nbytes, run_id=self.run_id,
@@ -217,6 +213,32 @@ class LevelDirectory:
             self._committed.append(info)
         self.purge(protected_stems | {stem})
         return info
+
+    def _point_latest_at(self, manifest_path: Path, iteration: int, sequence: int) -> None:
+        latest_path = self.path / LATEST_FILE
+        latest = {"manifest": manifest_path.name, "iteration": iteration, "sequence": sequence}
+        latest_temporary = write_durable_temporary(latest_path, json.dumps(latest).encode())
+        fsync_directory(self.path)
+        os.replace(latest_temporary, latest_path)
+
+    def discard(self, stems: frozenset[str]) -> None:
+        """Delete the checkpoints of `stems` (manifest first, so none is ever half there) and point
+        `latest` at the newest one left: saves that were in flight when their node died."""
+        doomed = [path for stem in sorted(stems) if (path := self.manifest_path(stem)).exists()]
+        if not doomed:
+            return
+        for path in doomed:
+            path.unlink(missing_ok=True)
+        for stem in stems:
+            self.data_path(stem).unlink(missing_ok=True)
+        if self._committed is not None:
+            self._committed = [info for info in self._committed if info.manifest_path not in doomed]
+        newest = self.latest()
+        if newest is None:
+            (self.path / LATEST_FILE).unlink(missing_ok=True)
+            fsync_directory(self.path)
+        else:
+            self._point_latest_at(newest.manifest_path, newest.iteration, newest.sequence)
 
     def verify(self, manifest_path: Path) -> CheckpointInfo:
         """The checkpoint `manifest_path` commits, once manifest, binding and data file header check out.

@@ -176,6 +176,7 @@ class CheckpointKeeper:
             state = capture_stage_state(runtime.module, runtime.optimizer)
             state[RNG_KEY] = torch.get_rng_state()
             self.engine.save(state, tag)
+        self.engine.mark_boundary()  # a failure noticed at the next step's start strikes here
 
     def forget_node_state(self) -> None:
         """The node died: host buffers, in-flight saves and node-local levels are gone."""

@@ -246,6 +246,25 @@ def test_after_node_loss_the_restore_comes_from_remote(tmp_path):
     assert engine.latest_durable("remote").iteration == 3
 
 
+def test_a_save_in_flight_at_the_boundary_where_its_node_died_is_lost_even_if_it_lands(tmp_path):
+    engine = async_engine(tmp_path, throttle_remote_bytes_per_s=100_000)  # each remote copy ~0.3 s
+    engine.save(make_state(seed=1), 1)
+    engine.wait_until_durable()
+    engine.mark_boundary()  # iteration 1 was durable before this boundary
+    engine.save(make_state(seed=2), 2)
+    engine.mark_boundary()  # the node dies here, with iteration 2 in flight...
+    engine.wait_until_durable()  # ...which lands on remote before the loss is noticed
+    assert engine.latest_durable("remote").iteration == 2
+
+    engine.lose_node_local_levels()
+
+    assert [info.iteration for info in engine.list_durable(surviving_node_loss=True)] == [1]
+    assert not list((tmp_path / "remote").glob("iter0000000002-*"))  # neither manifest nor data
+    engine.save(make_state(seed=3), 3)
+    engine.close()
+    assert engine.latest_durable("remote").iteration == 3
+
+
 def test_a_replacement_engine_on_a_fresh_node_restores_from_remote(tmp_path):
     with async_engine(tmp_path) as engine:
         engine.save(make_state(seed=5), 5)
