@@ -225,12 +225,12 @@ class LevelDirectory:
         """Delete the checkpoints of `stems` (manifest first, so none is ever half there) and point
         `latest` at the newest one left: saves that were in flight when their node died."""
         doomed = [path for stem in sorted(stems) if (path := self.manifest_path(stem)).exists()]
-        if not doomed:
-            return
         for path in doomed:
             path.unlink(missing_ok=True)
-        for stem in stems:
+        for stem in stems:  # also a data file renamed into place whose manifest never came
             self.data_path(stem).unlink(missing_ok=True)
+        if not doomed:
+            return
         if self._committed is not None:
             self._committed = [info for info in self._committed if info.manifest_path not in doomed]
         newest = self.latest()

@@ -109,7 +109,8 @@ def _sync_and_async(communicator: Communicator, root: Path) -> dict:
         _fake_step(runtime, stage, iteration, (lazy, sync))
         if iteration == 5:
             expected = _snapshot(runtime)  # tag 6 = state after iteration 5
-    lazy.keeper.engine.wait_until_durable()  # "when all checkpoints are durable"
+    lazy.keeper.engine.wait_until_durable()  # "when all checkpoints are durable"...
+    lazy.keeper.engine.mark_boundary()  # ...and a boundary later the node dies: nothing is in flight there
     sync_info = sync.keeper.engine.latest_durable()
     lazy_info = lazy.keeper.engine.latest_durable("remote")
     files = {
