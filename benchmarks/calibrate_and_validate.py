@@ -169,14 +169,23 @@ def _print_summary(label: str, summary: dict) -> None:
         print(f"  {group:34s} {100 * figures['absolute']:6.1f} % / {100 * figures['load_normalised']:6.1f} %   n={figures['runs']}")
 
 
-def validate_round(out: Path, round_index: int, calibration: Path):
-    """`churnsim validate` of one round's held-out runs; its table, also committed."""
+def round_seeds(first_seed: int, round_index: int) -> tuple[int, int]:
+    """The two seeds of a round's held-out runs: no calibration run and no other round uses them."""
+    return first_seed + 2 * round_index, first_seed + 2 * round_index + 1
+
+
+def validate_runs(held_out: Path, calibration: Path, validation: Path):
+    """`churnsim validate` of the run records in `held_out` into `validation`; its table."""
     import pandas as pd
 
-    held_out = out / f"round-{round_index}" / "held-out"
-    validation = out / f"round-{round_index}" / "validation"
     _churnsim("validate", "--calibration", str(calibration), str(held_out), "--out", str(validation), "--overwrite")
-    table = pd.read_csv(validation / "validation.csv")
+    return pd.read_csv(validation / "validation.csv")
+
+
+def validate_round(out: Path, round_index: int, calibration: Path):
+    """`churnsim validate` of one round's held-out runs; its table, also committed."""
+    directory = out / f"round-{round_index}"
+    table = validate_runs(directory / "held-out", calibration, directory / "validation")
     table.to_csv(round_table_file(round_index), index=False)
     return table
 
@@ -277,7 +286,7 @@ def main() -> None:
     if not again:
         rounds = []
     for round_index in range(0 if again else arguments.max_rounds):
-        seeds = (arguments.first_seed + 2 * round_index, arguments.first_seed + 2 * round_index + 1)
+        seeds = round_seeds(arguments.first_seed, round_index)
         round_calibrate_s = None
         if arguments.recalibrate_each_round:
             calibration, round_calibrate_s = calibrate(out / f"round-{round_index}")
