@@ -150,9 +150,9 @@ def run_speed_factors(records: Sequence[RunRecord], *, num_warmup_iterations: in
     those ratios (1.0: typical; 1.1: 10 % slower).
 
     Runs of one setup do the same forward and backward work per hop whatever the method, so these
-    spans measure the machine, not the method. A whole step moves with them: in one `calibrate
-    --quick` on 2 cores (2026-11-26) the plain-method runs' median steady steps ranged ±8 %
-    (141.9–165.5 ms), and divided by their factors ±2 % (153.5–159.5 ms). Spans in core-seconds
+    spans measure the machine, not the method. A whole step moves with them: in four `calibrate
+    --quick` runs on 2 cores (2026-11-26/27) the plain-method runs' median steady steps spread by
+    6–17 % (slowest over fastest), divided by their factors by 2–5 %. Spans in core-seconds
     (`cpu_sharing`), without the work between spans: a method's extra messages change that.
     Runs without steady forward/backward spans get no entry.
     """
