@@ -15,7 +15,9 @@
    - a no-failure twin (method none, same seed and setup) for every setup: the time-to-target goal.
    Each run injects the failure path `churnsim simulate` samples for the same scenario.
 3. `churnsim validate` of each round; per group the median |relative error| of the total
-   wall-clock (absolute and load-normalised, sim/validate.py) and of the time to target.
+   wall-clock (absolute and load-normalised, sim/validate.py) and of the time to target, and how
+   many runs fell inside the prediction's 95 % interval of the machine's speed (its spread between
+   the calibration's runs, calibration/speed_uncertainty.py).
    Beside them, how fast the machine ran (`sim.validate.machine_speed`): each run's measured steady
    step over the predicted one, its median and its scatter. An exact model calibrated at the
    round's typical speed would still show the scatter as its median absolute error.
@@ -111,18 +113,25 @@ def summarize(table) -> dict[str, dict[str, float]]:
     """Headline figures of one round's validation table (fractions, not percent)."""
     import pandas as pd
 
+    from churnsim.sim.validate import interval_coverage
+
     with_failures = table[~table["run_id"].str.contains("-none-twin-")]
 
     def median_absolute(rows: pd.DataFrame, column: str) -> float:
         values = rows[column].abs().dropna()
         return float(values.median()) if not values.empty else float("nan")
 
-    def figures(rows: pd.DataFrame) -> dict[str, float]:
-        return {
+    def figures(rows: pd.DataFrame) -> dict[str, object]:
+        result: dict[str, object] = {
             "absolute": median_absolute(rows, "relative_error"),
             "load_normalised": median_absolute(rows, "load_normalised_relative_error"),
             "runs": int(rows["relative_error"].notna().sum()),
         }
+        # Tables of validators before the speed interval existed lack its columns.
+        coverage = interval_coverage(rows, rows["quantity"].iloc[0]) if "predicted_ci95_low" in rows and not rows.empty else None
+        if coverage is not None:
+            result["inside_speed_interval"] = f"{coverage.num_inside} of {coverage.num_runs} ({coverage.num_slower} slower, {coverage.num_faster} faster)"
+        return result
 
     summary: dict[str, dict[str, float]] = {}
     wall = with_failures[with_failures["quantity"] == "total_wall_clock_s"]
@@ -166,7 +175,8 @@ def rounds_agree(first: dict, second: dict) -> bool:
 def _print_summary(label: str, summary: dict) -> None:
     print(f"\n{label}: median |relative error| (absolute / load-normalised), runs")
     for group, figures in summary.items():
-        print(f"  {group:34s} {100 * figures['absolute']:6.1f} % / {100 * figures['load_normalised']:6.1f} %   n={figures['runs']}")
+        inside = f"   inside the speed interval: {figures['inside_speed_interval']}" if "inside_speed_interval" in figures else ""
+        print(f"  {group:34s} {100 * figures['absolute']:6.1f} % / {100 * figures['load_normalised']:6.1f} %   n={figures['runs']}{inside}")
 
 
 def round_seeds(first_seed: int, round_index: int) -> tuple[int, int]:

@@ -10,7 +10,8 @@ Two modes:
                 step + `iteration_overhead_s` (the per-iteration time outside forward, backward and
                 optimizer is charged once per iteration, where the optimizer step sits); on any
                 other model or pipeline the same quantities from the compute cost model
-                (calibration.compute_cost), which scales them with layers, sizes and microbatches.
+                (calibration.compute_cost), which scales them with layers, sizes and microbatches;
+                `run_speed_log_sd` from the calibration's run speeds (calibration/speed_uncertainty.py).
                 Local CPU calibrations set `shared_cores`: the times are core-seconds and the
                 simulator shares the machine's cores among the stage processes.
     network     UniformNetwork(latency, bandwidth) from the link profile; the scenario's all-reduce
@@ -44,6 +45,7 @@ from .calibration_file import Calibration
 from .convergence import MethodSetbacks
 from .errors import InputError
 from .scenario import ExplicitCompute, Scenario, UniformNetwork
+from .speed_uncertainty import run_speed_log_sd
 
 ApplyMode = Literal["full", "setbacks"]
 
@@ -74,7 +76,13 @@ def _setup_difference(scenario: Scenario, calibration: Calibration) -> str | Non
 
 def calibrated_compute(scenario: Scenario, calibration: Calibration) -> ExplicitCompute:
     """Compute of the scenario's model and pipeline on the calibrated machine: the measured per-stage
-    times on the calibrated setup, the compute cost model on any other."""
+    times on the calibrated setup, the compute cost model on any other; either with the spread of
+    the calibration's run speeds (calibration/speed_uncertainty.py)."""
+    compute = _calibrated_compute_times(scenario, calibration)
+    return compute.model_copy(update={"run_speed_log_sd": run_speed_log_sd(calibration.run_speed_factors.values())})
+
+
+def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> ExplicitCompute:
     compute_model = calibration.compute_model
     difference = _setup_difference(scenario, calibration)
     if difference is None:

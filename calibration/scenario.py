@@ -123,6 +123,10 @@ class ExplicitCompute(StrictModel):
     """None: each stage computes on a device of its own. A number: the stages are one-thread
     processes on one host with this many CPU cores, which they share when they compute at the same
     time (a local CPU run); the times above are then core-seconds of work, not wall time."""
+    run_speed_log_sd: float = Field(0.0, ge=0, le=1)
+    """How much one run's speed scatters about the typical one, as the standard deviation of its
+    log (0.035: about ±7 % at 95 %). Each replication scales the times above by one draw
+    (calibration/speed_uncertainty.py); calibrations set it from their runs' speeds. 0: none."""
 
     @field_validator("block_forward_s", "block_backward_s")
     @classmethod

@@ -135,9 +135,14 @@ VALIDATION_COLUMNS: tuple[str, ...] = (
     "relative_error",  # (predicted − measured) / measured
     "load_normalised_predicted",  # predicted with compute rescaled by the run's own steady step (real runs)
     "load_normalised_relative_error",  # (load_normalised_predicted − measured) / measured
+    "predicted_ci95_low",  # predicted at the machine's 2.5 % speed (calibration/speed_uncertainty.py); NaN without a spread
+    "predicted_ci95_high",  # ... and at its 97.5 % speed: a run of an exact model falls inside 95 % of the time
     "setup",  # the run's model and pipeline in short, e.g. "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64"
     "calibrated_setup",  # whether the calibration measured this setup itself (else its compute model scaled to it)
 )
+VALIDATION_INTERVAL_COLUMNS: tuple[str, ...] = ("predicted_ci95_low", "predicted_ci95_high")
+# What a validation table must hold to be read: tables of validators before the interval lack it.
+VALIDATION_REQUIRED_COLUMNS: tuple[str, ...] = tuple(column for column in VALIDATION_COLUMNS if column not in VALIDATION_INTERVAL_COLUMNS)
 
 # spans.csv of a run record, or iteration_spans.csv of a simulation: drawn as a Gantt chart.
 GANTT_COLUMNS: tuple[str, ...] = ("stage", "kind", "microbatch", "start_s", "end_s")

@@ -268,6 +268,8 @@ def print_calibration(calibration) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from churnsim.calibration.speed_uncertainty import run_speed_log_sd, speed_interval_factors
+
     out = Console()
     timings = Table("stage", "forward/microbatch [IQR]", "backward/microbatch [IQR]", "samples", title=f"calibration {calibration.name!r}: stage timings")
     for timing in calibration.stage_timings:
@@ -297,6 +299,10 @@ def print_calibration(calibration) -> None:
     if calibration.machine_step_s is not None:
         speeds = sorted(calibration.run_speed_factors.values())
         spread = f"; its runs' hops took {speeds[0]:.2f}–{speeds[-1]:.2f}× their pooled median ({len(speeds)} runs)" if speeds else ""
+        log_sd = run_speed_log_sd(speeds)
+        if log_sd > 0:
+            low, high = speed_interval_factors(log_sd)
+            spread += f", so a run's compute is predicted within ×{low:.3f}–{high:.3f} (95 %)"
         lines.append(f"machine speed while calibrating: median no-failure step {_seconds(calibration.machine_step_s)}{spread}")
     compute = calibration.compute_model
     if compute is not None:
@@ -374,7 +380,7 @@ def print_validation(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from churnsim.sim.validate import machine_speed, median_absolute_error
+    from churnsim.sim.validate import interval_coverage, machine_speed, median_absolute_error
 
     out = Console(width=max(Console().width, 120))
     out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")
@@ -400,4 +406,11 @@ def print_validation(report) -> None:
             f"machine speed: the {speed.num_runs} real runs' steady steps were {speed.lowest_factor:.2f}–{speed.highest_factor:.2f}× "
             f"the calibration's prediction (median {speed.median_factor:.2f}×, a single run {100 * speed.scatter:.1f} % from it "
             "in the median); the absolute errors include this, the load-normalised ones rescale each run's compute by its own factor"
+        )
+    coverage = interval_coverage(report.table)
+    if coverage is not None:
+        out.print(
+            f"{coverage.num_inside} of {coverage.num_runs} real runs' total wall-clock fell inside the prediction's 95 % interval of the "
+            f"calibrated machine's run-to-run speed ({coverage.num_slower} slower, {coverage.num_faster} faster): columns "
+            "predicted_ci95_low/high; a machine that drifted further since calibrating lies outside"
         )

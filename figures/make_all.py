@@ -30,7 +30,7 @@ from churnsim.calibration.tables import (
     SENSITIVITY_COLUMNS,
     SUMMARY_COLUMNS,
     TRAJECTORY_COLUMNS,
-    VALIDATION_COLUMNS,
+    VALIDATION_REQUIRED_COLUMNS,
     read_table,
 )
 
@@ -198,7 +198,7 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(name="checkpoint_interval", tables=("checkpoint_intervals",), columns=INTERVAL_COLUMNS, build=_checkpoint_interval),
     FigureSpec(name="optimal_interval", tables=("checkpoint_intervals",), columns=INTERVAL_COLUMNS, build=_optimal_interval),
     FigureSpec(
-        name="validation", tables=("validation",), columns=VALIDATION_COLUMNS, build=_validation,
+        name="validation", tables=("validation",), columns=VALIDATION_REQUIRED_COLUMNS, build=_validation,
         title="Validation: simulated against measured runs", manifest_scenario=False,
     ),
     FigureSpec(name="pipeline_gantt", tables=("iteration_spans", "spans"), columns=GANTT_COLUMNS, build=_gantt),

@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 
-from churnsim.calibration.tables import VALIDATION_COLUMNS
+from churnsim.calibration.tables import VALIDATION_INTERVAL_COLUMNS, VALIDATION_REQUIRED_COLUMNS
 
 from .selection import require_columns, require_rows
 from .style import legend_outside, method_color, method_label, method_marker, ordered_methods, style_axes
@@ -30,16 +30,20 @@ def plot_validation(
     """Draw each held-out run's predicted value against its measured value, coloured by method.
 
     How to read it: points on the diagonal are perfect predictions; points inside the shaded band
-    are within ±5 % of the measurement; the title gives the mean of |simulated − measured| / measured.
+    are within ±5 % of the measurement; a vertical bar through a point is the prediction's 95 %
+    interval of the calibrated machine's speed (where the table has one), which an exact model's
+    run crosses the diagonal within; the title gives the mean of |simulated − measured| / measured.
 
-    `validation` has the columns of `calibration.tables.VALIDATION_COLUMNS`. With `quantity` given,
+    `validation` has the columns of `calibration.tables.VALIDATION_REQUIRED_COLUMNS` (and, drawn when
+    present, `VALIDATION_INTERVAL_COLUMNS`). With `quantity` given,
     only its rows are drawn (the axes carry its unit); otherwise every quantity shares log–log axes.
     `legend=False` leaves the legend to the caller (several panels, one legend).
 
     Returns {"points": one PathCollection per method (gid = method), "identity": [the y = x
-    Line2D], "band": [the ±5 % PolyCollection]}.
+    Line2D], "band": [the ±5 % PolyCollection], "intervals": one bar collection per method with
+    intervals}.
     """
-    require_columns(validation, VALIDATION_COLUMNS, "validation")
+    require_columns(validation, VALIDATION_REQUIRED_COLUMNS, "validation")
     rows = validation if quantity is None else validation[validation["quantity"] == quantity]
     measured_all = rows["measured"].to_numpy(dtype=float)
     predicted_all = rows["predicted"].to_numpy(dtype=float)
@@ -47,6 +51,7 @@ def plot_validation(
     require_rows(rows, f"the validation figure ({quantity or 'all quantities'})")
 
     points: list[Artist] = []
+    intervals: list[Artist] = []
     for method in ordered_methods(rows["method"]):
         method_rows = rows[rows["method"] == method]
         scatter = ax.scatter(
@@ -60,6 +65,20 @@ def plot_validation(
         )
         scatter.set_gid(method)
         points.append(scatter)
+        if all(column in method_rows for column in VALIDATION_INTERVAL_COLUMNS):
+            # An interval that does not hold its prediction is not the validator's: it is not drawn.
+            with_interval = method_rows[
+                (method_rows["predicted_ci95_low"] <= method_rows["predicted"]) & (method_rows["predicted"] <= method_rows["predicted_ci95_high"])
+            ]
+            if not with_interval.empty:
+                predicted = with_interval["predicted"].to_numpy(dtype=float)
+                below = predicted - with_interval["predicted_ci95_low"].to_numpy(dtype=float)
+                above = with_interval["predicted_ci95_high"].to_numpy(dtype=float) - predicted
+                bars = ax.errorbar(
+                    with_interval["measured"].to_numpy(dtype=float), predicted, yerr=np.vstack([below, above]),
+                    fmt="none", ecolor=method_color(method), elinewidth=1.0, alpha=0.6, zorder=2,
+                )
+                intervals.append(bars)
 
     values = np.concatenate([rows["measured"].to_numpy(dtype=float), rows["predicted"].to_numpy(dtype=float)])
     quantities = list(dict.fromkeys(rows["quantity"].astype(str)))
@@ -102,4 +121,4 @@ def plot_validation(
     style_axes(ax)
     if legend:
         legend_outside(ax)
-    return {"points": points, "identity": [identity], "band": [band]}
+    return {"points": points, "identity": [identity], "band": [band], "intervals": intervals}

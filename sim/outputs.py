@@ -15,6 +15,7 @@ from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.setback_uncertainty import setback_source_note
+from churnsim.calibration.speed_uncertainty import speed_spread_note
 from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
 
 from .iteration import IterationResult
@@ -27,7 +28,8 @@ def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     setbacks come from (measured, paper-fitted or default) when a method uses them."""
     uses_setbacks = any(method.uses_setbacks for method in scenario.methods)
     setbacks = (setback_source_note(scenario.convergence),) if uses_setbacks else ()
-    return setbacks + swapped_route_notes(scenario)
+    speed = speed_spread_note(scenario)
+    return setbacks + ((speed,) if speed is not None else ()) + swapped_route_notes(scenario)
 
 
 PIPELINE_TRACK = "pipeline (training, stalls, recoveries)"

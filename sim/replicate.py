@@ -22,6 +22,7 @@ from churnsim.calibration.failure_sampling import FailurePathSpec, LazyFailurePa
 from churnsim.calibration.methods import METHOD_CONFIGS, MethodConfig, speedup_baselines
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.setback_uncertainty import replication_convergence
+from churnsim.calibration.speed_uncertainty import replication_compute_factor, with_compute_scaled
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_columns, summary_columns
 
@@ -39,10 +40,12 @@ class ReplicationTask:
 
 
 def replication_scenario(scenario: Scenario, replication: int) -> Scenario:
-    """`scenario` with replication `replication`'s setback draws (calibration/setback_uncertainty.py);
-    the draws come from their own stream, so the failure path does not change."""
+    """`scenario` with replication `replication`'s setback draws (calibration/setback_uncertainty.py)
+    and machine speed (calibration/speed_uncertainty.py); the draws come from streams of their own,
+    so the failure path does not change."""
     convergence = replication_convergence(scenario.convergence, seed=scenario.seed, replication=replication)
-    return scenario if convergence is scenario.convergence else scenario.model_copy(update={"convergence": convergence})
+    drawn = scenario if convergence is scenario.convergence else scenario.model_copy(update={"convergence": convergence})
+    return with_compute_scaled(drawn, replication_compute_factor(scenario, replication))
 
 
 def run_replication(task: ReplicationTask) -> list[RunResult]:

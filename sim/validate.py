@@ -71,6 +71,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
 from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec, Scenario, TargetSpec
+from churnsim.calibration.speed_uncertainty import speed_interval_factors, with_compute_scaled
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
 from .calibrated import replay_failures, replay_failures_at_steps, replay_scenario, without_setbacks
@@ -304,21 +305,6 @@ def target_of_twin(twin: RunRecord) -> _TargetOfTwin:
     return _TargetOfTwin(run_id=twin.manifest.run_id, loss=loss, progress_iterations=reached + 1)
 
 
-def with_compute_scaled(scenario: Scenario, factor: float) -> Scenario:
-    """Every compute time of an explicit-compute scenario multiplied by `factor` (a machine that ran
-    slower or faster than while calibrating)."""
-    compute = scenario.compute
-    if not isinstance(compute, ExplicitCompute) or factor == 1.0:
-        return scenario
-
-    def scaled(value: float | tuple[float, ...]) -> float | tuple[float, ...]:
-        return tuple(factor * item for item in value) if isinstance(value, tuple) else factor * value
-
-    fields = ("block_forward_s", "block_backward_s", "embedding_forward_s", "embedding_backward_s",
-              "head_forward_s", "head_backward_s", "optimizer_step_s")
-    return scenario.model_copy(update={"compute": compute.model_copy(update={name: scaled(getattr(compute, name)) for name in fields})})
-
-
 def _predict_real(
     record: RunRecord, scenario: Scenario, calibration: Calibration, *, target_loss: float, twin_target: _TargetOfTwin | None, compute_factor: float
 ) -> tuple[Observed, RunResult, list[str]]:
@@ -394,6 +380,8 @@ class _RealComparison:
     measured: Observed
     predicted: Observed
     load_normalised: Observed
+    interval: tuple[Observed, Observed] | None
+    """Predicted at the machine's 2.5 % and 97.5 % speed (None: the calibration measured no spread)."""
     target_loss: float
     notes: list[str]
 
@@ -419,7 +407,20 @@ def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord 
         )
     else:
         load_normalised = dataclasses.replace(predicted, total_wall_clock_s=math.nan, time_to_target_s=math.nan)
-    return _RealComparison(measured=measured, predicted=predicted, load_normalised=load_normalised, target_loss=target_loss, notes=notes)
+    # The machine's own run-to-run spread (calibration/speed_uncertainty.py): the run predicted at
+    # the 2.5 % and 97.5 % quantiles of its speed.
+    log_sd = scenario.compute.run_speed_log_sd if isinstance(scenario.compute, ExplicitCompute) else 0.0
+    interval: tuple[Observed, Observed] | None = None
+    if log_sd > 0.0:
+        fast_factor, slow_factor = speed_interval_factors(log_sd)
+        at_fast, at_slow = (
+            _predict_real(record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=factor)[0]
+            for factor in (fast_factor, slow_factor)
+        )
+        interval = (at_fast, at_slow)
+    return _RealComparison(
+        measured=measured, predicted=predicted, load_normalised=load_normalised, interval=interval, target_loss=target_loss, notes=notes
+    )
 
 
 def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> tuple[Observed, Observed, float | None, list[str]]:
@@ -457,12 +458,13 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
     """Predicted against measured for one record (module docstring); `twin`: its no-failure twin, if given."""
     manifest = record.manifest
     load_normalised: Observed | None = None
+    interval: tuple[Observed, Observed] | None = None
     if manifest.real_settings is not None:
         if calibration is None:
             raise InputError(f"run record {manifest.run_id!r} is a real run: replaying it needs a calibration (--calibration FILE)")
         comparison = _validate_real(record, calibration, twin)
         measured, predicted, target_loss, notes = comparison.measured, comparison.predicted, comparison.target_loss, comparison.notes
-        load_normalised = comparison.load_normalised
+        load_normalised, interval = comparison.load_normalised, comparison.interval
         probability = (
             failure_probability_of(manifest.scenario) if manifest.scenario is not None else manifest.real_settings.failure_rate_per_stage_hour
         )
@@ -475,9 +477,13 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
         setup = setup_description(manifest.scenario.model, manifest.scenario.pipeline)  # type: ignore[union-attr]
         calibrated_setup = False
     normalised_rows = {row[0]: row[1:] for row in compare(measured, load_normalised)} if load_normalised is not None else {}
+    interval_rows = {}
+    if interval is not None:
+        interval_rows = {quantity: (getattr(interval[0], quantity), getattr(interval[1], quantity)) for quantity in LOAD_NORMALISED_QUANTITIES}
     rows = []
     for quantity, m, p, error in compare(measured, predicted):
         normalised = normalised_rows.get(quantity) if quantity in LOAD_NORMALISED_QUANTITIES else None
+        low, high = interval_rows.get(quantity, (math.nan, math.nan))
         rows.append(
             dict(
                 run_id=manifest.run_id,
@@ -489,6 +495,8 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
                 relative_error=error,
                 load_normalised_predicted=normalised[1] if normalised is not None else math.nan,
                 load_normalised_relative_error=normalised[2] if normalised is not None else math.nan,
+                predicted_ci95_low=low,
+                predicted_ci95_high=high,
                 setup=setup,
                 calibrated_setup=calibrated_setup,
             )
@@ -605,3 +613,25 @@ def machine_speed(table: pd.DataFrame) -> MachineSpeed | None:
         lowest_factor=float(factors.min()),
         highest_factor=float(factors.max()),
     )
+
+
+@dataclass(frozen=True)
+class IntervalCoverage:
+    """How many real runs' `quantity` fell inside the prediction's 95 % interval of the machine's
+    speed (`predicted_ci95_low`–`predicted_ci95_high`, calibration/speed_uncertainty.py)."""
+
+    num_runs: int
+    num_inside: int
+    num_slower: int
+    """Runs that took longer than the interval's upper end."""
+    num_faster: int
+
+
+def interval_coverage(table: pd.DataFrame, quantity: str = "total_wall_clock_s") -> IntervalCoverage | None:
+    """Coverage of `quantity` over the rows with an interval (None if no row has one)."""
+    rows = table[(table["quantity"] == quantity) & table["predicted_ci95_low"].notna() & table["measured"].notna()]
+    if rows.empty:
+        return None
+    slower = int((rows["measured"] > rows["predicted_ci95_high"]).sum())
+    faster = int((rows["measured"] < rows["predicted_ci95_low"]).sum())
+    return IntervalCoverage(num_runs=len(rows), num_inside=len(rows) - slower - faster, num_slower=slower, num_faster=faster)

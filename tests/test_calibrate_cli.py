@@ -18,6 +18,7 @@ from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.run_record import RealRunSettings, RunManifest, make_run_record, write_run_record
 from churnsim.calibration.scenario import ModelSpec, PipelineSpec
+from churnsim.calibration.speed_uncertainty import run_speed_log_sd
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 from churnsim.cli import main
 from churnsim.sim.calibrated import iteration_predictor
@@ -51,11 +52,17 @@ SHAPES = (
 )
 
 
-def _record(directory: Path, *, method: str, seed: int, failures=(), pipeline: PipelineSpec = CALIBRATED_PIPELINE, run_id: str | None = None) -> Path:
+def _record(
+    directory: Path, *, method: str, seed: int, failures=(), pipeline: PipelineSpec = CALIBRATED_PIPELINE, run_id: str | None = None, speed: float = 1.0
+) -> Path:
     """A real-run record on a machine whose hops cost TRUE_COSTS: each step takes the simulator's
-    iteration of that compute plus a fixed overhead (±1 % noise)."""
+    iteration of that compute plus a fixed overhead (±1 % noise); `speed` 1.1: this run's machine
+    computes 10 % slower."""
     rng = np.random.default_rng(seed)
-    compute = TRUE_COSTS.compute_for(MODEL, pipeline)
+    true_compute = TRUE_COSTS.compute_for(MODEL, pipeline)
+    compute = true_compute.model_copy(
+        update={name: tuple(speed * value for value in getattr(true_compute, name)) for name in ("block_forward_s", "block_backward_s")}
+    )
     iteration_s = iteration_predictor(link=LINK)(MODEL, pipeline, compute) + OVERHEAD_S
     num_stages = pipeline.num_stages
     failed = dict(failures)
@@ -94,13 +101,12 @@ def _record(directory: Path, *, method: str, seed: int, failures=(), pipeline: P
     return write_run_record(make_run_record(manifest, metrics, spans, failure_rows), directory / run_id)
 
 
-@pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
-    root = tmp_path_factory.mktemp("calibrate")
+def _calibrate(root: Path, *, speeds: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> Path:
+    """`churnsim calibrate --runs` on the calibrated setup's three runs, at `speeds`, and the shapes."""
     fit = root / "fit"
     for seed in (0, 1):
-        _record(fit, method="none", seed=seed)
-    _record(fit, method="checkfree", seed=0, failures=FAILURES)
+        _record(fit, method="none", seed=seed, speed=speeds[seed])
+    _record(fit, method="checkfree", seed=0, failures=FAILURES, speed=speeds[2])
     for index, pipeline in enumerate(SHAPES):
         _record(fit, method="none", seed=0, pipeline=pipeline, run_id=f"shape-{index}")
     sizes = np.array([1024.0, 65536.0, 1048576.0, 16777216.0])
@@ -108,7 +114,13 @@ def calibrated(tmp_path_factory):
     pd.DataFrame([dict(name="local_disk", num_bytes=2**25, write_s=0.2, read_s=0.05)]).to_csv(fit / "storage.csv", index=False)
     out = root / "tiny.json"
     main(["calibrate", "--runs", str(fit), "--out", str(out)])
-    return root, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("calibrate")
+    return root, _calibrate(root)
 
 
 def test_calibrate_from_existing_records_writes_a_loadable_calibration(calibrated):
@@ -189,3 +201,34 @@ def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_m
     # The failure run's goal is its no-failure twin's loss, reached through the calibrated setbacks.
     target = table[(table["quantity"] == "time_to_target_s") & (table["run_id"] == "checkfree-s9")]
     assert abs(float(target["relative_error"].iloc[0])) < 0.10, target
+
+
+def test_validate_predicts_each_run_within_the_machine_s_measured_speed_spread(tmp_path, capsys):
+    # Calibration runs 5 % apart in speed: the predictions carry a 95 % interval of about ±10 %.
+    calibration_file = _calibrate(tmp_path, speeds=(0.95, 1.0, 1.05))
+    factors = sorted(load_calibration(str(calibration_file)).run_speed_factors.values())
+    assert factors == pytest.approx([0.95, 1.0, 1.05], rel=0.01)
+    held_out = tmp_path / "held-out"
+    _record(held_out, method="none", seed=7)
+    _record(held_out, method="checkfree", seed=8, failures=((20, 2), (50, 3)), speed=1.3, run_id="checkfree-slow-s8")
+    out = tmp_path / "validation"
+    main(["validate", "--calibration", str(calibration_file), str(held_out), "--out", str(out), "--no-figures"])
+    wall_clock = pd.read_csv(out / "validation.csv").set_index(["run_id", "quantity"]).xs("total_wall_clock_s", level="quantity")
+    low, high = wall_clock["predicted_ci95_low"], wall_clock["predicted_ci95_high"]
+    assert ((low < wall_clock["predicted"]) & (wall_clock["predicted"] < high)).all(), wall_clock
+    assert (high / low).between(1.15, 1.3).all(), high / low
+    assert low["none-s7"] <= wall_clock.at["none-s7", "measured"] <= high["none-s7"]
+    assert wall_clock.at["checkfree-slow-s8", "measured"] > high["checkfree-slow-s8"]
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "1 of 2 real runs' total wall-clock fell inside the prediction's 95 % interval" in printed and "(1 slower, 0 faster)" in printed
+
+
+def test_a_calibration_without_a_speed_spread_gives_no_interval(calibrated):
+    root, calibration = calibrated
+    # Every calibration run computed at the same speed: no spread to carry.
+    assert run_speed_log_sd(load_calibration(str(calibration)).run_speed_factors.values()) == 0.0
+    held_out = root / "held-out-no-spread"
+    _record(held_out, method="none", seed=7)
+    main(["validate", "--calibration", str(calibration), str(held_out), "--out", str(root / "validation-no-spread"), "--no-figures"])
+    table = pd.read_csv(root / "validation-no-spread" / "validation.csv")
+    assert table["predicted_ci95_low"].isna().all() and table["predicted_ci95_high"].isna().all()

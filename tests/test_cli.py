@@ -115,9 +115,12 @@ def test_simulate_and_sweep_take_another_setup_of_the_calibrated_preset(tmp_path
     runs = pd.read_csv(tmp_path / "simulated" / "runs.csv")
     six = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6})
     assert len(six.compute.block_forward_s) == 6 and six.compute == calibrated_compute(six, calibration)
+    from churnsim.sim.replicate import replication_scenario
     from churnsim.sim.run import simulate_run
 
-    expected_step_s = simulate_run(six, six.methods[0], ()).healthy_iteration_time_s
+    # Replication 0 runs at its drawn machine speed (calibration/speed_uncertainty.py).
+    drawn = replication_scenario(six, 0)
+    expected_step_s = simulate_run(drawn, drawn.methods[0], ()).healthy_iteration_time_s
     assert runs["healthy_iteration_time_s"].to_numpy() == pytest.approx(expected_step_s, rel=1e-12)
     main(["sweep", "--preset", "cpu-tiny", "--set", "pipeline.num_stages=4,8", "--set", "model.num_layers=8", "--method", "none",
           "--replications", "1", "--workers", "1", "--out", str(tmp_path / "swept")])

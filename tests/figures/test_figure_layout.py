@@ -66,7 +66,7 @@ def _setback_sensitivity_at_four_rates() -> pd.DataFrame:
 def _validation_with_a_measured_zero() -> pd.DataFrame:
     validation = _validation()
     distance = validation[validation["quantity"] == validation["quantity"].iloc[0]].assign(
-        quantity="loss_curve_distance", measured=0.0, predicted=0.2, relative_error=np.nan
+        quantity="loss_curve_distance", measured=0.0, predicted=0.2, relative_error=np.nan, predicted_ci95_low=np.nan, predicted_ci95_high=np.nan
     )
     stall = distance.assign(quantity="checkpoint_stall_s", measured=2.0, predicted=2.1, relative_error=0.05)
     return pd.concat([validation, distance, stall], ignore_index=True)

@@ -114,7 +114,8 @@ def _validation() -> pd.DataFrame:
         for quantity, measured in (("total_wall_clock_s", 500.0 + 50 * run_index), ("steady_iteration_s", 1.0 + 0.1 * run_index)):
             predicted = measured * (1.0 + 0.02 * (run_index - 1))
             error = (predicted - measured) / measured
-            rows.append((f"run{run_index}", method, 0.1, quantity, measured, predicted, error, predicted, error, "4 stages", True))
+            low, high = (0.95 * predicted, 1.05 * predicted) if quantity == "total_wall_clock_s" else (np.nan, np.nan)
+            rows.append((f"run{run_index}", method, 0.1, quantity, measured, predicted, error, predicted, error, low, high, "4 stages", True))
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
 
 
@@ -231,6 +232,13 @@ def test_validation_draws_points_per_method_the_identity_and_the_band(tables):
     assert len(drawn["points"]) == len(METHODS)
     assert all(len(points.get_offsets()) == 1 for points in drawn["points"])
     assert len(drawn["identity"]) == len(drawn["band"]) == 1
+    # Every run has its prediction's speed interval: one bar per method.
+    assert len(drawn["intervals"]) == len(METHODS)
+    steady = plot_validation(_axes(), tables["validation"], quantity="steady_iteration_s")
+    assert steady["intervals"] == []
+    # A table of a validator before the interval existed is still drawn, without bars.
+    older = tables["validation"].drop(columns=["predicted_ci95_low", "predicted_ci95_high"])
+    assert plot_validation(_axes(), older, quantity="total_wall_clock_s")["intervals"] == []
 
 
 def test_gantt_draws_every_span_of_one_iteration_with_microbatch_numbers():
