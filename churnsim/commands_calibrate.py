@@ -407,6 +407,11 @@ def print_validation(report) -> None:
             f"the calibration's prediction (median {speed.median_factor:.2f}×, a single run {100 * speed.scatter:.1f} % from it "
             "in the median); the absolute errors include this, the load-normalised ones rescale each run's compute by its own factor"
         )
+        if math.isfinite(speed.log_standard_deviation):
+            out.print(
+                f"their speeds spread by {speed.log_standard_deviation:.3f} (standard deviation of the log factor): a scenario with "
+                f"--set compute.run_speed_log_sd={speed.log_standard_deviation:.3f} draws speeds that spread as these runs' did"
+            )
     coverage = interval_coverage(report.table)
     if coverage is not None:
         out.print(

@@ -595,6 +595,9 @@ class MachineSpeed:
     exact model calibrated at the typical speed would still show about this median absolute error."""
     lowest_factor: float
     highest_factor: float
+    log_standard_deviation: float
+    """Of the factors' logs (NaN with fewer than 2 runs): the spread of speeds the machine showed
+    these runs, on the scale of `compute.run_speed_log_sd` (calibration/speed_uncertainty.py)."""
 
 
 def machine_speed(table: pd.DataFrame) -> MachineSpeed | None:
@@ -612,6 +615,7 @@ def machine_speed(table: pd.DataFrame) -> MachineSpeed | None:
         scatter=float((factors / median_factor - 1).abs().median()),
         lowest_factor=float(factors.min()),
         highest_factor=float(factors.max()),
+        log_standard_deviation=float(np.std(np.log(factors.to_numpy(dtype=float)), ddof=1)) if len(factors) >= 2 else math.nan,
     )
 
 

@@ -221,6 +221,12 @@ def test_validate_predicts_each_run_within_the_machine_s_measured_speed_spread(t
     assert wall_clock.at["checkfree-slow-s8", "measured"] > high["checkfree-slow-s8"]
     printed = " ".join(capsys.readouterr().out.split())
     assert "1 of 2 real runs' total wall-clock fell inside the prediction's 95 % interval" in printed and "(1 slower, 0 faster)" in printed
+    # The held-out runs' own spread, ready to carry into a scenario: of their measured steady steps
+    # over the predicted ones (the slow run's compute took 1.3×, its fixed overhead did not).
+    steady = pd.read_csv(out / "validation.csv").query("quantity == 'steady_iteration_s'")
+    spread = np.std(np.log(steady["measured"] / steady["predicted"]), ddof=1)
+    assert 0.1 < spread < np.log(1.3)
+    assert f"--set compute.run_speed_log_sd={spread:.3f}" in printed
 
 
 def test_a_calibration_without_a_speed_spread_gives_no_interval(calibrated):

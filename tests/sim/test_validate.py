@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -247,6 +248,7 @@ def test_machine_speed_is_each_real_run_s_steady_step_over_the_prediction():
     assert speed.median_factor == pytest.approx(1.0)
     assert (speed.lowest_factor, speed.highest_factor) == (pytest.approx(0.9), pytest.approx(1.2))
     assert speed.scatter == pytest.approx(0.1)  # median of |0.9 − 1|, 0, |1.2 − 1|
+    assert speed.log_standard_deviation == pytest.approx(np.std(np.log([0.9, 1.0, 1.2]), ddof=1))
     errors = median_absolute_error(table).set_index("method")
     assert errors.loc["checkfree", "num_runs"] == 2
     assert errors.loc["checkfree", "median_absolute_relative_error"] == pytest.approx(0.06)
