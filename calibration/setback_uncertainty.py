@@ -26,10 +26,10 @@ import zlib
 import numpy as np
 
 from .convergence import ConvergenceSpec, MethodSetbacks, SetbackSpec, StagePosition
+from .statistics import NORMAL_QUANTILE_975
 
 SETBACK_STREAM = 2
 """Source index of the setback draws (calibration/failure_sampling.py: CHURN_STREAM = 1)."""
-Z_95 = 1.959963984540054
 POSITIONS: tuple[StagePosition, ...] = ("interior", "edge")
 
 
@@ -53,7 +53,7 @@ def _two_piece(mean: float, low: float | None, high: float | None, z: float) -> 
     if low is None or high is None or not high > low:
         return mean
     half_width = (mean - low) if z < 0 else (high - mean)
-    return max(0.0, mean + z * max(half_width, 0.0) / Z_95)
+    return max(0.0, mean + z * max(half_width, 0.0) / NORMAL_QUANTILE_975)
 
 
 def setback_at(spec: SetbackSpec, z: float) -> float:

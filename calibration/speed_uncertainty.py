@@ -32,10 +32,10 @@ from typing import Iterable
 import numpy as np
 
 from .scenario import ExplicitCompute, Scenario
+from .statistics import NORMAL_QUANTILE_975
 
 SPEED_STREAM = 3
 """Source index of the speed draws (CHURN_STREAM = 1, SETBACK_STREAM = 2)."""
-Z_95 = 1.959963984540054
 MINIMUM_RUNS_FOR_SPREAD = 3
 """Fewer speed factors than this give no spread (a standard deviation of two is a guess)."""
 
@@ -56,7 +56,7 @@ def run_speed_log_sd(speed_factors: Iterable[float]) -> float:
 
 def speed_interval_factors(log_sd: float) -> tuple[float, float]:
     """The 2.5 % and 97.5 % quantiles of a run's speed factor (1.0, 1.0 without a spread)."""
-    return math.exp(-Z_95 * log_sd), math.exp(Z_95 * log_sd)
+    return math.exp(-NORMAL_QUANTILE_975 * log_sd), math.exp(NORMAL_QUANTILE_975 * log_sd)
 
 
 def with_compute_scaled(scenario: Scenario, factor: float) -> Scenario:

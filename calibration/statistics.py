@@ -8,6 +8,9 @@ from typing import Iterable
 
 import numpy as np
 
+NORMAL_QUANTILE_975 = 1.959963984540054
+"""The standard normal's 97.5 % quantile: a normal's 95 % interval is its mean ± this many standard deviations."""
+
 
 def mean_with_ci95(values: Iterable[float]) -> tuple[float, float, float]:
     """Mean and Student-t 95 % interval of the finite values; collapses to the mean for one value, NaN for none."""
