@@ -111,6 +111,8 @@ def round_plan(round_index: int, seeds: tuple[int, int], *, other_setups: bool =
 
 def summarize(table) -> dict[str, dict[str, float]]:
     """Headline figures of one round's validation table (fractions, not percent)."""
+    import dataclasses
+
     import pandas as pd
 
     from churnsim.sim.validate import interval_coverage
@@ -130,7 +132,7 @@ def summarize(table) -> dict[str, dict[str, float]]:
         # Tables of validators before the speed interval existed lack its columns.
         coverage = interval_coverage(rows, rows["quantity"].iloc[0]) if "predicted_ci95_low" in rows and not rows.empty else None
         if coverage is not None:
-            result["inside_speed_interval"] = f"{coverage.num_inside} of {coverage.num_runs} ({coverage.num_slower} slower, {coverage.num_faster} faster)"
+            result["speed_interval"] = dataclasses.asdict(coverage)
         return result
 
     summary: dict[str, dict[str, float]] = {}
@@ -175,7 +177,13 @@ def rounds_agree(first: dict, second: dict) -> bool:
 def _print_summary(label: str, summary: dict) -> None:
     print(f"\n{label}: median |relative error| (absolute / load-normalised), runs")
     for group, figures in summary.items():
-        inside = f"   inside the speed interval: {figures['inside_speed_interval']}" if "inside_speed_interval" in figures else ""
+        coverage = figures.get("speed_interval")
+        inside = (
+            f"   inside the speed interval: {coverage['num_inside']} of {coverage['num_runs']} "
+            f"({coverage['num_slower']} slower, {coverage['num_faster']} faster)"
+            if coverage
+            else ""
+        )
         print(f"  {group:34s} {100 * figures['absolute']:6.1f} % / {100 * figures['load_normalised']:6.1f} %   n={figures['runs']}{inside}")
 
 

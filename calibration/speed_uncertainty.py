@@ -73,10 +73,14 @@ def with_compute_scaled(scenario: Scenario, factor: float) -> Scenario:
     return scenario.model_copy(update={"compute": compute.model_copy(update=update)})
 
 
+def scenario_run_speed_log_sd(scenario: Scenario) -> float:
+    """The spread of the scenario's machine speed (0.0 for compute not measured on a machine)."""
+    return scenario.compute.run_speed_log_sd if isinstance(scenario.compute, ExplicitCompute) else 0.0
+
+
 def replication_compute_factor(scenario: Scenario, replication: int) -> float:
     """Replication `replication`'s speed factor of `scenario`'s machine (1.0 without a spread)."""
-    compute = scenario.compute
-    log_sd = compute.run_speed_log_sd if isinstance(compute, ExplicitCompute) else 0.0
+    log_sd = scenario_run_speed_log_sd(scenario)
     if log_sd <= 0.0:
         return 1.0
     z = np.random.default_rng(np.random.SeedSequence((scenario.seed, replication, SPEED_STREAM))).standard_normal()
@@ -85,10 +89,10 @@ def replication_compute_factor(scenario: Scenario, replication: int) -> float:
 
 def speed_spread_note(scenario: Scenario) -> str | None:
     """One line saying that replications draw the machine's speed, or None when they do not."""
-    compute = scenario.compute
-    if not isinstance(compute, ExplicitCompute) or compute.run_speed_log_sd <= 0.0:
+    log_sd = scenario_run_speed_log_sd(scenario)
+    if log_sd <= 0.0:
         return None
-    low, high = speed_interval_factors(compute.run_speed_log_sd)
+    low, high = speed_interval_factors(log_sd)
     return (
         f"each replication draws the calibrated machine's speed (compute ×{low:.3f}–{high:.3f} at 95 %, the spread "
         "between the calibration's runs), so the intervals of time to target include it"

@@ -70,8 +70,8 @@ from churnsim.calibration.compute_cost import setup_key
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
-from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec, Scenario, TargetSpec
-from churnsim.calibration.speed_uncertainty import speed_interval_factors, with_compute_scaled
+from churnsim.calibration.scenario import ModelSpec, PipelineSpec, Scenario, TargetSpec
+from churnsim.calibration.speed_uncertainty import scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
 from .calibrated import replay_failures, replay_failures_at_steps, replay_scenario, without_setbacks
@@ -409,7 +409,7 @@ def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord 
         load_normalised = dataclasses.replace(predicted, total_wall_clock_s=math.nan, time_to_target_s=math.nan)
     # The machine's own run-to-run spread (calibration/speed_uncertainty.py): the run predicted at
     # the 2.5 % and 97.5 % quantiles of its speed.
-    log_sd = scenario.compute.run_speed_log_sd if isinstance(scenario.compute, ExplicitCompute) else 0.0
+    log_sd = scenario_run_speed_log_sd(scenario)
     interval: tuple[Observed, Observed] | None = None
     if log_sd > 0.0:
         fast_factor, slow_factor = speed_interval_factors(log_sd)
