@@ -136,17 +136,22 @@ def fit_hop_cost(features: Sequence[tuple[float, float]], work_s: Sequence[float
 
 
 def fit_linear_non_negative(regressor: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
-    """(intercept, slope) >= 0 of values on one regressor, relative errors; slope 0 when the
-    regressor takes a single value (nothing to tell them apart)."""
+    """(intercept, slope) >= 0 of values on one regressor: relative errors when every value is
+    positive, absolute errors when some is zero or less (a relative error to zero is unbounded: one
+    zero would pull the whole line to it); the median and slope 0 when the regressor takes a single
+    value (nothing to tell them apart)."""
     from scipy.optimize import nnls
 
     x = np.asarray(regressor, dtype=float)
     y = np.asarray(values, dtype=float)
     if y.size == 0:
         raise InputError("linear fit: no values")
-    if np.unique(x).size < 2 or np.any(y <= 0):
+    if np.unique(x).size < 2:
         return max(0.0, float(np.median(y))), 0.0
     scale = float(np.abs(x).max())
-    design = np.column_stack([np.ones(y.size), x / scale]) / y[:, None]
-    (intercept, slope), _ = nnls(design, np.ones(y.size))
+    design = np.column_stack([np.ones(y.size), x / scale])
+    if np.all(y > 0):
+        (intercept, slope), _ = nnls(design / y[:, None], np.ones(y.size))
+    else:
+        (intercept, slope), _ = nnls(design, np.maximum(y, 0.0))
     return float(intercept), float(slope / scale)

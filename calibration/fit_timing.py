@@ -344,7 +344,7 @@ def fit_compute_cost_model(
             "no steady iterations of a run to measure the iteration overhead: give at least one run of a method in "
             f"{sorted(method_names_where(plain_iteration=True))} longer than {num_warmup_iterations} warm-up iterations"
         )
-    overhead_fixed_s, overhead_per_microbatch_s = fit_linear_non_negative(microbatches, [max(value, 1e-9) for value in overheads])
+    overhead_fixed_s, overhead_per_microbatch_s = fit_linear_non_negative(microbatches, overheads)
     model = hops_only.model_copy(update={"iteration_overhead_s": overhead_fixed_s, "overhead_per_microbatch_s": overhead_per_microbatch_s})
     return model, float(np.median(calibrated_overheads))
 
