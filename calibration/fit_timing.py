@@ -239,18 +239,29 @@ def optimizer_work_per_stage(records: Sequence[RunRecord], *, num_warmup_iterati
     return {int(stage): float(rows["duration_s"].median()) for stage, rows in spans.groupby("stage")}
 
 
-def _solve_overhead_s(measured_step_s: float, predict: Callable[[float], float]) -> float:
-    """The per-iteration overhead o >= 0 with predict(o) = measured (bisection; predict grows with o)."""
-    if predict(0.0) >= measured_step_s:
-        return 0.0
-    low, high = 0.0, measured_step_s
+def solve_increasing(target: float, predict: Callable[[float], float], low: float, high: float) -> float:
+    """The x in [low, high] with predict(x) = target, for a predict that grows with x (bisection):
+    `low` where predict(low) already reaches the target, `high` where predict(high) does not.
+
+    For what to charge the simulator so that its iteration lasts as measured: on cores shared by
+    more processes than cores, a core-second charged to every stage lengthens the iteration by more
+    than a second, so the charge is solved for, not subtracted."""
+    if predict(low) >= target:
+        return low
+    if predict(high) < target:
+        return high
     for _ in range(40):
         middle = 0.5 * (low + high)
-        if predict(middle) < measured_step_s:
+        if predict(middle) < target:
             low = middle
         else:
             high = middle
     return 0.5 * (low + high)
+
+
+def _solve_overhead_s(measured_step_s: float, predict: Callable[[float], float]) -> float:
+    """The per-iteration overhead o >= 0 with predict(o) = measured."""
+    return solve_increasing(measured_step_s, predict, 0.0, measured_step_s)
 
 
 def fit_compute_cost_model(
