@@ -213,6 +213,12 @@ class Membership:
             tried = generation
             if stage not in members:
                 continue  # a group of the others (this stage's replacement is still starting)
+            if os.path.exists(abort_path(directory, generation)):
+                # Abandoned before this rank came: a replacement started while another stage's
+                # replacement was still pending finds the newest generation one that formed before
+                # its predecessor died. Every member's mark is there, and the generation's outcome
+                # says "formed": joining it would wait on a group that is gone. A newer one follows.
+                continue
             arrived_perf_s = time.perf_counter()
             with open(arrival_path(directory, generation, stage), "wb"):
                 pass

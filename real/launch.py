@@ -469,11 +469,11 @@ class _Supervisor:
         return results
 
     def _exited(self, stage: int, process: Any) -> None:
-        from .elastic import abandon, announce
+        from .elastic import abandon, announce, result_path
 
         code = process.exitcode
-        if code == 0:
-            self.finished.add(stage)
+        if code == 0 or all(os.path.exists(result_path(self.directory, other)) for other in range(self.world_size)):
+            self.finished.add(stage)  # a death after every result was written ends nothing
             return
         error_path = os.path.join(self.directory, f"error-{stage}-{self.incarnations[stage]}.txt")
         if os.path.exists(error_path):
@@ -504,14 +504,17 @@ class _Supervisor:
 
     def _not_recoverable(self, code: int) -> str | None:
         """Why a stage process's death ends the run, or None when a replacement can take over."""
-        from .elastic import STARTED_FILE
+        from .elastic import STARTED_FILE, result_path
 
         if code > 0:
             return "it failed (not a kill)"
         if not os.path.exists(os.path.join(self.directory, STARTED_FILE)):
             return "the run had not started (its first process group never formed)"
-        if self.finished:
-            return f"stage(s) {sorted(self.finished)} had already finished, so the group cannot re-form"
+        # A stage with its result written has left training (it only waits for the others' results):
+        # the group cannot re-form, and waiting for it would take the whole rendezvous timeout.
+        done = sorted(self.finished | {other for other in range(self.world_size) if os.path.exists(result_path(self.directory, other))})
+        if done:
+            return f"stage(s) {done} had already finished, so the group cannot re-form"
         if len(self.deaths) >= self.options.max_replacements:
             return f"{len(self.deaths)} stage processes were replaced already (at most {self.options.max_replacements})"
         if all(process.exitcode is not None for process in self.processes.values()):
@@ -644,6 +647,7 @@ def launch_local(
     resume: bool = False,
     run_id: str | None = None,
     restart_unfinished: bool = False,
+    progress_interval_s: float = 0.25,
 ) -> RunResult:
     """Run `config` with one local process per stage; writes a run record when `run_dir` is given.
 
@@ -654,7 +658,7 @@ def launch_local(
     checkpoints, and `resume=True` continues it from the newest one every stage holds, under the
     same run id (`run_id` names a new run; `restart_unfinished` lets it replace an unfinished one).
     `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
-    run goes on.
+    run goes on, looked for every `progress_interval_s`.
     """
     _check_remote_checkpoint_dir(config)
     if pinning_requested():
@@ -703,6 +707,7 @@ def launch_local(
                 device=config.device,
                 timeout_s=config.timeout_s,
                 poll=poll,
+                poll_interval_s=progress_interval_s,
                 hard_failures=options,
             )
             poll()

@@ -49,7 +49,9 @@ JOIN_DELAY_S = 0.3
 RUN_TIMEOUT_S = 30.0
 SCHEDULED_KILLS = ((3, 2), (7, 0))  # (step, stage): an interior stage, then stage 0 (the recorder)
 EXTERNAL_KILLS = ((12, 3),)  # (at or after step, stage): the last stage, which computes the loss
-REMOTE_BYTES_PER_S = 8e6
+# Fast enough that the remote level keeps up with a checkpoint every 2 iterations of ~50 ms (1 MB
+# checkpoints): at 8 MB/s it fell behind on a fast machine, and no stage held a checkpoint when one was killed.
+REMOTE_BYTES_PER_S = 32e6
 METHOD_PARAMETERS: dict[str, dict] = {
     "checkpoint": {"interval_iterations": 2},
     "async_checkpoint": {"interval_iterations": 2},
@@ -115,7 +117,9 @@ def runs(tmp_path_factory) -> dict:
         if method == "async_checkpoint":
             fields = {"remote_checkpoint_dir": str(tmp_path_factory.mktemp("remote-fs")), "remote_checkpoint_bytes_per_s": REMOTE_BYTES_PER_S}
         killer = ExternalKiller(run_dir, plan)
-        result = launch_local(_config(method, failures=failures, **fields), run_dir=run_dir, on_progress=killer)
+        # Progress is looked at often: on a fast machine an iteration takes tens of milliseconds, and
+        # a kill seen a quarter second late landed after the other stages had finished.
+        result = launch_local(_config(method, failures=failures, **fields), run_dir=run_dir, on_progress=killer, progress_interval_s=0.02)
         results[method] = {"result": result, "killed": killer.killed, "run_dir": run_dir}
     exact_dir = tmp_path_factory.mktemp("run-redundant-exact")
     results["redundant_exact"] = {
@@ -241,7 +245,7 @@ def test_killing_every_stage_at_once_fails_the_run_and_resume_continues_it(tmp_p
                 os.kill(pid, signal.SIGKILL)
 
     with pytest.raises(ProcessExitedException, match="every stage process died"):
-        launch_local(config, run_dir=run_dir, on_progress=kill_everyone)
+        launch_local(config, run_dir=run_dir, on_progress=kill_everyone, progress_interval_s=0.02)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
     assert list((run_dir / "checkpoints").glob("stage-*/*.manifest.json"))
     resumed = launch_local(config, run_dir=run_dir, resume=True)

@@ -1,0 +1,77 @@
+"""The hard-failure rendezvous (real/elastic.py) on its own: which generation a process joins."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_a_replacement_skips_a_generation_abandoned_before_it_came(tmp_path, monkeypatch):
+    # Stage 1 died in generation 0, and its replacement started while stage 0's was still pending,
+    # so generation 0 is still the newest announced. Every member's mark is there and its outcome
+    # says "formed"; joining it would wait on a group that is gone (seen as a 90 s rendezvous
+    # timeout on a fast machine, 2026-11-27). The replacement must wait for a newer generation.
+    import torch.distributed as dist
+
+    from churnsim.real import elastic
+
+    directory = str(tmp_path)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    elastic.announce(directory, 0, members=[0, 1], full=True, deaths=[])
+    for stage in (0, 1):
+        open(elastic.arrival_path(directory, 0, stage), "wb").close()
+    store.compare_set("generation-0/outcome", "", "formed")
+    elastic.abandon(directory, 0)
+    formed = []
+    monkeypatch.setattr(elastic, "init_process_group", lambda **group: formed.append(group))
+    settings = elastic.ElasticSettings(
+        directory=directory, store_port=store.port, stage=1, num_stages=2, incarnation=1,
+        rendezvous_timeout_s=0.3, run_started_unix_ns=0,
+    )  # fmt: skip
+    membership = elastic.Membership(settings, device="cpu", timeout_s=5.0)
+    with pytest.raises(elastic.RendezvousFailed, match="no new generation was announced"):
+        membership.join()
+    assert formed == []
+
+
+def _supervisor(directory, world_size: int):
+    """The launcher's bookkeeping of a started run, without processes (only what `_exited` reads)."""
+    from churnsim.real.elastic import STARTED_FILE, announce
+    from churnsim.real.launch import HardFailureOptions, _Supervisor
+
+    supervisor = object.__new__(_Supervisor)
+    supervisor.directory, supervisor.world_size = str(directory), world_size
+    supervisor.options = HardFailureOptions(join_delay_s=0.0)
+    supervisor.processes, supervisor.incarnations = {}, {stage: 0 for stage in range(world_size)}
+    supervisor.finished, supervisor.deaths, supervisor.pending = set(), [], {}
+    supervisor.generation, supervisor.abandoned_through = 0, -1
+    announce(str(directory), 0, members=list(range(world_size)), full=True, deaths=[])
+    open(directory / STARTED_FILE, "wb").close()
+    return supervisor
+
+
+class _Killed:
+    exitcode = -9
+    pid = 4321
+
+
+def test_a_death_after_a_peer_finished_ends_the_run_at_once(tmp_path):
+    # The others would wait for the dead stage's result, not at the rendezvous: a replacement's
+    # generation would never form, and the run would end only after the rendezvous timeout.
+    from torch.multiprocessing import ProcessExitedException
+
+    from churnsim.real.elastic import result_path
+
+    supervisor = _supervisor(tmp_path, 3)
+    open(result_path(str(tmp_path), 0), "wb").close()
+    with pytest.raises(ProcessExitedException, match=r"stage\(s\) \[0\] had already finished"):
+        supervisor._exited(2, _Killed())
+
+
+def test_a_death_after_every_result_was_written_ends_nothing(tmp_path):
+    from churnsim.real.elastic import result_path
+
+    supervisor = _supervisor(tmp_path, 2)
+    for stage in range(2):
+        open(result_path(str(tmp_path), stage), "wb").close()
+    supervisor._exited(1, _Killed())
+    assert supervisor.finished == {1} and supervisor.deaths == [] and supervisor.pending == {}
