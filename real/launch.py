@@ -660,6 +660,8 @@ def launch_local(
     `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
     run goes on, looked for every `progress_interval_s`.
     """
+    if not progress_interval_s > 0:
+        raise InputError(f"progress_interval_s = {progress_interval_s!r}: give a positive number of seconds")
     _check_remote_checkpoint_dir(config)
     if pinning_requested():
         config = dataclasses.replace(config, pin_stages_to_cores=True)

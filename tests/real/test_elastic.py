@@ -1,4 +1,4 @@
-"""The hard-failure rendezvous (real/elastic.py) on its own: which generation a process joins."""
+"""Hard failures without training: which generation a process joins (real/elastic.py), which deaths the launcher survives (real/launch.py)."""
 
 from __future__ import annotations
 
@@ -75,3 +75,12 @@ def test_a_death_after_every_result_was_written_ends_nothing(tmp_path):
         open(result_path(str(tmp_path), stage), "wb").close()
     supervisor._exited(1, _Killed())
     assert supervisor.finished == {1} and supervisor.deaths == [] and supervisor.pending == {}
+
+
+def test_progress_is_looked_for_at_a_positive_interval():
+    from churnsim.calibration.errors import InputError
+    from churnsim.real.launch import launch_local
+    from churnsim.real.trainer import TrainingConfig
+
+    with pytest.raises(InputError, match="progress_interval_s"):
+        launch_local(object.__new__(TrainingConfig), progress_interval_s=0.0)
