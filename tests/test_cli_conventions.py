@@ -58,12 +58,14 @@ def test_version_prints_the_installed_version(tmp_path):
 def test_ctrl_c_stops_a_run_with_exit_code_130_and_one_line(tmp_path):
     # Ctrl-C at a terminal signals the whole process group: the parent and its worker processes.
     process = subprocess.Popen(
-        [sys.executable, "-m", "churnsim", "whatif", "--preset", "checkfree-500m-geo-10pct", "--workers", "2", "--no-figures", "--out", "out"],
+        # 100 replications: with the compiled engine on a fast machine the default 10 finished in 3 s.
+        [sys.executable, "-m", "churnsim", "whatif", "--preset", "checkfree-500m-geo-10pct", "--replications", "100", "--workers", "2",
+         "--no-figures", "--out", "out"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         # As at a terminal: a background job (this test run may be one) inherits SIGINT ignored.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(6.0)  # past the imports, into the sweep (the whole what-if takes far longer)
+    time.sleep(6.0)  # past the imports, into the sweep (the whole what-if takes far longer: about 30 s)
     assert process.poll() is None, "the what-if ended before it could be interrupted"
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
