@@ -468,11 +468,17 @@ class _Supervisor:
                 results.append(decode(file.read()))
         return results
 
+    def _stages_with_results(self) -> set[int]:
+        """Stages whose result is written: they have left training and only wait for the others'."""
+        from .elastic import result_path
+
+        return {stage for stage in range(self.world_size) if os.path.exists(result_path(self.directory, stage))}
+
     def _exited(self, stage: int, process: Any) -> None:
-        from .elastic import abandon, announce, result_path
+        from .elastic import abandon, announce
 
         code = process.exitcode
-        if code == 0 or all(os.path.exists(result_path(self.directory, other)) for other in range(self.world_size)):
+        if code == 0 or len(self._stages_with_results()) == self.world_size:
             self.finished.add(stage)  # a death after every result was written ends nothing
             return
         error_path = os.path.join(self.directory, f"error-{stage}-{self.incarnations[stage]}.txt")
@@ -504,15 +510,15 @@ class _Supervisor:
 
     def _not_recoverable(self, code: int) -> str | None:
         """Why a stage process's death ends the run, or None when a replacement can take over."""
-        from .elastic import STARTED_FILE, result_path
+        from .elastic import STARTED_FILE
 
         if code > 0:
             return "it failed (not a kill)"
         if not os.path.exists(os.path.join(self.directory, STARTED_FILE)):
             return "the run had not started (its first process group never formed)"
-        # A stage with its result written has left training (it only waits for the others' results):
-        # the group cannot re-form, and waiting for it would take the whole rendezvous timeout.
-        done = sorted(self.finished | {other for other in range(self.world_size) if os.path.exists(result_path(self.directory, other))})
+        # A stage with its result written waits for the others' results, not at the rendezvous: the
+        # group cannot re-form, and waiting for it would take the whole rendezvous timeout.
+        done = sorted(self.finished | self._stages_with_results())
         if done:
             return f"stage(s) {done} had already finished, so the group cannot re-form"
         if len(self.deaths) >= self.options.max_replacements:
