@@ -23,6 +23,7 @@ from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, Stag
 from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, setup_key, stage_features, stage_parameters
 from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
+from .statistics import solve_increasing
 from .methods import method_names_where, method_traits
 from .run_record import RunRecord
 
@@ -239,31 +240,6 @@ def optimizer_work_per_stage(records: Sequence[RunRecord], *, num_warmup_iterati
     return {int(stage): float(rows["duration_s"].median()) for stage, rows in spans.groupby("stage")}
 
 
-def solve_increasing(target: float, predict: Callable[[float], float], low: float, high: float) -> float:
-    """The x in [low, high] with predict(x) = target, for a predict that grows with x (bisection):
-    `low` where predict(low) already reaches the target, `high` where predict(high) does not.
-
-    For what to charge the simulator so that its iteration lasts as measured: on cores shared by
-    more processes than cores, a core-second charged to every stage lengthens the iteration by more
-    than a second, so the charge is solved for, not subtracted."""
-    if predict(low) >= target:
-        return low
-    if predict(high) < target:
-        return high
-    for _ in range(40):
-        middle = 0.5 * (low + high)
-        if predict(middle) < target:
-            low = middle
-        else:
-            high = middle
-    return 0.5 * (low + high)
-
-
-def _solve_overhead_s(measured_step_s: float, predict: Callable[[float], float]) -> float:
-    """The per-iteration overhead o >= 0 with predict(o) = measured."""
-    return solve_increasing(measured_step_s, predict, 0.0, measured_step_s)
-
-
 def fit_compute_cost_model(
     records: Sequence[RunRecord],
     predict_iteration_s: Predictor,
@@ -345,7 +321,7 @@ def fit_compute_cost_model(
                 charged = compute.model_copy(update={"optimizer_step_s": compute.optimizer_step_s + overhead_s})
                 return float(predict_iteration_s(settings.model, settings.pipeline, charged))
 
-            overhead_s = _solve_overhead_s(step_s, predict)
+            overhead_s = solve_increasing(step_s, predict, 0.0, step_s)
             microbatches.append(settings.pipeline.num_microbatches)
             overheads.append(overhead_s)
             if calibrated:

@@ -45,13 +45,25 @@ _COMPUTE_TIME_FIELDS = (
 )
 
 
+def _finite_logs(speed_factors: Iterable[float]) -> np.ndarray:
+    return np.log([factor for factor in speed_factors if math.isfinite(factor) and factor > 0])
+
+
+def log_speed_spread(speed_factors: Iterable[float]) -> float:
+    """The sample standard deviation of the factors' logs, how far these runs' speeds spread (NaN
+    with fewer than 2)."""
+    logs = _finite_logs(speed_factors)
+    return float(np.std(logs, ddof=1)) if len(logs) >= 2 else math.nan
+
+
 def run_speed_log_sd(speed_factors: Iterable[float]) -> float:
     """The predictive standard deviation of one new run's log speed factor (module docstring); 0.0
     with fewer than `MINIMUM_RUNS_FOR_SPREAD` factors."""
-    logs = np.log([factor for factor in speed_factors if math.isfinite(factor) and factor > 0])
-    if len(logs) < MINIMUM_RUNS_FOR_SPREAD:
+    factors = list(speed_factors)
+    num_factors = len(_finite_logs(factors))
+    if num_factors < MINIMUM_RUNS_FOR_SPREAD:
         return 0.0
-    return float(np.std(logs, ddof=1) * math.sqrt(1.0 + 1.0 / len(logs)))
+    return log_speed_spread(factors) * math.sqrt(1.0 + 1.0 / num_factors)
 
 
 def speed_interval_factors(log_sd: float) -> tuple[float, float]:

@@ -1,9 +1,10 @@
-"""The one Student-t 95 % interval every table, figure and fit reports."""
+"""The one Student-t 95 % interval every table, figure and fit reports, and the numeric helpers the fits share."""
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Iterable
 
 import numpy as np
@@ -32,3 +33,23 @@ def t_quantile_975(degrees_of_freedom: int) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(0.975, degrees_of_freedom))
+
+
+def solve_increasing(target: float, predict: Callable[[float], float], low: float, high: float) -> float:
+    """The x in [low, high] with predict(x) = target, for a predict that grows with x (bisection):
+    `low` where predict(low) already reaches the target, `high` where predict(high) does not.
+
+    For what to charge the simulator so that its iteration lasts as measured: on cores shared by
+    more processes than cores, a core-second charged to every stage lengthens the iteration by more
+    than a second, so the charge is solved for, not subtracted."""
+    if predict(low) >= target:
+        return low
+    if predict(high) < target:
+        return high
+    for _ in range(40):
+        middle = 0.5 * (low + high)
+        if predict(middle) < target:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)

@@ -30,7 +30,7 @@ from churnsim.calibration.scenario import (
 )
 
 from churnsim.calibration.failure_sampling import FailureEvent, sorted_events
-from churnsim.calibration.fit_timing import solve_increasing
+from churnsim.calibration.statistics import solve_increasing
 from .iteration import simulate_iteration
 from .methods import build_policy
 from .pipeline_state import build_pipeline_state

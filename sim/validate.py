@@ -71,7 +71,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
 from churnsim.calibration.scenario import ModelSpec, PipelineSpec, Scenario, TargetSpec
-from churnsim.calibration.speed_uncertainty import scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
+from churnsim.calibration.speed_uncertainty import log_speed_spread, scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
 from .calibrated import replay_failures, replay_failures_at_steps, replay_scenario, without_setbacks
@@ -615,7 +615,7 @@ def machine_speed(table: pd.DataFrame) -> MachineSpeed | None:
         scatter=float((factors / median_factor - 1).abs().median()),
         lowest_factor=float(factors.min()),
         highest_factor=float(factors.max()),
-        log_standard_deviation=float(np.std(np.log(factors.to_numpy(dtype=float)), ddof=1)) if len(factors) >= 2 else math.nan,
+        log_standard_deviation=log_speed_spread(factors),
     )
 
 
