@@ -187,6 +187,15 @@ def _print_summary(label: str, summary: dict) -> None:
         print(f"  {group:34s} {100 * figures['absolute']:6.1f} % / {100 * figures['load_normalised']:6.1f} %   n={figures['runs']}{inside}")
 
 
+def recorded_calibration(calibration: Path, out: Path) -> str:
+    """The calibration's path as the results record it: relative to `out` where it lies inside (a
+    round's own `round-N/cpu-tiny.json`), so that no machine's directories land in committed results."""
+    try:
+        return str(Path(calibration).resolve().relative_to(Path(out).resolve()))
+    except ValueError:
+        return str(calibration)
+
+
 def round_seeds(first_seed: int, round_index: int) -> tuple[int, int]:
     """The two seeds of a round's held-out runs: no calibration run and no other round uses them."""
     return first_seed + 2 * round_index, first_seed + 2 * round_index + 1
@@ -236,7 +245,8 @@ def revalidated_rounds(out: Path, earlier_result: dict) -> list[dict]:
         own = out / f"round-{round_index}" / "cpu-tiny.json"
         calibration = own if own.exists() else out / "cpu-tiny.json"
         figures = round_figures(validate_round(out, round_index, calibration), f"round {round_index} (revalidated)")
-        rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": str(calibration), **figures, "revalidated": True})
+        rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": recorded_calibration(calibration, out), **figures,
+                       "revalidated": True})
         round_index += 1
     return rounds
 
@@ -316,7 +326,7 @@ def main() -> None:
         table = validate_round(out, round_index, calibration)
         runs_s = time.perf_counter() - started
         figures = round_figures(table, f"round {round_index}")
-        rounds.append({"round": round_index, "seeds": list(seeds), "calibration": str(calibration), "calibrate_s": round_calibrate_s,
+        rounds.append({"round": round_index, "seeds": list(seeds), "calibration": recorded_calibration(calibration, out), "calibrate_s": round_calibrate_s,
                        "runs_s": runs_s, **figures, "load_average_1_5_15_min": list(os.getloadavg())})
         if len(rounds) >= 2 and rounds_agree(rounds[-2]["summary"], rounds[-1]["summary"]):
             break
