@@ -390,13 +390,14 @@ def print_validation(report) -> None:
         error = "—" if not math.isfinite(row.relative_error) else f"{100 * row.relative_error:+.1f} %"
         table.add_row(row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", error)
     out.print(table)
-    summary = Table("method", "runs", "median |error| of total wall-clock", "load-normalised", title="wall-clock error per method")
+    summary = Table("method", "runs", "median |error| of total wall-clock", "its 95 % interval", "load-normalised", title="wall-clock error per method")
     for row in median_absolute_error(report.table).itertuples(index=False):
         normalised = row.median_load_normalised_absolute_relative_error
         summary.add_row(
             row.method,
             str(row.num_runs),
             f"{100 * row.median_absolute_relative_error:.1f} %",
+            f"{100 * row.median_absolute_relative_error_ci95_low:.1f}–{100 * row.median_absolute_relative_error_ci95_high:.1f} %",
             f"{100 * normalised:.1f} %" if math.isfinite(normalised) else "—",
         )
     out.print(summary)

@@ -71,6 +71,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
 from churnsim.calibration.scenario import ModelSpec, PipelineSpec, Scenario, TargetSpec
+from churnsim.calibration.statistics import median_with_ci95
 from churnsim.calibration.speed_uncertainty import log_speed_spread, scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
@@ -567,16 +568,20 @@ def find_twin(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | No
 
 
 def median_absolute_error(table: pd.DataFrame, quantity: str = "total_wall_clock_s") -> pd.DataFrame:
-    """Per method: runs and the median of |relative_error| of `quantity`, absolute and load-normalised
-    (NaN where no run of the method has a load-normalised prediction)."""
+    """Per method: runs and the median of |relative_error| of `quantity`, absolute (with its 95 %
+    bootstrap interval over the runs, `median_with_ci95`: a median of a few runs is only so sure) and
+    load-normalised (NaN where no run of the method has a load-normalised prediction)."""
     rows = table[table["quantity"] == quantity].copy()
     rows["absolute_error"] = rows["relative_error"].abs()
     rows["load_normalised_absolute_error"] = rows["load_normalised_relative_error"].abs()
     grouped = rows.groupby("method", sort=True)
+    intervals = grouped["absolute_error"].apply(lambda errors: median_with_ci95([errors.to_numpy()]))
     return pd.DataFrame(
         {
             "num_runs": grouped["absolute_error"].count(),
             "median_absolute_relative_error": grouped["absolute_error"].median(),
+            "median_absolute_relative_error_ci95_low": intervals.map(lambda interval: interval[1]),
+            "median_absolute_relative_error_ci95_high": intervals.map(lambda interval: interval[2]),
             "median_load_normalised_absolute_relative_error": grouped["load_normalised_absolute_error"].median(),
         }
     ).reset_index()

@@ -252,6 +252,9 @@ def test_machine_speed_is_each_real_run_s_steady_step_over_the_prediction():
     errors = median_absolute_error(table).set_index("method")
     assert errors.loc["checkfree", "num_runs"] == 2
     assert errors.loc["checkfree", "median_absolute_relative_error"] == pytest.approx(0.06)
+    # Two runs, 2 % and 10 % off: the median's interval spans them (a bootstrap of two values).
+    assert (errors.loc["checkfree", "median_absolute_relative_error_ci95_low"], errors.loc["checkfree", "median_absolute_relative_error_ci95_high"]) == (
+        pytest.approx(0.02), pytest.approx(0.10))
     assert errors.loc["checkfree", "median_load_normalised_absolute_relative_error"] == pytest.approx(0.02)
     assert errors.loc["redundant", "median_load_normalised_absolute_relative_error"] == pytest.approx(0.05)
     assert machine_speed(table[table["run_id"] == "d"]) is None
