@@ -6,7 +6,10 @@ is imported only by the commands that run real pipelines.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from typing import Optional
 
 import typer
@@ -29,6 +32,14 @@ def _register_commands() -> None:
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point of the console script."""
     arguments = sys.argv[1:] if argv is None else argv
+    try:
+        _main(arguments)
+    finally:
+        if argv is None:  # the command line, not a caller (a test) that keeps its own Ctrl-C
+            _exit_on_late_interrupt()
+
+
+def _main(arguments: list[str]) -> None:
     try:
         _register_commands()
         returned = app(args=arguments, prog_name="churnsim", standalone_mode=False)
@@ -60,6 +71,22 @@ def main(argv: Optional[list[str]] = None) -> None:
 def _fail(message: str) -> None:
     sys.stderr.write(f"churnsim: error: {' '.join(message.split())}\n")
     sys.exit(2)
+
+
+def _exit_on_late_interrupt() -> None:
+    """After the command, its files written: a Ctrl-C while the interpreter shuts down (joining
+    worker pools in exit handlers) ends the process as one during the command does, with one line
+    and exit code 130, not with Python's report of an exception in an exit handler."""
+
+    def interrupted_while_exiting(signal_number: int, frame: object) -> None:
+        sys.stdout.flush()
+        sys.stderr.write("churnsim: interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    # Not where Ctrl-C is ignored (a background job) or from a thread, where handlers cannot be set.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, interrupted_while_exiting)
 
 
 def _interrupted() -> None:

@@ -74,6 +74,21 @@ def test_ctrl_c_stops_a_run_with_exit_code_130_and_one_line(tmp_path):
     assert "Traceback" not in stderr
 
 
+def test_ctrl_c_while_the_interpreter_exits_still_ends_with_130_and_one_line(tmp_path):
+    # An exit handler registered before the command runs last, after the command's own (worker
+    # pools joining): a Ctrl-C arriving there, as one after a long sweep can.
+    program = (
+        "import atexit, os, signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), [None for _ in range(10**6)]))\n"
+        "from churnsim.cli import main\n"
+        "main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program, "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip().splitlines() == ["churnsim: interrupted"]
+
+
 def test_out_refuses_another_commands_results_unless_overwrite(tmp_path):
     assert run_cli([*SMALL_SIMULATE, "--out", "out"], tmp_path).returncode == 0
     line = one_error_line(run_cli(["sweep", "--preset", "checkfree-124m-geo-33pct", "--set", "pipeline.num_microbatches=4",
