@@ -35,7 +35,8 @@
    the spread the earlier rounds state for one more round (at least three rounds; or
    `--max-rounds`). A fresh run also says whether it reproduces the committed run before it: each
    run's pooled figure inside the other's interval (`earlier_run` in the results).
-   `--resummarize --pool DIR` pools an earlier run's committed rounds with the current ones.
+   `--resummarize --pool DIR` pools an earlier run's committed rounds with the current ones, into
+   benchmarks/results/calibrate-and-validate-pooled.json.
 
 Targets (issue 9): calibrated setup ≤ 5 % per method, other setups ≤ 10 %, time to target ≤ 10 %.
 Results: benchmarks/results/calibrate-and-validate.json, and each round's validation table as
@@ -55,6 +56,8 @@ import time
 from pathlib import Path
 
 RESULTS_FILE = Path(__file__).parent / "results" / "calibrate-and-validate.json"
+POOLED_FILE = RESULTS_FILE.with_name("calibrate-and-validate-pooled.json")
+"""Where `--resummarize --pool DIR` writes the figures of several runs' rounds pooled."""
 CALIBRATED_RATES_PER_NODE_HOUR = (120.0, 360.0)
 OTHER_SETUP_RATE_PER_NODE_HOUR = 240.0
 OTHER_SETUP_METHODS = ("checkpoint", "checkfree", "redundant")
@@ -372,7 +375,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=100, help="seeds of the held-out runs start here (never the calibration's 0, 1)")
     parser.add_argument("--pool", type=Path, action="append", default=[], metavar="DIR",
                         help="with --resummarize: pool the rounds of the earlier run whose results DIR holds "
-                        f"({RESULTS_FILE.name} and its round tables) with the committed ones; repeatable")
+                        f"({RESULTS_FILE.name} and its round tables) with the committed ones, into {POOLED_FILE.name}; repeatable")
     arguments = parser.parse_args()
     if arguments.pool and not arguments.resummarize:
         parser.error("--pool goes with --resummarize: a fresh run's figures are its own rounds'")
@@ -454,6 +457,18 @@ def main() -> None:
         pooled_over.append(str(directory))
     pooled = pooled_figures(pooled_tables)
     _print_pooled("pooled over " + ", ".join(pooled_over), pooled)
+    if arguments.pool:
+        # Several runs pooled are a figure of their own: the committed run's results stay as they are.
+        pooled_over[0] = f"{RESULTS_FILE.parent.parent.name}/{RESULTS_FILE.parent.name} (the committed run)"
+        POOLED_FILE.write_text(json.dumps({
+            "pooled_over": pooled_over,
+            "rounds": len(pooled_tables),
+            "targets": TARGETS,
+            "target_verdicts": {group: target_verdict(pooled[group], limit) for group, limit in TARGETS.items() if group in pooled},
+            "pooled": pooled,
+        }, indent=2) + "\n")
+        print(f"\nwrote {POOLED_FILE}")
+        return
 
     recalibrated = all(Path(entry["calibration"]).parent.name.startswith("round-") for entry in rounds)
     calibrated_only = all(entry["summary"].get("other setups", {}).get("runs", 0) == 0 for entry in rounds)
