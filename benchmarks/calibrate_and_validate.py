@@ -194,6 +194,8 @@ def pooled_figures(tables) -> dict[str, dict[str, object]]:
 def target_verdict(figures: dict, limit: float) -> str:
     """Met when the pooled median's whole 95 % interval is within the target, missed when the whole
     interval is beyond it; otherwise the runs cannot tell at this precision."""
+    if not figures["runs"]:
+        return "no runs (--calibrated-only)"
     low, high = figures["absolute_ci95"]
     if high <= limit:
         return "met"
@@ -231,6 +233,8 @@ def round_reproduces(earlier_tables, latest_table) -> bool:
     spread = pooled_figures(earlier_tables)
     latest = pooled_figures([latest_table])
     for group in TARGETS:
+        if not latest[group]["runs"]:  # --calibrated-only: no other setups
+            continue
         for kind in ("absolute", "load_normalised"):
             low, high = spread[group][f"{kind}_round_spread"]
             if not low <= latest[group][kind] <= high:
@@ -242,8 +246,10 @@ def runs_agree(earlier: dict, later: dict) -> bool:
     """Whether two benchmark runs' pooled results reproduce each other: each one's pooled absolute
     median of every headline group lies inside the other's 95 % interval."""
     for group in TARGETS:
-        if group not in earlier or group not in later:
+        if group not in earlier or group not in later or bool(earlier[group]["runs"]) != bool(later[group]["runs"]):
             return False
+        if not later[group]["runs"]:
+            continue
         for this, other in ((earlier, later), (later, earlier)):
             low, high = other[group]["absolute_ci95"]
             if not low <= this[group]["absolute"] <= high:
