@@ -171,17 +171,19 @@ def summarize(table) -> dict[str, dict[str, float]]:
     return summary
 
 
-def pooled_figures(tables) -> dict[str, dict[str, object]]:
+def pooled_figures(tables, groups: tuple[str, ...] | None = None) -> dict[str, dict[str, object]]:
     """Per group, the median |relative error| of every round's runs pooled, with two 95 % intervals
     that take the rounds, not the runs, as the independent units (each round has its own
     calibration and its own spell of the machine's speed; `median_with_ci95`):
     - `*_ci95`: of the pooled median itself, what the benchmark states as its result;
     - `*_round_spread`: where the median of one more round would fall, the spread a single round
-      is held to (`round_reproduces`)."""
+      is held to (`round_reproduces`).
+    `groups` limits the figures to those groups (all of them by default)."""
     from churnsim.calibration.statistics import median_with_ci95
 
     per_round = [headline_rows(table) for table in tables]
-    groups = list(dict.fromkeys(group for rows in per_round for group in rows))
+    if groups is None:
+        groups = tuple(dict.fromkeys(group for rows in per_round for group in rows))
     pooled: dict[str, dict[str, object]] = {}
     for group in groups:
         figures: dict[str, object] = {}
@@ -236,8 +238,9 @@ def round_reproduces(earlier_tables, latest_table) -> bool:
     spread the earlier rounds state for one more round (`pooled_figures`, `*_round_spread`)."""
     if len(earlier_tables) < MIN_ROUNDS_TO_STATE_SPREAD:
         return False
-    spread = pooled_figures(earlier_tables)
-    latest = pooled_figures([latest_table])
+    headline = tuple(TARGETS)
+    spread = pooled_figures(earlier_tables, headline)
+    latest = pooled_figures([latest_table], headline)
     for group in TARGETS:
         if not latest[group]["runs"]:  # --calibrated-only: no other setups
             continue
@@ -450,7 +453,8 @@ def main() -> None:
         figures = round_figures(table, f"round {round_index}")
         rounds.append({"round": round_index, "seeds": list(seeds), "calibration": recorded_calibration(calibration, out), "calibrate_s": round_calibrate_s,
                        "runs_s": runs_s, **figures, "load_average_1_5_15_min": list(os.getloadavg())})
-        if round_reproduces(tables[:-1], tables[-1]):
+        reproduced = round_reproduces(tables[:-1], tables[-1])
+        if reproduced:
             break
     if not again:
         # A round table beyond this run's rounds belongs to an earlier, longer run.
@@ -459,7 +463,8 @@ def main() -> None:
             round_table_file(stale).unlink()
             stale += 1
 
-    pooled_over = ["the rounds below"]
+    # A pool of several runs names where the committed one lies; a run's own results list its rounds below.
+    pooled_over = [f"{RESULTS_FILE.parent.parent.name}/{RESULTS_FILE.parent.name} (the committed run)" if arguments.pool else "the rounds below"]
     pooled_tables = list(tables)
     for directory in arguments.pool:
         results_file = directory / RESULTS_FILE.name
@@ -471,7 +476,6 @@ def main() -> None:
     _print_pooled("pooled over " + ", ".join(pooled_over), pooled)
     if arguments.pool:
         # Several runs pooled are a figure of their own: the committed run's results stay as they are.
-        pooled_over[0] = f"{RESULTS_FILE.parent.parent.name}/{RESULTS_FILE.parent.name} (the committed run)"
         POOLED_FILE.write_text(json.dumps({
             "pooled_over": pooled_over,
             "rounds": len(pooled_tables),
@@ -484,7 +488,8 @@ def main() -> None:
 
     recalibrated = all(Path(entry["calibration"]).parent.name.startswith("round-") for entry in rounds)
     calibrated_only = all(entry["summary"].get("other setups", {}).get("runs", 0) == 0 for entry in rounds)
-    reproduced = round_reproduces(tables[:-1], tables[-1])
+    if again:
+        reproduced = round_reproduces(tables[:-1], tables[-1])
     result = {
         "benchmark": "calibrate --quick, then held-out real runs of the calibrated and other setups, validated",
         "command": "python benchmarks/calibrate_and_validate.py" + (" --recalibrate-each-round" if recalibrated else "")

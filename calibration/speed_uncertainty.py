@@ -49,21 +49,23 @@ def _finite_logs(speed_factors: Iterable[float]) -> np.ndarray:
     return np.log([factor for factor in speed_factors if math.isfinite(factor) and factor > 0])
 
 
+def _spread_of_logs(logs: np.ndarray) -> float:
+    return float(np.std(logs, ddof=1)) if len(logs) >= 2 else math.nan
+
+
 def log_speed_spread(speed_factors: Iterable[float]) -> float:
     """The sample standard deviation of the factors' logs, how far these runs' speeds spread (NaN
     with fewer than 2)."""
-    logs = _finite_logs(speed_factors)
-    return float(np.std(logs, ddof=1)) if len(logs) >= 2 else math.nan
+    return _spread_of_logs(_finite_logs(speed_factors))
 
 
 def run_speed_log_sd(speed_factors: Iterable[float]) -> float:
     """The predictive standard deviation of one new run's log speed factor (module docstring); 0.0
     with fewer than `MINIMUM_RUNS_FOR_SPREAD` factors."""
-    factors = list(speed_factors)
-    num_factors = len(_finite_logs(factors))
-    if num_factors < MINIMUM_RUNS_FOR_SPREAD:
+    logs = _finite_logs(speed_factors)
+    if len(logs) < MINIMUM_RUNS_FOR_SPREAD:
         return 0.0
-    return log_speed_spread(factors) * math.sqrt(1.0 + 1.0 / num_factors)
+    return _spread_of_logs(logs) * math.sqrt(1.0 + 1.0 / len(logs))
 
 
 def speed_interval_factors(log_sd: float) -> tuple[float, float]:
