@@ -2,9 +2,10 @@
 
 Runs of one model and pipeline measure each stage's forward and backward time per microbatch; a
 scenario of another depth, width, stage count, microbatch size or count needs them for its own
-stages. The model (one per direction) is linear in three measured coefficients:
+stages. The model (one per direction) is linear in four measured coefficients:
 
     work per hop = fixed_s + matmul_flops × seconds_per_matmul_flop + elements × seconds_per_element
+                   + neighbours × seconds_per_neighbour
 
 - `matmul_flops`: 2 × tokens × (the stage's block parameters) + 4 × tokens × sequence × width per
   block (attention scores and their weighted sum) + 2 × tokens × vocab × width on the last stage
@@ -12,6 +13,13 @@ stages. The model (one per direction) is linear in three measured coefficients:
 - `elements`: tokens × width per block and once more for the embedding (first stage) and the
   final norm (last stage), plus tokens × vocab on the last stage (the loss over the logits): the
   element-wise work (norms, activations, softmax) that dominates small models on CPUs;
+- `neighbours`: the stages next to this one (1 for an edge stage, 2 inside): a hop receives from
+  one and sends to the other, and the Python and copies of each message are the stage process's
+  work (the CPU work between spans is spread over the hops, calibration.cpu_sharing). Without it
+  the fit put the calibrated setup's edge stages 5–7 % above and its interior stages 5–8 % below
+  their measured work, and a 6-stage pipeline, with more interior stages, 7–14 % short (held-out
+  runs of benchmarks/calibrate_and_validate.py, 9 rounds); the quick suite's 2-stage shape, with
+  edge stages only, identifies it;
 - `fixed_s`: what a hop costs whatever its size (framework dispatch, Python).
 
 Work is in core-seconds (calibration.cpu_sharing): what a hop takes with a core of its own. The
@@ -38,10 +46,14 @@ class HopCost(StrictModel):
     fixed_s: float = Field(ge=0)
     seconds_per_matmul_flop: float = Field(ge=0)
     seconds_per_element: float = Field(ge=0)
+    seconds_per_neighbour: float = Field(0.0, ge=0)
+    """Calibrations made before it was measured have none (0)."""
 
-    def work_s(self, features: tuple[float, float]) -> float:
-        matmul_flops, elements = features
-        return self.fixed_s + matmul_flops * self.seconds_per_matmul_flop + elements * self.seconds_per_element
+    def work_s(self, features: tuple[float, float, float]) -> float:
+        matmul_flops, elements, neighbours = features
+        return (
+            self.fixed_s + matmul_flops * self.seconds_per_matmul_flop + elements * self.seconds_per_element + neighbours * self.seconds_per_neighbour
+        )
 
 
 class ComputeCostModel(StrictModel):
@@ -95,8 +107,8 @@ def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...
     )
 
 
-def stage_features(model: ModelSpec, pipeline: PipelineSpec) -> tuple[tuple[float, float], ...]:
-    """Per stage: (matmul FLOPs, elements) of one microbatch's forward hop (module docstring)."""
+def stage_features(model: ModelSpec, pipeline: PipelineSpec) -> tuple[tuple[float, float, float], ...]:
+    """Per stage: (matmul FLOPs, elements, neighbours) of one microbatch's forward hop (module docstring)."""
     tokens = float(pipeline.microbatch_size * model.sequence_length)
     width, vocab = float(model.hidden_size), float(model.vocab_size)
     layers = stage_layer_counts(model, pipeline)
@@ -110,12 +122,13 @@ def stage_features(model: ModelSpec, pipeline: PipelineSpec) -> tuple[tuple[floa
         if stage == last:
             matmul_flops += 2 * tokens * vocab * width
             elements += tokens * width + tokens * vocab
-        features.append((matmul_flops, elements))
+        neighbours = (stage > 0) + (stage < last)
+        features.append((matmul_flops, elements, float(neighbours)))
     return tuple(features)
 
 
-def fit_hop_cost(features: Sequence[tuple[float, float]], work_s: Sequence[float]) -> tuple[HopCost, float]:
-    """Non-negative least squares of work on (1, matmul FLOPs, elements), each row weighted by
+def fit_hop_cost(features: Sequence[tuple[float, float, float]], work_s: Sequence[float]) -> tuple[HopCost, float]:
+    """Non-negative least squares of work on (1, matmul FLOPs, elements, neighbours), each row weighted by
     1 / its work so that small and large hops count alike; returns the cost and the median
     |relative residual|."""
     from scipy.optimize import nnls
@@ -131,7 +144,12 @@ def fit_hop_cost(features: Sequence[tuple[float, float]], work_s: Sequence[float
     coefficients = coefficients / scale
     predicted = design @ coefficients
     residual = float(np.median(np.abs(predicted - work) / work))
-    cost = HopCost(fixed_s=float(coefficients[0]), seconds_per_matmul_flop=float(coefficients[1]), seconds_per_element=float(coefficients[2]))
+    cost = HopCost(
+        fixed_s=float(coefficients[0]),
+        seconds_per_matmul_flop=float(coefficients[1]),
+        seconds_per_element=float(coefficients[2]),
+        seconds_per_neighbour=float(coefficients[3]),
+    )
     return cost, residual
 
 

@@ -35,8 +35,8 @@ FAILURES = ((30, 1), (55, 0))
 EDGE_SETBACK, INTERIOR_SETBACK = 8.0, 4.0
 LINK = LinkProfile(latency_s=1e-4, bandwidth_bytes_per_s=2e9)
 # Hop work of the synthetic machine (calibration.compute_cost): what a calibration must recover.
-TRUE_FORWARD = HopCost(fixed_s=5e-4, seconds_per_matmul_flop=5e-11, seconds_per_element=1e-8)
-TRUE_BACKWARD = HopCost(fixed_s=1e-3, seconds_per_matmul_flop=1e-10, seconds_per_element=2e-8)
+TRUE_FORWARD = HopCost(fixed_s=5e-4, seconds_per_matmul_flop=5e-11, seconds_per_element=1e-8, seconds_per_neighbour=3e-4)
+TRUE_BACKWARD = HopCost(fixed_s=1e-3, seconds_per_matmul_flop=1e-10, seconds_per_element=2e-8, seconds_per_neighbour=5e-4)
 TRUE_COSTS = ComputeCostModel(
     forward=TRUE_FORWARD, backward=TRUE_BACKWARD, optimizer_fixed_s=OPTIMIZER_S, optimizer_seconds_per_parameter=0.0,
     iteration_overhead_s=0.0, num_configurations=1, hop_relative_residual=0.0,
@@ -176,6 +176,7 @@ def test_calibration_recovers_the_machine_s_compute_model_from_four_setups(calib
         assert fitted.fixed_s == pytest.approx(true.fixed_s, rel=0.02)
         assert fitted.seconds_per_matmul_flop == pytest.approx(true.seconds_per_matmul_flop, rel=0.02)
         assert fitted.seconds_per_element == pytest.approx(true.seconds_per_element, rel=0.02)
+        assert fitted.seconds_per_neighbour == pytest.approx(true.seconds_per_neighbour, rel=0.02)
     assert compute_model.hop_relative_residual < 0.01
     assert compute_model.iteration_overhead_s == pytest.approx(OVERHEAD_S, rel=0.05)
 
