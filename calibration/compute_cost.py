@@ -26,8 +26,18 @@ Work is in core-seconds (calibration.cpu_sharing): what a hop takes with a core 
 coefficients are fitted by non-negative least squares on relative errors, over every (run, stage)
 median of every configuration measured; with a single configuration the three are not all
 identifiable and the fit says so in `num_configurations`. The optimizer step is fitted the same way
-against the stage's parameters (fixed + per parameter), and the per-iteration time outside the
-spans against the number of microbatches (`iteration_overhead_s` + per microbatch).
+against the stage's parameters (fixed + per parameter).
+
+What a step takes beyond the iteration the simulator computes from these (the overhead) is fitted
+against stages × microbatches, the hops of one direction in an iteration (`iteration_overhead_s` +
+`overhead_per_stage_microbatch_s` per hop): on 2 cores it is Python and messaging the spans do not
+show, and the time a woken process waits for a core. In the held-out no-failure runs of two rounds
+of benchmarks/calibrate_and_validate.py (2026-11-27, a quiet spell), with each run's own measured
+hops in the simulator, the step exceeded it by 3.2 ms at 2 stages × 4 microbatches, 9.1 at 3 × 4,
+10.5 at 4 × 4, 14.5 at 6 × 4, 15.2 at 4 × 6 and 19.7 ms at 4 × 8 (GPipe, 4 × 4: 15.1): about
+0.6 ms per stage-microbatch once the stage processes outnumber the cores, where a per-microbatch
+term alone gives 6 stages the overhead of 4. Approximation: one line for every pipeline; the
+2-stage shape, whose processes each have a core, lies under it, and GPipe above it.
 """
 
 from collections.abc import Sequence
@@ -65,7 +75,12 @@ class ComputeCostModel(StrictModel):
     optimizer_seconds_per_parameter: float = Field(ge=0)
     iteration_overhead_s: float = Field(ge=0)
     """Per iteration, outside the recorded spans (the trainer's loop, logging, loss bookkeeping)."""
+    overhead_per_stage_microbatch_s: float = Field(0.0, ge=0)
+    """Per iteration and (stage, microbatch) pair: the time a step takes beyond the simulated
+    iteration grows with the hops it makes (module docstring)."""
     overhead_per_microbatch_s: float = Field(0.0, ge=0)
+    """Per iteration and microbatch: how calibrations made before 2026-11-27 (eleventh session) scaled
+    the overhead; newer ones fit `overhead_per_stage_microbatch_s` instead and leave this 0."""
     shared_cores: int | None = Field(None, ge=1)
     """The CPU cores the stage processes shared (local CPU runs); None for one device per stage."""
     num_configurations: int = Field(ge=1)
@@ -82,7 +97,11 @@ class ComputeCostModel(StrictModel):
         per-iteration overhead, charged once per iteration where the optimizer step sits."""
         features = stage_features(model, pipeline)
         largest_stage_parameters = max(stage_parameters(model, pipeline))
-        overhead_s = self.iteration_overhead_s + self.overhead_per_microbatch_s * pipeline.num_microbatches
+        overhead_s = (
+            self.iteration_overhead_s
+            + self.overhead_per_microbatch_s * pipeline.num_microbatches
+            + self.overhead_per_stage_microbatch_s * pipeline.num_stages * pipeline.num_microbatches
+        )
         return ExplicitCompute(
             block_forward_s=tuple(self.forward.work_s(stage) for stage in features),
             block_backward_s=tuple(self.backward.work_s(stage) for stage in features),

@@ -304,7 +304,7 @@ def fit_compute_cost_model(
     )
     if speed_factors is None:
         speed_factors = run_speed_factors(groups.get(calibrated_key, []), num_warmup_iterations=num_warmup_iterations)
-    microbatches, overheads, calibrated_overheads = [], [], []
+    stage_microbatches, overheads, calibrated_overheads = [], [], []
     for key, group in groups.items():
         settings = group[0].manifest.real_settings
         assert settings is not None
@@ -322,7 +322,7 @@ def fit_compute_cost_model(
                 return float(predict_iteration_s(settings.model, settings.pipeline, charged))
 
             overhead_s = solve_increasing(step_s, predict, 0.0, step_s)
-            microbatches.append(settings.pipeline.num_microbatches)
+            stage_microbatches.append(settings.pipeline.num_stages * settings.pipeline.num_microbatches)
             overheads.append(overhead_s)
             if calibrated:
                 calibrated_overheads.append(overhead_s)
@@ -331,8 +331,8 @@ def fit_compute_cost_model(
             "no steady iterations of a run to measure the iteration overhead: give at least one run of a method in "
             f"{sorted(method_names_where(plain_iteration=True))} longer than {num_warmup_iterations} warm-up iterations"
         )
-    overhead_fixed_s, overhead_per_microbatch_s = fit_linear_non_negative(microbatches, overheads)
-    model = hops_only.model_copy(update={"iteration_overhead_s": overhead_fixed_s, "overhead_per_microbatch_s": overhead_per_microbatch_s})
+    overhead_fixed_s, overhead_per_stage_microbatch_s = fit_linear_non_negative(stage_microbatches, overheads)
+    model = hops_only.model_copy(update={"iteration_overhead_s": overhead_fixed_s, "overhead_per_stage_microbatch_s": overhead_per_stage_microbatch_s})
     return model, float(np.median(calibrated_overheads))
 
 

@@ -309,8 +309,11 @@ def print_calibration(calibration) -> None:
         cores = f"{compute.shared_cores} shared cores" if compute.shared_cores else "a device per stage"
         lines.append(
             f"compute model ({compute.num_configurations} setups, {cores}, median residual {100 * compute.hop_relative_residual:.1f} %): "
-            f"forward hop {_seconds(compute.forward.fixed_s)} + {compute.forward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP, "
+            f"forward hop {_seconds(compute.forward.fixed_s)} + {compute.forward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
+            f" + {_seconds(compute.forward.seconds_per_neighbour)} per neighbouring stage, "
             f"backward hop {_seconds(compute.backward.fixed_s)} + {compute.backward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
+            f" + {_seconds(compute.backward.seconds_per_neighbour)} per neighbouring stage; "
+            f"overhead of other setups {_seconds(compute.iteration_overhead_s)} + {_seconds(compute.overhead_per_stage_microbatch_s)} per stage × microbatch"
         )
     for line in lines:
         out.print(line)

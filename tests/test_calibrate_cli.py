@@ -53,17 +53,22 @@ SHAPES = (
 
 
 def _record(
-    directory: Path, *, method: str, seed: int, failures=(), pipeline: PipelineSpec = CALIBRATED_PIPELINE, run_id: str | None = None, speed: float = 1.0
+    directory: Path, *, method: str, seed: int, failures=(), pipeline: PipelineSpec = CALIBRATED_PIPELINE, run_id: str | None = None, speed: float = 1.0,
+    overhead_per_stage_microbatch_s: float = 0.0,
 ) -> Path:
     """A real-run record on a machine whose hops cost TRUE_COSTS: each step takes the simulator's
-    iteration of that compute plus a fixed overhead (±1 % noise); `speed` 1.1: this run's machine
-    computes 10 % slower."""
+    iteration of that compute plus a fixed overhead and `overhead_per_stage_microbatch_s` per
+    (stage, microbatch) (±1 % noise); `speed` 1.1: this run's machine computes 10 % slower."""
     rng = np.random.default_rng(seed)
     true_compute = TRUE_COSTS.compute_for(MODEL, pipeline)
     compute = true_compute.model_copy(
         update={name: tuple(speed * value for value in getattr(true_compute, name)) for name in ("block_forward_s", "block_backward_s")}
     )
-    iteration_s = iteration_predictor(link=LINK)(MODEL, pipeline, compute) + OVERHEAD_S
+    iteration_s = (
+        iteration_predictor(link=LINK)(MODEL, pipeline, compute)
+        + OVERHEAD_S
+        + overhead_per_stage_microbatch_s * pipeline.num_stages * pipeline.num_microbatches
+    )
     num_stages = pipeline.num_stages
     failed = dict(failures)
     spans, metrics, failure_rows, wall_s, lost = [], [], [], 0.0, 0.0
@@ -101,14 +106,15 @@ def _record(
     return write_run_record(make_run_record(manifest, metrics, spans, failure_rows), directory / run_id)
 
 
-def _calibrate(root: Path, *, speeds: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> Path:
+def _calibrate(root: Path, *, speeds: tuple[float, float, float] = (1.0, 1.0, 1.0), overhead_per_stage_microbatch_s: float = 0.0) -> Path:
     """`churnsim calibrate --runs` on the calibrated setup's three runs, at `speeds`, and the shapes."""
     fit = root / "fit"
+    overhead = {"overhead_per_stage_microbatch_s": overhead_per_stage_microbatch_s}
     for seed in (0, 1):
-        _record(fit, method="none", seed=seed, speed=speeds[seed])
-    _record(fit, method="checkfree", seed=0, failures=FAILURES, speed=speeds[2])
+        _record(fit, method="none", seed=seed, speed=speeds[seed], **overhead)
+    _record(fit, method="checkfree", seed=0, failures=FAILURES, speed=speeds[2], **overhead)
     for index, pipeline in enumerate(SHAPES):
-        _record(fit, method="none", seed=0, pipeline=pipeline, run_id=f"shape-{index}")
+        _record(fit, method="none", seed=0, pipeline=pipeline, run_id=f"shape-{index}", **overhead)
     sizes = np.array([1024.0, 65536.0, 1048576.0, 16777216.0])
     pd.DataFrame({"bytes": sizes, "seconds": LINK.latency_s + sizes / LINK.bandwidth_bytes_per_s}).to_csv(fit / "link_profile.csv", index=False)
     pd.DataFrame([dict(name="local_disk", num_bytes=2**25, write_s=0.2, read_s=0.05)]).to_csv(fit / "storage.csv", index=False)
@@ -202,6 +208,24 @@ def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_m
     # The failure run's goal is its no-failure twin's loss, reached through the calibrated setbacks.
     target = table[(table["quantity"] == "time_to_target_s") & (table["run_id"] == "checkfree-s9")]
     assert abs(float(target["relative_error"].iloc[0])) < 0.10, target
+
+
+def test_an_overhead_that_grows_with_stages_and_microbatches_carries_to_other_pipelines(tmp_path):
+    # Each (stage, microbatch) adds 2 ms to a step: 2 stages × 5 microbatches pay 20 ms, a setup the calibration did not run.
+    per_stage_microbatch_s = 0.002
+    calibration_file = _calibrate(tmp_path, overhead_per_stage_microbatch_s=per_stage_microbatch_s)
+    compute_model = load_calibration(str(calibration_file)).compute_model
+    assert compute_model is not None
+    assert compute_model.overhead_per_stage_microbatch_s == pytest.approx(per_stage_microbatch_s, rel=0.05)
+    assert compute_model.iteration_overhead_s == pytest.approx(OVERHEAD_S, rel=0.1)
+    held_out = tmp_path / "held-out"
+    other = CALIBRATED_PIPELINE.model_copy(update={"num_stages": 2, "num_microbatches": 5})
+    _record(held_out, method="none", seed=9, pipeline=other, run_id="two-stages-none-s9", overhead_per_stage_microbatch_s=per_stage_microbatch_s)
+    out = tmp_path / "validation"
+    main(["validate", "--calibration", str(calibration_file), str(held_out), "--out", str(out), "--no-figures"])
+    table = pd.read_csv(out / "validation.csv")
+    wall_clock = table[table["quantity"] == "total_wall_clock_s"]
+    assert (wall_clock["relative_error"].abs() < 0.03).all(), wall_clock
 
 
 def test_validate_predicts_each_run_within_the_machine_s_measured_speed_spread(tmp_path, capsys):

@@ -205,7 +205,7 @@ def test_iteration_overhead_is_measured_steady_median_minus_prediction(reference
     assert overhead == pytest.approx(OVERHEAD_S, abs=0.002)
     assert set(seen) == {(NUM_STAGES, NUM_STAGES)}
     assert model.num_configurations == 1 and model.shared_cores is None
-    assert model.iteration_overhead_s == pytest.approx(OVERHEAD_S, abs=0.002) and model.overhead_per_microbatch_s == 0.0
+    assert model.iteration_overhead_s == pytest.approx(OVERHEAD_S, abs=0.002) and model.overhead_per_stage_microbatch_s == 0.0 and model.overhead_per_microbatch_s == 0.0
     slower = fit_compute_cost_model(records, lambda *_: 2.0, calibrated_key=record_setup_key(references[0]), calibrated_compute=measured)
     assert slower[1] == 0.0
 
