@@ -24,7 +24,7 @@ stages. The model (one per direction) is linear in four measured coefficients:
 
 Work is in core-seconds (calibration.cpu_sharing): what a hop takes with a core of its own. The
 coefficients are fitted by non-negative least squares on relative errors, over every (run, stage)
-median of every configuration measured; with a single configuration the three are not all
+median of every configuration measured; with a single configuration the four are not all
 identifiable and the fit says so in `num_configurations`. The optimizer step is fitted the same way
 against the stage's parameters (fixed + per parameter).
 
