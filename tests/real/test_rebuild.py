@@ -83,9 +83,23 @@ def _fail(method, runtime: StageRuntime, failed: frozenset[int], iteration: int)
 
 def _rebuild_scenarios(communicator: Communicator) -> dict:
     torch.set_num_threads(1)
-    results = {}
+    results: dict = {}
+    made = []  # closed at the end: their edge checkpoints live in temporary directories
+    try:
+        _rebuild_scenarios_into(communicator, results, made)
+    finally:
+        for method in made:
+            method.close()
+    return results
 
-    method, runtime = _method_on_rank(communicator, "checkfree", weighting="squared_l2")
+
+def _rebuild_scenarios_into(communicator: Communicator, results: dict, made: list) -> None:
+    def method_on_rank(name: str, **parameters):
+        method, runtime = _method_on_rank(communicator, name, **parameters)
+        made.append(method)
+        return method, runtime
+
+    method, runtime = method_on_rank("checkfree", weighting="squared_l2")
     outcome = _fail(method, runtime, frozenset({2}), 0)
     results["interior"] = {
         "blocks": _blocks(runtime.module),
@@ -95,12 +109,12 @@ def _rebuild_scenarios(communicator: Communicator) -> dict:
     _fail(method, runtime, frozenset({2}), 1)  # the same stage fails again
     results["interior"]["lr_after_second_failure"] = runtime.optimizer.param_groups[0]["lr"]
 
-    method, runtime = _method_on_rank(communicator, "checkfree", edge_fallback="copy")
+    method, runtime = method_on_rank("checkfree", edge_fallback="copy")
     outcome = _fail(method, runtime, frozenset({1, 2}), 0)
     results["adjacent"] = {"blocks": _blocks(runtime.module), "outcome": outcome}
 
     # CheckFree+: the replica taken at the refresh is restored, not the weights trained after it.
-    method, runtime = _method_on_rank(communicator, "checkfree_plus", replica_refresh_iterations=5)
+    method, runtime = method_on_rank("checkfree_plus", replica_refresh_iterations=5)
     method.after_optimizer_step(0)  # refresh: stage 1 holds the embedding, stage 2 the head
     embedding_at_refresh = runtime.module.embedding.weight.detach().clone() if runtime.module.embedding is not None else None
     head_at_refresh = runtime.module.lm_head.weight.detach().clone() if runtime.module.lm_head is not None else None
@@ -119,7 +133,6 @@ def _rebuild_scenarios(communicator: Communicator) -> dict:
     # The holder of the embedding replica dies together with its owner: random init, reported.
     outcome = _fail(method, runtime, frozenset({0, 1}), 2)
     results["plus_lost_replica"] = {"outcome": outcome}
-    return results
 
 
 def _all_scenarios(communicator: Communicator) -> dict:

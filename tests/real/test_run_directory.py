@@ -116,9 +116,11 @@ def _stage_tags(out: Path) -> list[set[int]]:
 
 def test_a_killed_run_keeps_its_checkpoints_and_resume_continues_from_them(tmp_path, capsys):
     out = tmp_path / "run"
+    temp = tmp_path / "tmp"  # a SIGKILLed launcher cannot remove its temporary directories
+    temp.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "churnsim", *RUN, "--out", str(out)],
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, TMPDIR=str(temp)),
     )
     deadline = time.monotonic() + 240
     while not (out.exists() and all(tags and max(tags) >= 4 for tags in _stage_tags(out))):
