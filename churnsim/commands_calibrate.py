@@ -314,6 +314,8 @@ def print_calibration(calibration) -> None:
             f"backward hop {_seconds(compute.backward.fixed_s)} + {compute.backward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
             f" + {_seconds(compute.backward.seconds_per_neighbour)} per neighbouring stage; "
             f"overhead of other setups {_seconds(compute.iteration_overhead_s)} + {_seconds(compute.overhead_per_stage_microbatch_s)} per stage × microbatch"
+            # Calibrations made before the stages × microbatches fit scaled it per microbatch.
+            + (f" + {_seconds(compute.overhead_per_microbatch_s)} per microbatch" if compute.overhead_per_microbatch_s else "")
         )
     for line in lines:
         out.print(line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -43,7 +44,8 @@ def _blocks(module: StageModule) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.part_parameters("blocks").values()]).clone()
 
 
-def _method_on_rank(communicator: Communicator, name: str, **parameters):
+def _method_on_rank(communicator: Communicator, made: contextlib.ExitStack, name: str, **parameters):
+    """A method of stage `communicator.rank`, closed when `made` closes."""
     stage = communicator.rank
     module = StageModule(CONFIG, stage, NUM_STAGES, seed=SEED)
 
@@ -65,6 +67,7 @@ def _method_on_rank(communicator: Communicator, name: str, **parameters):
         num_iterations=10,
     )
     method = build_method(method_from_name(name, lr_scale=LR_SCALE, **parameters), context)
+    made.callback(method.close)
     for parameter in module.parameters():
         parameter.grad = torch.full_like(parameter, _gradient_value(stage))
     method.before_optimizer_step(0)
@@ -84,55 +87,42 @@ def _fail(method, runtime: StageRuntime, failed: frozenset[int], iteration: int)
 def _rebuild_scenarios(communicator: Communicator) -> dict:
     torch.set_num_threads(1)
     results: dict = {}
-    made = []  # closed at the end: their edge checkpoints live in temporary directories
-    try:
-        _rebuild_scenarios_into(communicator, results, made)
-    finally:
-        for method in made:
-            method.close()
+    with contextlib.ExitStack() as made:  # closes every method made: edge checkpoints live in temporary directories
+        method, runtime = _method_on_rank(communicator, made, "checkfree", weighting="squared_l2")
+        outcome = _fail(method, runtime, frozenset({2}), 0)
+        results["interior"] = {
+            "blocks": _blocks(runtime.module),
+            "lr": runtime.optimizer.param_groups[0]["lr"],
+            "outcome": outcome,
+        }
+        _fail(method, runtime, frozenset({2}), 1)  # the same stage fails again
+        results["interior"]["lr_after_second_failure"] = runtime.optimizer.param_groups[0]["lr"]
+
+        method, runtime = _method_on_rank(communicator, made, "checkfree", edge_fallback="copy")
+        outcome = _fail(method, runtime, frozenset({1, 2}), 0)
+        results["adjacent"] = {"blocks": _blocks(runtime.module), "outcome": outcome}
+
+        # CheckFree+: the replica taken at the refresh is restored, not the weights trained after it.
+        method, runtime = _method_on_rank(communicator, made, "checkfree_plus", replica_refresh_iterations=5)
+        method.after_optimizer_step(0)  # refresh: stage 1 holds the embedding, stage 2 the head
+        embedding_at_refresh = runtime.module.embedding.weight.detach().clone() if runtime.module.embedding is not None else None
+        head_at_refresh = runtime.module.lm_head.weight.detach().clone() if runtime.module.lm_head is not None else None
+        with torch.no_grad():
+            for parameter in runtime.module.parameters():
+                parameter.add_(1.0)  # training after the refresh
+        outcome = _fail(method, runtime, frozenset({0, 3}), 1)
+        results["plus_edges"] = {
+            "blocks": _blocks(runtime.module),
+            "embedding": runtime.module.embedding.weight.detach().clone() if runtime.module.embedding is not None else None,
+            "embedding_at_refresh": embedding_at_refresh,
+            "head": runtime.module.lm_head.weight.detach().clone() if runtime.module.lm_head is not None else None,
+            "head_at_refresh": head_at_refresh,
+            "outcome": outcome,
+        }
+        # The holder of the embedding replica dies together with its owner: random init, reported.
+        outcome = _fail(method, runtime, frozenset({0, 1}), 2)
+        results["plus_lost_replica"] = {"outcome": outcome}
     return results
-
-
-def _rebuild_scenarios_into(communicator: Communicator, results: dict, made: list) -> None:
-    def method_on_rank(name: str, **parameters):
-        method, runtime = _method_on_rank(communicator, name, **parameters)
-        made.append(method)
-        return method, runtime
-
-    method, runtime = method_on_rank("checkfree", weighting="squared_l2")
-    outcome = _fail(method, runtime, frozenset({2}), 0)
-    results["interior"] = {
-        "blocks": _blocks(runtime.module),
-        "lr": runtime.optimizer.param_groups[0]["lr"],
-        "outcome": outcome,
-    }
-    _fail(method, runtime, frozenset({2}), 1)  # the same stage fails again
-    results["interior"]["lr_after_second_failure"] = runtime.optimizer.param_groups[0]["lr"]
-
-    method, runtime = method_on_rank("checkfree", edge_fallback="copy")
-    outcome = _fail(method, runtime, frozenset({1, 2}), 0)
-    results["adjacent"] = {"blocks": _blocks(runtime.module), "outcome": outcome}
-
-    # CheckFree+: the replica taken at the refresh is restored, not the weights trained after it.
-    method, runtime = method_on_rank("checkfree_plus", replica_refresh_iterations=5)
-    method.after_optimizer_step(0)  # refresh: stage 1 holds the embedding, stage 2 the head
-    embedding_at_refresh = runtime.module.embedding.weight.detach().clone() if runtime.module.embedding is not None else None
-    head_at_refresh = runtime.module.lm_head.weight.detach().clone() if runtime.module.lm_head is not None else None
-    with torch.no_grad():
-        for parameter in runtime.module.parameters():
-            parameter.add_(1.0)  # training after the refresh
-    outcome = _fail(method, runtime, frozenset({0, 3}), 1)
-    results["plus_edges"] = {
-        "blocks": _blocks(runtime.module),
-        "embedding": runtime.module.embedding.weight.detach().clone() if runtime.module.embedding is not None else None,
-        "embedding_at_refresh": embedding_at_refresh,
-        "head": runtime.module.lm_head.weight.detach().clone() if runtime.module.lm_head is not None else None,
-        "head_at_refresh": head_at_refresh,
-        "outcome": outcome,
-    }
-    # The holder of the embedding replica dies together with its owner: random init, reported.
-    outcome = _fail(method, runtime, frozenset({0, 1}), 2)
-    results["plus_lost_replica"] = {"outcome": outcome}
 
 
 def _all_scenarios(communicator: Communicator) -> dict:
