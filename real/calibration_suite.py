@@ -25,6 +25,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_convergence import DEFAULT_WINDOW_ITERATIONS
 from churnsim.calibration.methods import method_from_name, method_traits, reference_method
 
+from .data import DEFAULT_CORPUS_MAX_BYTES
 from .distributed import Communicator
 from .launch import launch_local, run_distributed
 from .model import model_preset
@@ -184,7 +185,7 @@ class SuiteSettings:
     num_microbatches: int = 4
     microbatch_size: int = 8
     eval_interval_iterations: int = 50
-    corpus_max_bytes: int = 2_000_000
+    corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
     learning_rate: float = 1e-3
 
 

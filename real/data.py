@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from churnsim.calibration.errors import InputError
+from churnsim.calibration.scenario import CORPUS_MAX_BYTES
 
 BYTE_VOCAB_SIZE = 256
-DEFAULT_CORPUS_MAX_BYTES = 4 * 2**20
+DEFAULT_CORPUS_MAX_BYTES = CORPUS_MAX_BYTES
 # Directories skipped in the standard library: installed third-party packages differ between
 # machines, and some distributions ship the test suite separately.
 _SKIPPED_STDLIB_DIRECTORIES = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests"})

@@ -91,6 +91,7 @@ def training_config(scenario: Scenario, method: MethodConfig, *, replication: in
         eval_interval_iterations=training.eval_every_iterations,
         num_eval_batches=training.num_eval_batches,
         corpus=training.corpus,
+        corpus_max_bytes=training.corpus_max_bytes,
         device=training.device,
         timeout_s=training.peer_timeout_s,
         deterministic=training.deterministic,

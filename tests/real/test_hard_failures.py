@@ -40,6 +40,8 @@ from churnsim.real.launch import launch_local, main, rendezvous_timeout_s
 from churnsim.real.model import MODEL_PRESETS
 from churnsim.real.pipeline import message_flow_completes
 from churnsim.real.run_directory import RECOVERIES_FILE, WORKERS_FILE
+from churnsim.real.calibration_suite import SuiteSettings
+from churnsim.real.convergence_lab import cpu_tiny_lab_settings
 from churnsim.real.scenario_run import training_config
 from churnsim.real.trainer import EXTERNAL_KILL_KIND, FAILURE_KIND, TrainingConfig
 
@@ -359,6 +361,12 @@ def test_scenario_fields_reach_the_real_run(tmp_path):
     explicit = training.model_copy(update={"join_delay_s": 2.5})
     assert training_config(scenario.model_copy(update={"training": explicit}), scenario.methods[0]).join_delay_s == 2.5
     assert scenario.training.failure_mode == "soft"  # the default stays soft
+    # A run reads as much of the corpus as the calibration suite and the convergence lab did, whose
+    # runs made the loss curve and setbacks that predict it; a scenario can ask for more.
+    assert config.corpus_max_bytes == SuiteSettings(num_iterations=1, seeds=(0,), failure_spacing_iterations=1).corpus_max_bytes
+    assert config.corpus_max_bytes == cpu_tiny_lab_settings().corpus_max_bytes
+    larger = training.model_copy(update={"corpus_max_bytes": 4 * 2**20})
+    assert training_config(scenario.model_copy(update={"training": larger}), scenario.methods[0]).corpus_max_bytes == 4 * 2**20
     with pytest.raises(InputError):
         _config("none", failure_mode="crash")
     with pytest.raises(InputError):
