@@ -38,7 +38,7 @@ from churnsim.calibration.failure_sampling import FailureEvent
 from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
 from churnsim.sim.calibrated import STEP_PLACEMENT_DELAY_S, executed_step_time_s, replay_failures_at_steps
 from churnsim.sim.run import simulate_run
-from churnsim.sim.validate import QUANTITIES, validate_runs
+from churnsim.sim.validate import QUANTITIES, SMOOTHING_ITERATIONS, progress_for_smoothed_loss, validate_runs
 
 FORWARD_S = (0.010, 0.012, 0.011, 0.014)
 BACKWARD_S = (0.020, 0.024, 0.022, 0.028)
@@ -258,3 +258,13 @@ def test_machine_speed_is_each_real_run_s_steady_step_over_the_prediction():
     assert errors.loc["checkfree", "median_load_normalised_absolute_relative_error"] == pytest.approx(0.02)
     assert errors.loc["redundant", "median_load_normalised_absolute_relative_error"] == pytest.approx(0.05)
     assert machine_speed(table[table["run_id"] == "d"]) is None
+
+
+@pytest.mark.parametrize("target_loss", [2.5, 2.9, 3.4])
+def test_the_goal_s_progress_is_where_the_curve_s_trailing_mean_first_reaches_it(target_loss):
+    curve = PowerLawLossCurve(floor_loss=2.0, scale=4.0, exponent=0.6, offset_iterations=5.0)
+    progress = progress_for_smoothed_loss(curve, target_loss)
+    smoothed = pd.Series([curve.loss(float(iteration)) for iteration in range(progress + 1)]).rolling(SMOOTHING_ITERATIONS, min_periods=1).mean()
+    # `progress` iterations executed: the last one, progress − 1, is the first whose trailing mean is at the goal.
+    assert smoothed.iloc[progress - 1] <= target_loss < smoothed.iloc[progress - 2]
+    assert progress > curve.progress_for_loss(target_loss) + 1  # later than the curve itself
