@@ -36,8 +36,10 @@ of benchmarks/calibrate_and_validate.py (2026-11-27, a quiet spell), with each r
 hops in the simulator, the step exceeded it by 3.2 ms at 2 stages × 4 microbatches, 9.1 at 3 × 4,
 10.5 at 4 × 4, 14.5 at 6 × 4, 15.2 at 4 × 6 and 19.7 ms at 4 × 8 (GPipe, 4 × 4: 15.1): about
 0.6 ms per stage-microbatch once the stage processes outnumber the cores, where a per-microbatch
-term alone gives 6 stages the overhead of 4. Approximation: one line for every pipeline; the
-2-stage shape, whose processes each have a core, lies under it, and GPipe above it.
+term alone gives 6 stages the overhead of 4. Each setup's overhead is measured against its own
+measured hops, so a shape run made in a faster or slower minute does not put its speed into the
+overhead (calibration.fit_timing.fit_compute_cost_model). Approximation: one line for every
+pipeline; the 2-stage shape, whose processes each have a core, lies under it, and GPipe above it.
 """
 
 from collections.abc import Sequence

@@ -257,8 +257,12 @@ def fit_compute_cost_model(
     what the simulated iteration lacks against a run's median steady step: for each run of a
     `plain_iteration` method, the o that makes the simulator's iteration (its compute with o
     added where the optimizer step sits; `predict_iteration_s`, the simulator's model passed in)
-    last as long as the run's median steady step. Other setups take their no-failure runs and the
-    fitted hop model. The calibrated setup takes its measured per-stage times (`calibrated_compute`,
+    last as long as the run's median steady step. Other setups take their no-failure runs and their
+    own measured hop medians (the hop model's optimizer step): against the fitted hop model's
+    compute instead, a shape run made in a faster or slower minute than the rest put its whole
+    speed difference into the overhead, and the slope per stage × microbatch came out anywhere from
+    18 to 335 µs over 16 benchmark rounds, the other setups up to 1.2× short where it was low.
+    The calibrated setup takes its measured per-stage times (`calibrated_compute`,
     pooled over its runs) and every plain-method run, failures or not, each step divided by the
     run's speed factor (`run_speed_factors` of the calibrated setup's runs, computed when not given):
     so the overhead belongs to the pooled runs' typical speed, like the hop times, and not to the
@@ -273,6 +277,7 @@ def fit_compute_cost_model(
     for record in records:
         groups.setdefault(record_setup_key(record), []).append(record)
     hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work = [], [], [], [], []
+    measured_hops: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     for key, group in groups.items():
         settings = group[0].manifest.real_settings
         assert settings is not None
@@ -282,6 +287,7 @@ def fit_compute_cost_model(
             timings = fit_stage_timings(group, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
             forward_s = tuple(timing.block_forward.median_s for timing in timings)
             backward_s = tuple(timing.block_backward.median_s for timing in timings)
+        measured_hops[key] = (tuple(forward_s), tuple(backward_s))
         hop_features.extend(stage_features(settings.model, settings.pipeline))
         forward_work.extend(forward_s)  # type: ignore[arg-type]
         backward_work.extend(backward_s)  # type: ignore[arg-type]
@@ -309,7 +315,11 @@ def fit_compute_cost_model(
         settings = group[0].manifest.real_settings
         assert settings is not None
         calibrated = key == calibrated_key
-        compute = calibrated_compute if calibrated else hops_only.compute_for(settings.model, settings.pipeline)
+        if calibrated:
+            compute = calibrated_compute
+        else:
+            forward_s, backward_s = measured_hops[key]
+            compute = hops_only.compute_for(settings.model, settings.pipeline).model_copy(update={"block_forward_s": forward_s, "block_backward_s": backward_s})
         for record in group:
             if not has_plain_iteration(record) or (len(record.failures.failures) > 0 and not calibrated):
                 continue
