@@ -24,8 +24,8 @@ from typing import Any, TYPE_CHECKING, Literal
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_convergence import DEFAULT_WINDOW_ITERATIONS
 from churnsim.calibration.methods import method_from_name, method_traits, reference_method
+from churnsim.calibration.scenario import CORPUS_MAX_BYTES
 
-from .data import DEFAULT_CORPUS_MAX_BYTES
 from .distributed import Communicator
 from .launch import launch_local, run_distributed
 from .model import model_preset
@@ -185,7 +185,7 @@ class SuiteSettings:
     num_microbatches: int = 4
     microbatch_size: int = 8
     eval_interval_iterations: int = 50
-    corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
+    corpus_max_bytes: int = CORPUS_MAX_BYTES
     learning_rate: float = 1e-3
 
 

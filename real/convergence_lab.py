@@ -38,8 +38,9 @@ from churnsim.calibration.convergence import stage_position
 from churnsim.calibration.methods import MethodConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import microbatch_route
 from churnsim.calibration.rebuild_plan import RebuildPlan, plan_rebuild
+from churnsim.calibration.scenario import CORPUS_MAX_BYTES
 
-from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData
+from .data import TokenData
 from .methods.rebuild import combine_blocks, flatten_parameters, load_flat_parameters
 from .model import ModelConfig, StageModule, derive_seed
 from .trainer import _FAILURE_INIT_STREAM
@@ -68,7 +69,7 @@ class LabSettings:
     max_gradient_norm: float = 1.0
     num_eval_batches: int = 4
     eval_every_iterations: int = 20
-    corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
+    corpus_max_bytes: int = CORPUS_MAX_BYTES
     device: str = "cpu"
     """Where the stages train: "cpu", "cuda" or "cuda:N" (`measure_setbacks` spreads seeds over the GPUs)."""
 
@@ -302,7 +303,7 @@ def lab_settings(
     num_failure_points: int = 16,
     window_iterations: int = 30,
     device: str = "cpu",
-    corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES,
+    corpus_max_bytes: int = CORPUS_MAX_BYTES,
 ) -> LabSettings:
     """The lab for one model and pipeline (e.g. a calibration's): every method with the
     `uses_setbacks` trait, failures spread evenly over the run from 10 % of it, so the data show how a

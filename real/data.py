@@ -23,7 +23,6 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.scenario import CORPUS_MAX_BYTES
 
 BYTE_VOCAB_SIZE = 256
-DEFAULT_CORPUS_MAX_BYTES = CORPUS_MAX_BYTES
 # Directories skipped in the standard library: installed third-party packages differ between
 # machines, and some distributions ship the test suite separately.
 _SKIPPED_STDLIB_DIRECTORIES = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests"})
@@ -55,7 +54,7 @@ def _files_under(path: Path) -> list[Path]:
     return sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
 
 
-def load_corpus(path: str | Path | None = None, *, max_bytes: int = DEFAULT_CORPUS_MAX_BYTES) -> bytes:
+def load_corpus(path: str | Path | None = None, *, max_bytes: int = CORPUS_MAX_BYTES) -> bytes:
     """The corpus bytes: `path` (a text file or a directory of them) or the default stdlib corpus.
 
     Files are concatenated in sorted order until `max_bytes`; files holding NUL bytes (binary) are
@@ -118,7 +117,7 @@ class TokenData:
         *,
         seq_len: int,
         held_out_fraction: float = 0.05,
-        max_bytes: int = DEFAULT_CORPUS_MAX_BYTES,
+        max_bytes: int = CORPUS_MAX_BYTES,
     ) -> TokenData:
         source = f"corpus {str(path)!r}" if path is not None else "the standard-library corpus"
         return cls.from_bytes(

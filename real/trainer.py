@@ -56,11 +56,12 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import FailureCursor, FailurePathSpec
 from churnsim.calibration.methods import MethodConfig, NoneConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import SCHEDULES
+from churnsim.calibration.scenario import CORPUS_MAX_BYTES
 from churnsim.calibration.tables import STEP_SYNC_SPAN
 
 from .checkpoint.format import DEFAULT_RUN_ID
 from .cpu_placement import pin_stage_process
-from .data import DEFAULT_CORPUS_MAX_BYTES, TokenData, split_microbatches
+from .data import TokenData, split_microbatches
 from .distributed import Communicator, GroupBroken
 from .methods import MethodContext, StageRuntime, build_method
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
@@ -105,7 +106,7 @@ class TrainingConfig:
     """Held-out batches of `microbatch_size` sequences per evaluation."""
     corpus: str | None = None
     """Text file or directory; None = the Python standard library's sources."""
-    corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
+    corpus_max_bytes: int = CORPUS_MAX_BYTES
     held_out_fraction: float = 0.05
     device: str = "cpu"
     timeout_s: float = 30.0
