@@ -261,7 +261,7 @@ def fit_compute_cost_model(
     own measured hop medians (the hop model's optimizer step): against the fitted hop model's
     compute instead, a shape run made in a faster or slower minute than the rest put its whole
     speed difference into the overhead, and the slope per stage × microbatch came out anywhere from
-    18 to 335 µs over 16 benchmark rounds, the other setups up to 1.2× short where it was low.
+    18 to 335 µs over 12 benchmark rounds, the other setups up to 1.2× short where it was low.
     The calibrated setup takes its measured per-stage times (`calibrated_compute`,
     pooled over its runs) and every plain-method run, failures or not, each step divided by the
     run's speed factor (`run_speed_factors` of the calibrated setup's runs, computed when not given):

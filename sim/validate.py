@@ -197,6 +197,10 @@ def _per_step_longest_rank(spans: pd.DataFrame, chosen: pd.Series) -> float:
 
 def smoothed_loss(metrics: pd.DataFrame) -> pd.Series:
     loss = pd.to_numeric(metrics.sort_values("step")["train_loss"], errors="coerce").reset_index(drop=True)
+    return _trailing_mean(loss)
+
+
+def _trailing_mean(loss: pd.Series) -> pd.Series:
     return loss.rolling(SMOOTHING_ITERATIONS, min_periods=1).mean()
 
 
@@ -212,11 +216,11 @@ def progress_for_smoothed_loss(curve: PowerLawLossCurve, target_loss: float) -> 
     # The curve falls, so its trailing mean reaches the goal no earlier than the curve does and at
     # the latest a window later.
     first = max(0, math.ceil(curve.progress_for_loss(target_loss) - 1e-9))
-    for iteration in range(first, first + SMOOTHING_ITERATIONS):
-        window = [curve.loss(float(earlier)) for earlier in range(max(0, iteration - SMOOTHING_ITERATIONS + 1), iteration + 1)]
-        if sum(window) / len(window) <= target_loss:
-            return iteration + 1
-    return first + SMOOTHING_ITERATIONS
+    # The losses from a window before `first` on, so that every mean read from `first` on is whole.
+    start = max(0, first - SMOOTHING_ITERATIONS + 1)
+    losses = pd.Series([curve.loss(float(iteration)) for iteration in range(start, first + SMOOTHING_ITERATIONS)])
+    reached = np.flatnonzero(_trailing_mean(losses).to_numpy()[first - start :] <= target_loss)
+    return first + (int(reached[0]) + 1 if reached.size else SMOOTHING_ITERATIONS)
 
 
 def real_target_loss(metrics: pd.DataFrame) -> float:
