@@ -337,8 +337,17 @@ def print_calibration(calibration) -> None:
             setbacks.add_row(method, position, f"{value.mean_iterations:.1f}{interval}", str(value.num_samples) if value.num_samples else "0 (default)")
     out.print(setbacks)
     r_squared = "n/a" if curve.r_squared is None else f"{curve.r_squared:.3f}"
+    from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT
+
+    at_bound = (
+        f" (the exponent at its bound {MAXIMUM_CURVE_EXPONENT}: these runs do not tell a steeper curve with a higher floor "
+        "from this one; longer no-failure runs would)"
+        if curve.exponent >= MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)
+        else ""
+    )
     out.print(
         f"baseline loss = {curve.floor_loss:.3f} + {curve.scale:.3g}·(i + {curve.offset_iterations:.3g})^−{curve.exponent:.3f}, r² {r_squared}"
+        + at_bound
     )
     provenance = calibration.provenance
     out.print(

@@ -10,6 +10,7 @@ no-failure runs of the 4× longer setup of `benchmarks/calibrate_and_validate.py
 from pathlib import Path
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT, fit_baseline_curve
@@ -47,3 +48,17 @@ def test_the_calibration_runs_curve_predicts_when_longer_runs_reach_their_goal()
     # Measured on these runs: 1–20 % late, 13 % in the median (seeds 0 and 1 against the others).
     assert abs(float(np.median(errors))) < 0.2
     assert max(abs(error) for error in errors) < 0.3
+
+
+def test_calibrate_says_when_the_exponent_sits_at_its_bound(capsys):
+    from churnsim.calibration.builtin import load_builtin_calibration
+    from churnsim.commands_calibrate import print_calibration
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    assert calibration is not None and calibration.convergence.baseline.exponent == pytest.approx(MAXIMUM_CURVE_EXPONENT)
+    print_calibration(calibration)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"the exponent at its bound {MAXIMUM_CURVE_EXPONENT}" in printed
+    shallower = calibration.convergence.baseline.model_copy(update={"exponent": 0.5})
+    print_calibration(calibration.model_copy(update={"convergence": calibration.convergence.model_copy(update={"baseline": shallower})}))
+    assert "at its bound" not in capsys.readouterr().out
