@@ -48,6 +48,12 @@ tests/calibration/data/cpu-tiny-no-failure-losses.csv) took exponents of 0.36–
 curve whose true exponent exceeds the bound is fitted with a shallower one and a lower floor."""
 
 
+def exponent_at_bound(curve: PowerLawLossCurve) -> bool:
+    """Whether a fitted curve's exponent sits at `MAXIMUM_CURVE_EXPONENT`: its runs did not tell a
+    steeper curve with a higher floor from it."""
+    return curve.exponent >= MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)
+
+
 def _power_law(progress: np.ndarray, floor: float, scale: float, exponent: float, offset: float) -> np.ndarray:
     return floor + scale * (progress + offset) ** (-exponent)
 

@@ -337,12 +337,12 @@ def print_calibration(calibration) -> None:
             setbacks.add_row(method, position, f"{value.mean_iterations:.1f}{interval}", str(value.num_samples) if value.num_samples else "0 (default)")
     out.print(setbacks)
     r_squared = "n/a" if curve.r_squared is None else f"{curve.r_squared:.3f}"
-    from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT
+    from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT, exponent_at_bound
 
     at_bound = (
         f" (the exponent at its bound {MAXIMUM_CURVE_EXPONENT}: these runs do not tell a steeper curve with a higher floor "
         "from this one; longer no-failure runs would)"
-        if curve.exponent >= MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)
+        if exponent_at_bound(curve)
         else ""
     )
     out.print(
