@@ -46,12 +46,15 @@ tests/calibration/data/cpu-tiny-no-failure-losses.csv) took exponents of 0.36–
 320 iterations; fitted on its first 100, its trailing-mean loss at iteration 319 came out a median
 0.36 too high unbounded, 0.14 with the exponent at most 1 and 0.05 at most 0.76. Approximation: a
 curve whose true exponent exceeds the bound is fitted with a shallower one and a lower floor."""
+# Just inside the bound: where the fit's last grid start sits (curve_fit starts strictly within its
+# bounds) and from where a fitted exponent counts as at the bound.
+_EXPONENT_NEAR_BOUND = MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)
 
 
 def exponent_at_bound(curve: PowerLawLossCurve) -> bool:
     """Whether a fitted curve's exponent sits at `MAXIMUM_CURVE_EXPONENT`: its runs did not tell a
     steeper curve with a higher floor from it."""
-    return curve.exponent >= MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)
+    return curve.exponent >= _EXPONENT_NEAR_BOUND
 
 
 def _power_law(progress: np.ndarray, floor: float, scale: float, exponent: float, offset: float) -> np.ndarray:
@@ -97,7 +100,7 @@ def fit_baseline_curve(metrics: pd.DataFrame | Sequence[pd.DataFrame], *, minimu
     lower = [0.0, 1e-12, 1e-3, 1e-3]
     upper = [upper_floor, np.inf, MAXIMUM_CURVE_EXPONENT, 100.0 * span]
     best: tuple[float, np.ndarray] | None = None
-    for exponent in (0.1, 0.3, 0.6, MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)):
+    for exponent in (0.1, 0.3, 0.6, _EXPONENT_NEAR_BOUND):
         for offset in (1.0, 0.05 * span, 0.3 * span):
             floor = max(0.0, lowest - 0.5 * (highest - lowest))
             floor = min(floor, upper_floor * (1 - 1e-9))

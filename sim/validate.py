@@ -324,11 +324,17 @@ class _TargetOfTwin:
     """Iterations of progress after which the twin's smoothed loss first reached `loss`."""
 
 
+def reached_own_goal(metrics: pd.DataFrame) -> tuple[float, int]:
+    """A run's own time-to-target goal (`real_target_loss`) and the iterations after which its
+    smoothed loss first reached it."""
+    loss = real_target_loss(metrics)
+    smoothed = smoothed_loss(metrics).to_numpy(dtype=float)
+    return loss, int(np.flatnonzero(smoothed <= loss)[0]) + 1
+
+
 def target_of_twin(twin: RunRecord) -> _TargetOfTwin:
-    loss = real_target_loss(twin.metrics)
-    smoothed = smoothed_loss(twin.metrics).to_numpy(dtype=float)
-    reached = int(np.flatnonzero(smoothed <= loss)[0])
-    return _TargetOfTwin(run_id=twin.manifest.run_id, loss=loss, progress_iterations=reached + 1)
+    loss, progress_iterations = reached_own_goal(twin.metrics)
+    return _TargetOfTwin(run_id=twin.manifest.run_id, loss=loss, progress_iterations=progress_iterations)
 
 
 def _predict_real(
