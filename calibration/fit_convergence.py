@@ -44,17 +44,21 @@ no time to target under it could be predicted. Fitted without the bound, each of
 (benchmarks/calibrate_and_validate.py's 4× longer no-failure runs, 2026-11-27; their losses are
 tests/calibration/data/cpu-tiny-no-failure-losses.csv) took exponents of 0.36–0.72 over its whole
 320 iterations; fitted on its first 100, its trailing-mean loss at iteration 319 came out a median
-0.36 too high unbounded, 0.14 with the exponent at most 1 and 0.05 at most 0.76. Approximation: a
-curve whose true exponent exceeds the bound is fitted with a shallower one and a lower floor."""
-# Just inside the bound: where the fit's last grid start sits (curve_fit starts strictly within its
-# bounds) and from where a fitted exponent counts as at the bound.
-_EXPONENT_NEAR_BOUND = MAXIMUM_CURVE_EXPONENT * (1 - 1e-6)
+0.36 too high unbounded, 0.14 with the exponent at most 1 and 0.05 at most 0.76
+(`python benchmarks/loss_curve_extrapolation.py`). Approximation: a curve whose true exponent
+exceeds the bound is fitted with a shallower one and a lower floor."""
 
 
-def exponent_at_bound(curve: PowerLawLossCurve) -> bool:
-    """Whether a fitted curve's exponent sits at `MAXIMUM_CURVE_EXPONENT`: its runs did not tell a
-    steeper curve with a higher floor from it."""
-    return curve.exponent >= _EXPONENT_NEAR_BOUND
+def _near_bound(maximum_exponent: float) -> float:
+    """Just inside the bound: where the fit's last grid start sits (curve_fit starts strictly within
+    its bounds) and from where a fitted exponent counts as at the bound."""
+    return maximum_exponent * (1 - 1e-6)
+
+
+def exponent_at_bound(curve: PowerLawLossCurve, maximum_exponent: float = MAXIMUM_CURVE_EXPONENT) -> bool:
+    """Whether a fitted curve's exponent sits at its bound: its runs did not tell a steeper curve
+    with a higher floor from it."""
+    return curve.exponent >= _near_bound(maximum_exponent)
 
 
 def _power_law(progress: np.ndarray, floor: float, scale: float, exponent: float, offset: float) -> np.ndarray:
@@ -71,12 +75,15 @@ def _loss_by_iteration(metrics: pd.DataFrame, where: str) -> pd.Series:
     return frame.drop_duplicates("iteration", keep="last").set_index("iteration")["train_loss"].astype(float).sort_index()
 
 
-def fit_baseline_curve(metrics: pd.DataFrame | Sequence[pd.DataFrame], *, minimum_points: int = MINIMUM_CURVE_POINTS) -> PowerLawLossCurve:
+def fit_baseline_curve(
+    metrics: pd.DataFrame | Sequence[pd.DataFrame], *, minimum_points: int = MINIMUM_CURVE_POINTS, maximum_exponent: float = MAXIMUM_CURVE_EXPONENT
+) -> PowerLawLossCurve:
     """Fit floor + scale · (i + offset)^(−exponent) to the train loss of one or more no-failure runs.
 
     Several runs (seeds) are pooled point by point. The fit starts from a small grid of exponents
     and offsets and keeps the best; bounds keep the floor in [0, min loss), the exponent at most
-    `MAXIMUM_CURVE_EXPONENT` and the other parameters positive. The fitted curve's r² is recorded.
+    `maximum_exponent` (`MAXIMUM_CURVE_EXPONENT`; 10 was the bound before it) and the other
+    parameters positive. The fitted curve's r² is recorded.
     """
     frames = [metrics] if isinstance(metrics, pd.DataFrame) else list(metrics)
     if not frames:
@@ -98,9 +105,9 @@ def fit_baseline_curve(metrics: pd.DataFrame | Sequence[pd.DataFrame], *, minimu
         raise InputError("baseline curve: train_loss does not change over the run; a power law cannot be fitted")
     upper_floor = max(lowest - 1e-6 * (highest - lowest), 0.0) + 1e-12
     lower = [0.0, 1e-12, 1e-3, 1e-3]
-    upper = [upper_floor, np.inf, MAXIMUM_CURVE_EXPONENT, 100.0 * span]
+    upper = [upper_floor, np.inf, maximum_exponent, 100.0 * span]
     best: tuple[float, np.ndarray] | None = None
-    for exponent in (0.1, 0.3, 0.6, _EXPONENT_NEAR_BOUND):
+    for exponent in (0.1, 0.3, 0.6, min(1.0, _near_bound(maximum_exponent))):
         for offset in (1.0, 0.05 * span, 0.3 * span):
             floor = max(0.0, lowest - 0.5 * (highest - lowest))
             floor = min(floor, upper_floor * (1 - 1e-9))
