@@ -68,6 +68,15 @@ class SetbackSpec(StrictModel):
         """Baseline iterations one rebuild at this much training progress costs."""
         return self.mean_iterations + self.per_progress_iteration * max(0.0, progress_iterations - self.progress_offset_iterations)
 
+    def description(self, scale: float = 1.0) -> str:
+        """In words, as iterations per rebuilt stage (× `scale`): "12", or for a setback that grows with
+        training progress "0.406 per iteration of progress past 197" (after its constant part, if any)."""
+        constant = f"{self.mean_iterations * scale:.3g}"
+        if self.per_progress_iteration <= 0:
+            return constant
+        growing = f"{self.per_progress_iteration * scale:.3g} per iteration of progress past {self.progress_offset_iterations:.0f}"
+        return growing if self.mean_iterations == 0 else f"{constant} + {growing}"
+
 
 class MethodSetbacks(StrictModel):
     interior: SetbackSpec
@@ -142,6 +151,17 @@ class ConvergenceSpec(StrictModel):
         """Whether `setback_iterations` of this method and position depends on training progress."""
         setbacks = self.setbacks.get(method)
         return setbacks is not None and setbacks.for_position(position).per_progress_iteration > 0
+
+    def setback_description(self, method: str, position: StagePosition) -> str:
+        """`SetbackSpec.description` of this method and position, scaled; "0" for methods without setbacks."""
+        setbacks = self.setbacks.get(method)
+        return "0" if setbacks is None else setbacks.for_position(position).description(self.setback_scale)
+
+    def setback_per_progress_iteration(self, method: str, position: StagePosition) -> float:
+        """How many baseline iterations a rebuild's setback grows by per iteration of training
+        progress past its offset (scaled); 0 for a constant setback or a method without setbacks."""
+        setbacks = self.setbacks.get(method)
+        return 0.0 if setbacks is None else setbacks.for_position(position).per_progress_iteration * self.setback_scale
 
     def setback_iterations(self, method: str, position: StagePosition, progress_iterations: float = 0.0) -> float:
         """Mean setback in baseline iterations for one rebuild at `progress_iterations` of training

@@ -48,6 +48,11 @@ RUN_COLUMNS: tuple[str, ...] = (
     "setback_source",  # "measured", "paper_fitted" or "default" (calibration/convergence.py)
     "setback_interior_iterations",  # setbacks this run charged per rebuilt stage: its replication's draw
     "setback_edge_iterations",  # (calibration/setback_uncertainty.py) × setback_scale; NaN without setbacks
+    # A setback that grows with training progress (the convergence lab's) adds this many iterations per
+    # iteration of progress past its offset (convergence.setbacks.<method>.<position>.progress_offset_iterations
+    # of the scenario) to the constant part above: the replication's draw × setback_scale; 0 for a constant one.
+    "setback_interior_per_progress_iteration",
+    "setback_edge_per_progress_iteration",
 )
 
 

@@ -61,7 +61,8 @@ def run_replication(task: ReplicationTask) -> list[RunResult]:
 
 
 def _setbacks_charged(scenario: Scenario, method: str, replication: int) -> dict[str, object]:
-    """The setback source and the setbacks a run charged per rebuilt stage (NaN for methods without setbacks)."""
+    """The setback source and the setbacks a run charged per rebuilt stage: the constant part and the
+    growth per iteration of progress past the offset (NaN for methods without setbacks)."""
     traits = METHOD_CONFIGS.get(method)
     convergence = replication_convergence(scenario.convergence, seed=scenario.seed, replication=replication)
     uses = traits is not None and traits.uses_setbacks
@@ -69,6 +70,10 @@ def _setbacks_charged(scenario: Scenario, method: str, replication: int) -> dict
         "setback_source": scenario.convergence.setback_source,
         **{
             f"setback_{position}_iterations": convergence.setback_iterations(method, position) if uses else math.nan
+            for position in ("interior", "edge")
+        },
+        **{
+            f"setback_{position}_per_progress_iteration": convergence.setback_per_progress_iteration(method, position) if uses else math.nan
             for position in ("interior", "edge")
         },
     }

@@ -251,10 +251,10 @@ def _run_result(
 def _setback_note(scenario: Scenario, method: str) -> str:
     """Where this run's setbacks come from and the values it charged (its replication's draw, if drawn)."""
     convergence = scenario.convergence
-    interior, edge = (convergence.setback_iterations(method, position) for position in ("interior", "edge"))
+    interior, edge = (convergence.setback_description(method, position) for position in ("interior", "edge"))
     words = {"measured": "measured", "paper_fitted": "fitted to the CheckFree paper's ablation", "default": "uncalibrated defaults"}
     source = words.get(convergence.setback_source or "default", str(convergence.setback_source))
-    return f"convergence setbacks {source}: {interior:.3g} (interior), {edge:.3g} (edge) iterations per rebuilt stage"
+    return f"convergence setbacks {source}, in iterations per rebuilt stage: {interior} (interior), {edge} (edge)"
 
 
 class Run:

@@ -91,3 +91,22 @@ def test_setback_fields_can_be_set_like_any_scenario_field(field):
     value = {"sample_setbacks": False, "setback_source": "default"}[field]
     changed = apply_settings(checkfree_at_10pct(sample_setbacks=True), {f"convergence.{field}": value})
     assert getattr(changed.convergence, field) == value
+
+
+def test_a_setback_that_grows_with_progress_is_noted_and_tabled_as_it_grows():
+    """The convergence lab's setbacks are 0 early and grow past an offset: a run's note and its runs
+    row give the growth, not only the constant part (which alone read "0 (interior), 0 (edge)")."""
+    from churnsim.calibration.presets import preset
+
+    scenario = preset("cpu-tiny", {"replications": 1, "convergence.setback_scale": 2.0}, method="checkfree")
+    interior = scenario.convergence.setbacks["checkfree"].interior
+    assert interior.mean_iterations == 0 and interior.per_progress_iteration > 0  # the lab's shape, as shipped
+    results = run_replication(ReplicationTask(scenario=scenario, replication=0, methods=scenario.methods))
+    (charged,) = [n for n in results[0].notes if n.startswith("convergence setbacks")]
+    row = runs_table(scenario, results).iloc[0]
+    drawn_slope = row["setback_interior_per_progress_iteration"]
+    assert row["setback_interior_iterations"] == 0
+    # The replication's draw of the slope, scaled ×2, lies in twice the slope's interval.
+    assert 2 * interior.per_progress_ci95_low <= drawn_slope <= 2 * interior.per_progress_ci95_high
+    assert f"{drawn_slope:.3g} per iteration of progress past {interior.progress_offset_iterations:.0f} (interior)" in charged
+    assert "in iterations per rebuilt stage" in charged
