@@ -150,10 +150,10 @@ def run_speed_factors(records: Sequence[RunRecord], *, num_warmup_iterations: in
     forward/backward) the run's median work per hop over the pooled median, and the median of
     those ratios (1.0: typical; 1.1: 10 % slower).
 
-    Runs of one setup do the same forward and backward work per hop whatever the method, so these
-    spans measure the machine, not the method: nearly so, for the methods that run work beside
-    the hops lean the hops too (redundant computation's runs came out a median 0.95–0.97 and
-    CheckFree+'s 1.02–1.03 over 23 calibrations; benchmarks/HISTORY.md, "The speed factors lean by
+    Runs of one setup do nearly the same forward and backward work per hop whatever the method, so
+    these spans measure the machine rather than the method. Methods that run work beside the hops
+    lean them by a few per cent: redundant computation's runs came out a median 0.95–0.97 and
+    CheckFree+'s 1.02–1.03 over 23 calibrations (benchmarks/HISTORY.md, "The speed factors lean by
     method"). A whole step moves with them: in four `calibrate
     --quick` runs on 2 cores (2026-11-26/27) the plain-method runs' median steady steps spread by
     6–17 % (slowest over fastest), divided by their factors by 2–5 %. Spans in core-seconds
