@@ -147,29 +147,32 @@ class ConvergenceSpec(StrictModel):
             raise ValueError(f"setbacks name unknown methods {unknown}; use method names from {list(METHOD_NAMES)}")
         return self
 
+    def setback_for(self, method: str, position: StagePosition) -> SetbackSpec | None:
+        """The setback of this method and position, unscaled; None for methods without setbacks."""
+        setbacks = self.setbacks.get(method)
+        return None if setbacks is None else setbacks.for_position(position)
+
     def setback_grows_with_progress(self, method: str, position: StagePosition) -> bool:
         """Whether `setback_iterations` of this method and position depends on training progress."""
-        setbacks = self.setbacks.get(method)
-        return setbacks is not None and setbacks.for_position(position).per_progress_iteration > 0
+        spec = self.setback_for(method, position)
+        return spec is not None and spec.per_progress_iteration > 0
 
     def setback_description(self, method: str, position: StagePosition) -> str:
         """`SetbackSpec.description` of this method and position, scaled; "0" for methods without setbacks."""
-        setbacks = self.setbacks.get(method)
-        return "0" if setbacks is None else setbacks.for_position(position).description(self.setback_scale)
+        spec = self.setback_for(method, position)
+        return "0" if spec is None else spec.description(self.setback_scale)
 
     def setback_per_progress_iteration(self, method: str, position: StagePosition) -> float:
         """How many baseline iterations a rebuild's setback grows by per iteration of training
         progress past its offset (scaled); 0 for a constant setback or a method without setbacks."""
-        setbacks = self.setbacks.get(method)
-        return 0.0 if setbacks is None else setbacks.for_position(position).per_progress_iteration * self.setback_scale
+        spec = self.setback_for(method, position)
+        return 0.0 if spec is None else spec.per_progress_iteration * self.setback_scale
 
     def setback_iterations(self, method: str, position: StagePosition, progress_iterations: float = 0.0) -> float:
         """Mean setback in baseline iterations for one rebuild at `progress_iterations` of training
         progress; 0 for methods that lose no progress this way."""
-        setbacks = self.setbacks.get(method)
-        if setbacks is None:
-            return 0.0
-        return setbacks.for_position(position).at_progress(progress_iterations) * self.setback_scale
+        spec = self.setback_for(method, position)
+        return 0.0 if spec is None else spec.at_progress(progress_iterations) * self.setback_scale
 
 
 def stage_position(stage: int, num_stages: int) -> StagePosition:
