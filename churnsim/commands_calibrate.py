@@ -341,7 +341,7 @@ def print_calibration(calibration) -> None:
 
     at_bound = (
         f" (the exponent at its bound {MAXIMUM_CURVE_EXPONENT}: these runs do not tell a steeper curve with a higher floor "
-        "from this one; longer no-failure runs would)"
+        "from this one)"
         if exponent_at_bound(curve)
         else ""
     )

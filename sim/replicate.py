@@ -66,17 +66,11 @@ def _setbacks_charged(scenario: Scenario, method: str, replication: int) -> dict
     traits = METHOD_CONFIGS.get(method)
     convergence = replication_convergence(scenario.convergence, seed=scenario.seed, replication=replication)
     uses = traits is not None and traits.uses_setbacks
-    return {
-        "setback_source": scenario.convergence.setback_source,
-        **{
-            f"setback_{position}_iterations": convergence.setback_iterations(method, position) if uses else math.nan
-            for position in ("interior", "edge")
-        },
-        **{
-            f"setback_{position}_per_progress_iteration": convergence.setback_per_progress_iteration(method, position) if uses else math.nan
-            for position in ("interior", "edge")
-        },
-    }
+    charged: dict[str, object] = {"setback_source": scenario.convergence.setback_source}
+    for position in ("interior", "edge"):
+        charged[f"setback_{position}_iterations"] = convergence.setback_iterations(method, position) if uses else math.nan
+        charged[f"setback_{position}_per_progress_iteration"] = convergence.setback_per_progress_iteration(method, position) if uses else math.nan
+    return charged
 
 
 def replication_tasks(scenario: Scenario, methods: Sequence[MethodConfig] | None = None) -> list[ReplicationTask]:
