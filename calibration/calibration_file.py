@@ -48,11 +48,16 @@ class RecoveryTimes(StrictModel):
     transfer_s: float = Field(0.0, ge=0)
     load_s: float = Field(0.0, ge=0)
     rebuild_s: float = Field(0.0, ge=0)
+    unrecorded_s: float = Field(0.0, ge=0)
+    """What a recovery step took beyond a steady step and the parts above: the processes' own
+    restart, which no span records (calibration.fit_timing.recovery_events). The simulator charges
+    it as the method's restart (`RecoverySpec.restart_s_by_method`). Calibrations made before
+    2026-11-27 (sixteenth session) have none (0)."""
     num_samples: int = Field(0, ge=0)
 
     @property
     def total_s(self) -> float:
-        return self.join_s + self.transfer_s + self.load_s + self.rebuild_s
+        return self.join_s + self.transfer_s + self.load_s + self.rebuild_s + self.unrecorded_s
 
 
 class Provenance(StrictModel):

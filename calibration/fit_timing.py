@@ -13,6 +13,8 @@ warm-up make them slow and unrepresentative).
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -492,32 +494,57 @@ def fit_tier_bandwidth(
     return TierBandwidth(name=name, write_bandwidth_bytes_per_s=bandwidths["write"], read_bandwidth_bytes_per_s=bandwidths["read"])
 
 
-def fit_recovery_times(records: Sequence[RunRecord]) -> dict[str, RecoveryTimes]:
-    """Median time of each recovery part per method, from the recovery.* spans.
+def recovery_events(record: RunRecord, *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> pd.DataFrame:
+    """One row per recovery event of a run (a step with recovery.* spans), indexed by step: per part
+    (`RECOVERY_SPAN_FIELDS`) the longest rank's summed spans of that part (training waits for the
+    slowest rank), and `unrecorded_s`, what the step took beyond a steady step of the run and those
+    parts (at least 0; NaN where the step also evaluated or the run has no steady step).
 
-    One sample is one recovery event (one step of one run with recovery spans). A part's time in an
-    event is the longest, over ranks, of that rank's summed spans of the part: training waits for
-    the slowest rank. Parts a method never records stay 0.
-    """
-    events = []
+    The unrecorded time is the part of a recovery no span records: the processes' own restart
+    (process group, optimizer and checkpoint engine rebuilt, Python). Measured on the 2 cores
+    (held-out runs of 18 benchmark rounds, 2026-11-27), median per event: async_checkpoint 45 ms
+    and checkpoint 41 ms beyond 18 and 10 ms of spans, the rebuild methods 6–13 ms beyond 1–6 ms;
+    the calibration runs gave the same within 5 ms (benchmarks/HISTORY.md, "The recovery step")."""
+    spans = record.spans
+    chosen = spans[spans["kind"].isin(RECOVERY_SPAN_FIELDS)]
+    columns = [*RECOVERY_SPAN_FIELDS.values(), "unrecorded_s"]
+    if chosen.empty:
+        return pd.DataFrame(columns=columns, dtype=float)
+    durations = (chosen["end_s"] - chosen["start_s"]).rename("duration_s")
+    per_rank = durations.groupby([chosen["iteration"].astype(int), chosen["kind"], chosen["rank"]]).sum()
+    events = per_rank.groupby(level=[0, 1]).max().unstack(1).rename(columns=RECOVERY_SPAN_FIELDS)
+    events = events.reindex(columns=list(RECOVERY_SPAN_FIELDS.values())).fillna(0.0)
+    events.index.name = "step"
+    metrics = record.metrics.sort_values("step")
+    step_s = pd.Series(np.diff(metrics["wall_time_s"].to_numpy(dtype=float), prepend=0.0), index=metrics["step"].to_numpy(dtype=int))
+    evaluated = set(metrics.loc[metrics["eval_loss"].notna(), "step"].astype(int))
+    steady = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+    steady_s = float(steady.median()) if not steady.empty else math.nan
+    excess_s = step_s.reindex(events.index).to_numpy() - steady_s
+    excess_s[[step in evaluated for step in events.index]] = math.nan
+    events["unrecorded_s"] = np.maximum(excess_s - events.sum(axis=1).to_numpy(), 0.0)
+    return events
+
+
+def fit_recovery_times(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, RecoveryTimes]:
+    """Median time of each recovery part per method, and of the time no span records
+    (`recovery_events`). One sample is one recovery event (one step of one run with recovery
+    spans). Parts a method never records stay 0."""
+    frames = []
     for record in records:
-        spans = record.spans
-        chosen = spans[spans["kind"].isin(RECOVERY_SPAN_FIELDS)]
-        if chosen.empty:
-            continue
-        chosen = chosen.assign(duration_s=chosen["end_s"] - chosen["start_s"])
-        per_rank = chosen.groupby(["iteration", "kind", "rank"])["duration_s"].sum()
-        per_event = per_rank.groupby(level=["iteration", "kind"]).max().unstack("kind")
-        per_event["method"] = record.manifest.method
-        events.append(per_event)
-    if not events:
+        events = recovery_events(record, num_warmup_iterations=num_warmup_iterations)
+        if not events.empty:
+            frames.append(events.assign(method=record.manifest.method))
+    if not frames:
         return {}
-    table = pd.concat(events)
+    table = pd.concat(frames)
     result = {}
     for method, rows in table.groupby("method"):
-        parts = {
-            field: float(np.nanmedian(rows[kind].fillna(0.0))) if kind in rows else 0.0
-            for kind, field in RECOVERY_SPAN_FIELDS.items()
-        }
-        result[str(method)] = RecoveryTimes(**parts, num_samples=int(len(rows)))
+        parts = {field: float(np.median(rows[field])) for field in RECOVERY_SPAN_FIELDS.values()}
+        unrecorded = rows["unrecorded_s"].dropna()
+        result[str(method)] = RecoveryTimes(
+            **parts,
+            unrecorded_s=float(np.median(unrecorded)) if not unrecorded.empty else 0.0,
+            num_samples=int(len(rows)),
+        )
     return result

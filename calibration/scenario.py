@@ -205,6 +205,22 @@ class RecoverySpec(StrictModel):
     """Time from a failure until the replacement node is ready (CheckFree: 30 s placeholder)."""
     restart_s: float = Field(6.6, ge=0)
     """Rendezvous and process-group rebuild after a replacement joins (Parcae: 6.6 s measured)."""
+    restart_s_by_method: dict[str, float] = Field(default_factory=dict)
+    """The restart of the methods named here, where it was measured for each (a calibration's
+    recovery steps beyond their recorded parts, calibration.fit_timing.recovery_events); other
+    methods take `restart_s`."""
+
+    @field_validator("restart_s_by_method")
+    @classmethod
+    def _non_negative_restarts(cls, value: dict[str, float]) -> dict[str, float]:
+        negative = {name: seconds for name, seconds in value.items() if not (math.isfinite(seconds) and seconds >= 0)}
+        if negative:
+            raise ValueError(f"restart times must be finite and >= 0 seconds, got {negative}")
+        return value
+
+    def restart_s_for(self, method: str) -> float:
+        """The restart after a replacement joins, for the method named `method`."""
+        return self.restart_s_by_method.get(method, self.restart_s)
 
 
 class TargetSpec(StrictModel):

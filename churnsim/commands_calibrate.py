@@ -319,9 +319,13 @@ def print_calibration(calibration) -> None:
         )
     for line in lines:
         out.print(line)
-    recovery = Table("method", "join", "transfer", "load", "rebuild", "events", title="recovery component times (median)")
+    recovery = Table(
+        "method", "join", "transfer", "load", "rebuild", "restart (no span)", "events", title="recovery component times (median per event)"
+    )
     for method, times in sorted(calibration.recovery.items()):
-        recovery.add_row(method, _seconds(times.join_s), _seconds(times.transfer_s), _seconds(times.load_s), _seconds(times.rebuild_s), str(times.num_samples))
+        recovery.add_row(
+            method, *(_seconds(value) for value in (times.join_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)), str(times.num_samples)
+        )
     out.print(recovery)
     convergence = calibration.convergence
     curve = convergence.baseline

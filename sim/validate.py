@@ -4,7 +4,8 @@ For each run record:
 
 1. **Scenario.** A real run: the record's `real_settings` (model, pipeline, method, iterations) with
    the calibration applied in mode `full` (`apply_calibration`), no churn, `restart_s` 0 (a local
-   run keeps its processes: no rendezvous). Any model and pipeline of the calibrated machine (same
+   run keeps its processes: no rendezvous) except where the calibration measured a method's restart
+   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). Any model and pipeline of the calibrated machine (same
    device and core count, `check_same_machine`): the calibrated setup takes its measured times, any
    other the calibration's compute cost model (calibration.compute_cost). A simulated run: its
    manifest's `scenario`, with the calibration applied in mode `full` when one is given.
@@ -41,7 +42,8 @@ Quantities (`calibration.tables.VALIDATION_COLUMNS`, one row each): `total_wall_
 `time_to_target_s`, `steady_iteration_s` (median steady step of the real run, i.e. without recovery,
 checkpoint I/O or evaluation, against the simulator's healthy iteration), `checkpoint_stall_s`
 (measured: per step the longest rank's blocking checkpoint spans, summed), `recovery_downtime_s`
-(measured: per step the longest rank's `recovery.*` spans, summed) and `loss_curve_distance`: the
+(measured: per recovery step each part's longest rank and the step's time beyond them and a steady
+step, summed; `measured_recovery_downtime_s`) and `loss_curve_distance`: the
 mean absolute difference of loss between the two loss-against-time curves over their common time
 range (measured 0, predicted the difference in loss units; its `relative_error` is that
 difference over the measured loss range). `relative_error` = (predicted − measured) / measured,
@@ -70,7 +72,7 @@ from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.compute_cost import setup_key
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.fit_timing import steady_iteration_times_s
+from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
 from churnsim.calibration.scenario import ModelSpec, PipelineSpec, Scenario, TargetSpec
 from churnsim.calibration.statistics import median_with_ci95
@@ -90,7 +92,6 @@ CHECKPOINT_STALL_SPAN_KINDS: tuple[str, ...] = ("save",)
 """Span kinds during which a real run's training is blocked by checkpointing (real/checkpoint/engine.py:
 a save() call, or a wait before the optimizer step that actually waited; a lazy snapshot copy runs
 in the background and does not count)."""
-RECOVERY_SPAN_PREFIX = "recovery."
 LOAD_NORMALISED_QUANTITIES: frozenset[str] = frozenset({"total_wall_clock_s", "time_to_target_s"})
 """Quantities also reported with compute rescaled by the run's own steady step (real runs)."""
 QUANTITIES: tuple[str, ...] = (
@@ -195,6 +196,13 @@ def _per_step_longest_rank(spans: pd.DataFrame, chosen: pd.Series) -> float:
     return float(durations.groupby(level=0).max().sum())
 
 
+def measured_recovery_downtime_s(record: RunRecord) -> float:
+    """Summed over a run's recovery events, their recorded parts and the time no span records
+    (`recovery_events`): what the simulator's recovery downtime stands for, restart included."""
+    events = recovery_events(record)
+    return float(events.fillna(0.0).to_numpy().sum())
+
+
 def smoothed_loss(metrics: pd.DataFrame) -> pd.Series:
     loss = pd.to_numeric(metrics.sort_values("step")["train_loss"], errors="coerce").reset_index(drop=True)
     return _trailing_mean(loss)
@@ -243,7 +251,7 @@ def measured_real(record: RunRecord, target_loss: float) -> Observed:
         time_to_target_s=float(wall[reached[0]]) if reached.size else math.nan,
         steady_iteration_s=float(steady.median()) if not steady.empty else math.nan,
         checkpoint_stall_s=_per_step_longest_rank(spans, spans["kind"].isin(CHECKPOINT_STALL_SPAN_KINDS)),
-        recovery_downtime_s=_per_step_longest_rank(spans, spans["kind"].astype(str).str.startswith(RECOVERY_SPAN_PREFIX)),
+        recovery_downtime_s=measured_recovery_downtime_s(record),
         loss_at=lambda times: np.interp(times, wall[valid], smoothed[valid]),
         time_range_s=(float(wall[0]), float(wall[-1])),
     )

@@ -56,7 +56,7 @@ class RebuildTwin(ClosedFormPolicy):
         edge = policy.edge_checkpointer
         self.edge_checkpointer = self.periodic_writer = SyncCheckpointerTwin(edge, scenario) if edge is not None else None
         self._lost_sets: dict[frozenset[int], _LostSet] = {}
-        self.restart_s = scenario.recovery.restart_s
+        self.restart_s = scenario.recovery.restart_s_for(policy.config.name)
 
     def at_boundary(self, run: ClosedFormRun) -> None:
         if self.edge_checkpointer is not None:

@@ -28,7 +28,7 @@ class RedundantTwin(ClosedFormPolicy):
     def __init__(self, policy: RedundantPolicy, scenario: Scenario) -> None:
         super().__init__(policy, scenario)
         self.checkpointer = self.periodic_writer = SyncCheckpointerTwin(policy.checkpointer, scenario)
-        self.restart_s = scenario.recovery.restart_s
+        self.restart_s = scenario.recovery.restart_s_for(policy.config.name)
         self.weight_bytes = tuple(stage_weight_bytes(scenario, stage) for stage in range(self.num_stages))
         self.awaiting_replica: list[_Replacement] = []
         """Replacements holding their own weights whose successor's replica (never None here) had not arrived then."""

@@ -74,7 +74,7 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
         self.surviving_levels = frozenset(
             index for index, name in enumerate(self.levels) if scenario.tier(name).survives_node_loss
         )
-        self.recovery = RestartRecovery(scenario, rollback=config.rollback)
+        self.recovery = RestartRecovery(scenario, rollback=config.rollback, method=config.name)
         self.restore_point: tuple[_Snapshot, int] | None = None
         """Newest snapshot durable at a level that survives node loss, and that level."""
         self.num_snapshots = 0

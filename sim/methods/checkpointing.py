@@ -100,10 +100,10 @@ class SyncCheckpointer:
 class RestartRecovery:
     """A re-entrant restart from a checkpoint; failures during it are merged into it."""
 
-    def __init__(self, scenario: Scenario, *, rollback: str) -> None:
+    def __init__(self, scenario: Scenario, *, rollback: str, method: str) -> None:
         self.rollback = rollback
         self.num_stages = scenario.pipeline.num_stages
-        self.restart_s = scenario.recovery.restart_s
+        self.restart_s = scenario.recovery.restart_s_for(method)
         self.stages: set[int] = set()
         self._stale_iterations = 0.0
 
@@ -145,7 +145,7 @@ class CheckpointPolicy(RecoveryPolicy):
     def __init__(self, config, scenario: Scenario) -> None:
         super().__init__(config, scenario)
         self.checkpointer = SyncCheckpointer(scenario, tier=config.tier, interval_iterations=config.interval_iterations)
-        self.recovery = RestartRecovery(scenario, rollback=config.rollback)
+        self.recovery = RestartRecovery(scenario, rollback=config.rollback, method=config.name)
 
     def iterations_until_boundary(self, context: "RunContext") -> int:
         return self.checkpointer.iterations_until(context)

@@ -95,7 +95,7 @@ class RebuildPolicy(RecoveryPolicy):
             self.edge_checkpointer.node_lost()  # a save on a tier that dies with its node is gone
         start_s = context.now
         yield from context.wait_for_replacements(lost)
-        yield from context.wait(self.scenario.recovery.restart_s, "recovery_downtime_s", "restart")
+        yield from context.wait(self.scenario.recovery.restart_s_for(self.config.name), "recovery_downtime_s", "restart")
         transfers = [
             (context.node_link(source, stage), self.source_bytes(plan, index))
             for stage, plan in plans.items()

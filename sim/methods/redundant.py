@@ -37,7 +37,7 @@ class RedundantPolicy(RecoveryPolicy):
         self.checkpointer = SyncCheckpointer(
             scenario, tier=config.fallback_tier, interval_iterations=config.fallback_interval_iterations
         )
-        self.restart = RestartRecovery(scenario, rollback="all")
+        self.restart = RestartRecovery(scenario, rollback="all", method=config.name)
         self.hosted_by: dict[int, int] = {}
         """Lost stage → the stage whose node runs it meanwhile."""
         self.replica_missing: set[int] = set()
@@ -125,7 +125,7 @@ class RedundantPolicy(RecoveryPolicy):
         def stale() -> bool:
             return epoch != self._epoch or token != self._replacement_token[stage]
 
-        ready_s = context.down_until[stage] + self.scenario.recovery.restart_s
+        ready_s = context.down_until[stage] + self.scenario.recovery.restart_s_for(self.config.name)
         if ready_s > context.now:
             yield context.env.timeout(ready_s - context.now)
         if stale():

@@ -64,8 +64,8 @@ def _calibration(*, measured: bool = True) -> Calibration:
             TierBandwidth(name="nvme_scratch", write_bandwidth_bytes_per_s=5e9, read_bandwidth_bytes_per_s=6e9),
         ),
         recovery={
-            "checkfree": RecoveryTimes(join_s=2.0, transfer_s=0.3, rebuild_s=0.05, num_samples=3),
-            "checkpoint": RecoveryTimes(join_s=4.0, load_s=0.5, num_samples=1),
+            "checkfree": RecoveryTimes(join_s=2.0, transfer_s=0.3, rebuild_s=0.05, unrecorded_s=0.008, num_samples=3),
+            "checkpoint": RecoveryTimes(join_s=4.0, load_s=0.5, unrecorded_s=0.04, num_samples=1),
             "copy": RecoveryTimes(transfer_s=0.2, num_samples=2),
         },
         convergence=ConvergenceSpec(baseline=CALIBRATED_CURVE, setbacks=setbacks, calibrated=True, source="calibration 'tiny-cpu'"),
@@ -106,8 +106,12 @@ def test_full_mode_replaces_compute_network_storage_recovery_and_convergence():
     assert (local_disk.write_bandwidth_bytes_per_s, local_disk.read_bandwidth_bytes_per_s) == (1.5e9, 2.5e9)
     assert (local_disk.latency_s, local_disk.survives_node_loss) == (0.01, False)
     assert remote == scenario.storage[1]  # not measured: unchanged; nvme_scratch is not added
-    # join delay: sample-weighted mean of measured recovery.join (3 × 2 s, 1 × 4 s); restart kept.
-    assert applied.recovery == RecoverySpec(join_delay_s=2.5, restart_s=6.6)
+    # join delay: sample-weighted mean of measured recovery.join (3 × 2 s, 1 × 4 s); each measured
+    # method restarts in the time its recovery steps took beyond their spans, the others as before.
+    assert applied.recovery == RecoverySpec(
+        join_delay_s=2.5, restart_s=6.6, restart_s_by_method={"checkfree": 0.008, "checkpoint": 0.04, "copy": 0.0}
+    )
+    assert applied.recovery.restart_s_for("checkpoint") == 0.04 and applied.recovery.restart_s_for("redundant") == 6.6
     assert applied.convergence == calibration.convergence
     assert applied.convergence.calibrated is True
     assert applied.sources[-1].startswith("calibration 'tiny-cpu' (full)")
@@ -118,7 +122,9 @@ def test_full_mode_replaces_compute_network_storage_recovery_and_convergence():
 
 def test_full_mode_keeps_join_delay_when_no_join_was_measured():
     calibration = _calibration().model_copy(update={"recovery": {"copy": RecoveryTimes(transfer_s=0.2, num_samples=2)}})
-    assert apply_calibration(_tiny_scenario(), calibration, mode="full").recovery == RecoverySpec(join_delay_s=30.0, restart_s=6.6)
+    assert apply_calibration(_tiny_scenario(), calibration, mode="full").recovery == RecoverySpec(
+        join_delay_s=30.0, restart_s=6.6, restart_s_by_method={"copy": 0.0}
+    )
 
 
 def test_full_mode_on_another_model_raises_and_points_to_setbacks_mode():

@@ -30,7 +30,7 @@ from churnsim.calibration.fit import (
 from churnsim.calibration.fit_convergence import SetbackSample, setback_spec
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.run_record import RealRunSettings, RunManifest, RunRecord, make_run_record
-from churnsim.calibration.fit_timing import record_setup_key, run_speed_factors
+from churnsim.calibration.fit_timing import record_setup_key, recovery_events, run_speed_factors
 from churnsim.calibration.scenario import ExplicitCompute, ModelSpec, PipelineSpec
 
 NUM_STAGES = 4
@@ -312,6 +312,21 @@ def test_recovery_times_are_medians_over_events_of_the_slowest_rank(references, 
     assert checkfree.rebuild_s == pytest.approx(REBUILD_S)
     assert (checkfree.join_s, checkfree.load_s) == (0.0, 0.0)
     assert checkfree.num_samples == len(FAILURES) * len(checkfree_runs)
+    # Every failure step also evaluated (every 50 steps): its time beyond the spans is not told apart.
+    assert checkfree.unrecorded_s == 0.0
+
+
+def test_a_recovery_step_s_time_beyond_its_spans_is_measured_as_the_restart():
+    # Each failure step takes 5 s more than a steady step; its spans record the transfer and the rebuild.
+    failures = ((110, 1), (210, 0), (310, 2))
+    record = _record(method="copy", seed=7, failures=failures)
+    events = recovery_events(record, num_warmup_iterations=WARMUP)
+    assert list(events.index) == [110, 210, 310]
+    expected_s = [5.0 - transfer_s - REBUILD_S for transfer_s in TRANSFER_S]
+    assert events["unrecorded_s"].to_numpy() == pytest.approx(expected_s, abs=0.05)
+    times = fit_recovery_times([record], num_warmup_iterations=WARMUP)["copy"]
+    assert times.unrecorded_s == pytest.approx(float(np.median(expected_s)), abs=0.05)
+    assert times.total_s == pytest.approx(5.0, abs=0.1)
 
 
 def test_baseline_curve_predicts_loss_within_one_percent_over_the_range(references):

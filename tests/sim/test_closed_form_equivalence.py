@@ -217,7 +217,11 @@ def scenarios(draw, churn_kind: str) -> tuple[Scenario, str]:
         network=UniformNetwork(latency_s=draw(st.sampled_from((0.0, 0.003, 0.2))), bandwidth_bytes_per_s=draw(st.sampled_from((math.inf, 3e5, 5e7)))),
         storage=_tiers(draw),
         churn=churn,
-        recovery=RecoverySpec(join_delay_s=draw(st.floats(0.0, 80.0)), restart_s=draw(st.floats(0.0, 40.0))),
+        recovery=RecoverySpec(
+            join_delay_s=draw(st.floats(0.0, 80.0)),
+            restart_s=draw(st.floats(0.0, 40.0)),
+            restart_s_by_method=draw(st.dictionaries(st.sampled_from(METHOD_NAMES), st.floats(0.0, 40.0), max_size=3)),
+        ),
         methods=draw(methods()),
         convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=1.0, scale=10.0, exponent=0.5)),
         target=TargetSpec(

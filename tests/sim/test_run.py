@@ -111,6 +111,19 @@ def test_checkpoint_rollback_loses_exactly_the_iterations_since_the_last_checkpo
     assert_accounting_adds_up(result)
 
 
+@pytest.mark.parametrize("name", ["checkpoint", "async_checkpoint", "checkfree", "copy"])
+def test_a_method_s_own_restart_time_replaces_the_scenario_s(name):
+    scenario = small_scenario(target_iterations=60)
+    measured = scenario.model_copy(update={"recovery": scenario.recovery.model_copy(update={"restart_s_by_method": {name: 12.0, "uniform": 1.0}})})
+    failures = [failure(20.5 * CLOSED_FORM_ITERATION_S, 1)]
+    for reference_events in (False, True):
+        plain = simulate_run(scenario, method(name), tuple(failures), iteration_model=MODEL, reference_events=reference_events)
+        with_own = simulate_run(measured, method(name), tuple(failures), iteration_model=MODEL, reference_events=reference_events)
+        # The scenario restarts in 5 s; this method, measured, in 12 s.
+        assert with_own.badput["recovery_downtime_s"] - plain.badput["recovery_downtime_s"] == pytest.approx(7.0, rel=1e-9)
+        assert with_own.wall_clock_s - plain.wall_clock_s == pytest.approx(7.0, rel=1e-9)
+
+
 def test_checkpoint_stage_rollback_keeps_progress_but_loses_the_stale_stage_share():
     scenario = small_scenario(target_iterations=100)
     T = CLOSED_FORM_ITERATION_S
