@@ -2,6 +2,7 @@
 
     python benchmarks/calibrate_and_validate.py [--out DIR] [--calibration FILE] [--max-rounds 3] [--recalibrate-each-round]
     python benchmarks/calibrate_and_validate.py --out DIR --revalidate   # the same runs, the current validator
+    python benchmarks/calibrate_and_validate.py --out DIR --revalidate --refit   # and each round's calibration fitted again
     python benchmarks/calibrate_and_validate.py --resummarize           # the committed tables, the current figures
 
 1. `churnsim calibrate --quick` into OUT/cpu-tiny.json (fit runs in OUT/calibration-runs): the
@@ -353,19 +354,34 @@ def _print_machine_speeds(speeds: dict) -> None:
               f"(median {speed['median_factor']:.2f}×, single runs {100 * speed['scatter']:.1f} % from it)")
 
 
-def revalidated_rounds(out: Path, earlier_result: dict) -> tuple[list[dict], list]:
-    """The rounds of an earlier run in `out`, validated again by the current validator (same runs, same
-    calibrations), and their tables; what the earlier run recorded of each round (seeds, times) is kept."""
+REFITTED_CALIBRATION_NAME = "cpu-tiny-refitted.json"
+"""With `--refit`, where a round's calibration fitted again by the current `calibrate --runs` goes."""
+
+
+def refitted_calibration(round_directory: Path) -> Path:
+    """The round's calibration fitted again from its own calibration runs by the current code."""
+    runs = round_directory / "calibration-runs"
+    if not runs.is_dir():
+        raise SystemExit(f"--refit: {runs} is missing; only runs made with --recalibrate-each-round keep each round's calibration runs")
+    calibration_file = round_directory / REFITTED_CALIBRATION_NAME
+    _churnsim("calibrate", "--runs", str(runs), "--out", str(calibration_file))
+    return calibration_file
+
+
+def revalidated_rounds(out: Path, earlier_result: dict, *, refit: bool = False) -> tuple[list[dict], list]:
+    """The rounds of an earlier run in `out`, validated again by the current validator (same runs, and
+    the same calibrations or, with `refit`, each fitted again from the round's calibration runs by the
+    current code), and their tables; what the earlier run recorded of each round (seeds, times) is kept."""
     earlier = {entry["round"]: entry for entry in earlier_result.get("rounds", [])}
     rounds, tables = [], []
     round_index = 0
     while (out / f"round-{round_index}" / "held-out").is_dir():
         own = out / f"round-{round_index}" / "cpu-tiny.json"
-        calibration = own if own.exists() else out / "cpu-tiny.json"
+        calibration = refitted_calibration(out / f"round-{round_index}") if refit else own if own.exists() else out / "cpu-tiny.json"
         tables.append(validate_round(out, round_index, calibration))
         figures = round_figures(tables[-1], f"round {round_index} (revalidated)")
         rounds.append({**earlier.get(round_index, {"round": round_index}), "calibration": recorded_calibration(calibration, out), **figures,
-                       "revalidated": True})
+                       "revalidated": True, **({"refitted": True} if refit else {})})
         round_index += 1
     return rounds, tables
 
@@ -396,6 +412,8 @@ def main() -> None:
     parser.add_argument("--recalibrate-each-round", action="store_true", help="run calibrate --quick at the start of every round")
     parser.add_argument("--revalidate", action="store_true",
                         help="validate the rounds already in --out again with the current validator (no new runs)")
+    parser.add_argument("--refit", action="store_true",
+                        help="with --revalidate: first fit each round's calibration again from its calibration runs (current calibrate --runs)")
     parser.add_argument("--resummarize", action="store_true",
                         help="recompute the committed rounds' figures from their committed tables (no runs, no validation)")
     parser.add_argument("--calibrated-only", action="store_true",
@@ -407,6 +425,8 @@ def main() -> None:
     arguments = parser.parse_args()
     if arguments.pool and not arguments.resummarize:
         parser.error("--pool goes with --resummarize: a fresh run's figures are its own rounds'")
+    if arguments.refit and not arguments.revalidate:
+        parser.error("--refit goes with --revalidate: a fresh run calibrates with the current code anyway")
     out: Path = arguments.out
     if not arguments.resummarize:
         out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +457,7 @@ def main() -> None:
         except FileNotFoundError:
             earlier_pooled = None
     if again:
-        rounds, tables = revalidated_rounds(out, earlier) if arguments.revalidate else resummarized_rounds(earlier)
+        rounds, tables = revalidated_rounds(out, earlier, refit=arguments.refit) if arguments.revalidate else resummarized_rounds(earlier)
         if not rounds:
             parser.error(f"--revalidate: {out} holds no round-N/held-out directory of an earlier run" if arguments.revalidate
                          else f"--resummarize: {RESULTS_FILE} records no rounds")
@@ -510,6 +530,8 @@ def main() -> None:
         "stage_processes_pinned": earlier.get("stage_processes_pinned", False) if again else pinning_requested(),
         "recalibrated_each_round": recalibrated,
         "revalidated_by_the_current_validator": arguments.revalidate or (arguments.resummarize and earlier.get("revalidated_by_the_current_validator", False)),
+        "refitted_by_the_current_calibrate": (arguments.revalidate and arguments.refit)
+        or (arguments.resummarize and earlier.get("refitted_by_the_current_calibrate", False)),
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "processor": platform.machine()},
         "calibration": None if recalibrated else str(rounds[-1]["calibration"]),
         "calibrate_s": calibrate_s,

@@ -14,7 +14,6 @@ warm-up make them slow and unrepresentative).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
