@@ -5,9 +5,10 @@ For each run record:
 1. **Scenario.** A real run: the record's `real_settings` (model, pipeline, method, iterations) with
    the calibration applied in mode `full` (`apply_calibration`), no churn, `restart_s` 0 (a local
    run keeps its processes: no rendezvous) except where the calibration measured a method's restart
-   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). Any model and pipeline of the calibrated machine (same
-   device and core count, `check_same_machine`): the calibrated setup takes its measured times, any
-   other the calibration's compute cost model (calibration.compute_cost). A simulated run: its
+   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). Any
+   model and pipeline of the calibrated machine (same device and core count,
+   `check_same_machine`): the calibrated setup takes its measured times, any other the
+   calibration's compute cost model (calibration.compute_cost). A simulated run: its
    manifest's `scenario`, with the calibration applied in mode `full` when one is given.
 2. **Failures.** A real run's failures strike where they struck it: before the same step
    (`calibrated.replay_failures_at_steps`), each placed at the instant the simulated run, with the
