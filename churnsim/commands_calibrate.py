@@ -320,8 +320,10 @@ def print_calibration(calibration) -> None:
     for line in lines:
         out.print(line)
     recovery = Table(
-        "method", "join", "transfer", "load", "rebuild", "restart (no span)", "events", title="recovery component times (median per event)"
+        "method", "join", "transfer", "load", "rebuild", "restart", "n",
+        title="recovery component times (median of n events; restart: the step's time no span records)",
     )
+    recovery.columns[0].min_width = max((len(method) for method in calibration.recovery), default=0)  # names whole on 80 columns
     for method, times in sorted(calibration.recovery.items()):
         recovery.add_row(
             method, *(_seconds(value) for value in (times.join_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)), str(times.num_samples)
