@@ -141,9 +141,13 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
         for tier in scenario.storage
     )
     join_s = _measured_join_s(calibration)
-    recovery = scenario.recovery if join_s is None else scenario.recovery.model_copy(update={"join_delay_s": join_s})
     measured_restarts = {method: times.unrecorded_s for method, times in calibration.recovery.items() if times.num_samples > 0}
-    recovery = recovery.model_copy(update={"restart_s_by_method": {**recovery.restart_s_by_method, **measured_restarts}})
+    recovery = scenario.recovery.model_copy(
+        update={
+            "restart_s_by_method": {**scenario.recovery.restart_s_by_method, **measured_restarts},
+            **({"join_delay_s": join_s} if join_s is not None else {}),
+        }
+    )
     return {
         "compute": compute.model_dump(),
         "network": network.model_dump(),

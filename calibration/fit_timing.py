@@ -210,8 +210,8 @@ def fit_optimizer_step(
     return measured_duration(spans["duration_s"])
 
 
-def steady_iteration_times_s(record: RunRecord, *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> pd.Series:
-    """Durations of the steps of one run that did nothing but train (no recovery, checkpoint I/O or eval)."""
+def step_durations_s(record: RunRecord) -> pd.Series:
+    """Each step's wall time, indexed by step; step 0 lasts from the run's start (wall time 0)."""
     metrics = record.metrics
     _require_columns(metrics, ("step", "wall_time_s", "eval_loss"), f"{record_name(record)}: metrics.csv")
     metrics = metrics.sort_values("step")
@@ -220,9 +220,20 @@ def steady_iteration_times_s(record: RunRecord, *, num_warmup_iterations: int = 
         raise InputError(
             f"{record_name(record)}: metrics.csv wall_time_s decreases; it must be the time since the run start at the end of each step"
         )
-    durations = pd.Series(np.diff(wall), index=metrics["step"].to_numpy()[1:])
+    return pd.Series(np.diff(wall, prepend=0.0), index=metrics["step"].to_numpy(dtype=int))
+
+
+def evaluated_steps(record: RunRecord) -> set[int]:
+    """The steps after which a run evaluated (their time includes the evaluation)."""
+    metrics = record.metrics
+    return set(metrics.loc[metrics["eval_loss"].notna(), "step"].astype(int))
+
+
+def steady_iteration_times_s(record: RunRecord, *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> pd.Series:
+    """Durations of the steps of one run that did nothing but train (no recovery, checkpoint I/O or eval)."""
+    durations = step_durations_s(record).iloc[1:]  # the first step includes the run's start-up
     unsteady_steps = set(record.spans.loc[record.spans["kind"].isin(UNSTEADY_SPAN_KINDS), "iteration"].astype(int))
-    evaluated = set(metrics.loc[metrics["eval_loss"].notna(), "step"].astype(int))
+    evaluated = evaluated_steps(record)
     keep = [
         step >= num_warmup_iterations and step not in unsteady_steps and step not in evaluated
         for step in durations.index
@@ -493,11 +504,14 @@ def fit_tier_bandwidth(
     return TierBandwidth(name=name, write_bandwidth_bytes_per_s=bandwidths["write"], read_bandwidth_bytes_per_s=bandwidths["read"])
 
 
-def recovery_events(record: RunRecord, *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> pd.DataFrame:
+def recovery_events(
+    record: RunRecord, *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, steady_step_s: float | None = None
+) -> pd.DataFrame:
     """One row per recovery event of a run (a step with recovery.* spans), indexed by step: per part
     (`RECOVERY_SPAN_FIELDS`) the longest rank's summed spans of that part (training waits for the
     slowest rank), and `unrecorded_s`, what the step took beyond a steady step of the run and those
     parts (at least 0; NaN where the step also evaluated or the run has no steady step).
+    `steady_step_s`: the run's median steady step, where the caller has it already.
 
     The unrecorded time is the part of a recovery no span records: the processes' own restart
     (process group, optimizer and checkpoint engine rebuilt, Python). Measured on the 2 cores
@@ -514,12 +528,11 @@ def recovery_events(record: RunRecord, *, num_warmup_iterations: int = DEFAULT_W
     events = per_rank.groupby(level=[0, 1]).max().unstack(1).rename(columns=RECOVERY_SPAN_FIELDS)
     events = events.reindex(columns=list(RECOVERY_SPAN_FIELDS.values())).fillna(0.0)
     events.index.name = "step"
-    metrics = record.metrics.sort_values("step")
-    step_s = pd.Series(np.diff(metrics["wall_time_s"].to_numpy(dtype=float), prepend=0.0), index=metrics["step"].to_numpy(dtype=int))
-    evaluated = set(metrics.loc[metrics["eval_loss"].notna(), "step"].astype(int))
-    steady = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
-    steady_s = float(steady.median()) if not steady.empty else math.nan
-    excess_s = step_s.reindex(events.index).to_numpy() - steady_s
+    if steady_step_s is None:
+        steady = steady_iteration_times_s(record, num_warmup_iterations=num_warmup_iterations)
+        steady_step_s = float(steady.median()) if not steady.empty else math.nan
+    evaluated = evaluated_steps(record)
+    excess_s = step_durations_s(record).reindex(events.index).to_numpy() - steady_step_s
     excess_s[[step in evaluated for step in events.index]] = math.nan
     events["unrecorded_s"] = np.maximum(excess_s - events.sum(axis=1).to_numpy(), 0.0)
     return events

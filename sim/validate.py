@@ -197,10 +197,11 @@ def _per_step_longest_rank(spans: pd.DataFrame, chosen: pd.Series) -> float:
     return float(durations.groupby(level=0).max().sum())
 
 
-def measured_recovery_downtime_s(record: RunRecord) -> float:
+def measured_recovery_downtime_s(record: RunRecord, steady_step_s: float) -> float:
     """Summed over a run's recovery events, their recorded parts and the time no span records
-    (`recovery_events`): what the simulator's recovery downtime stands for, restart included."""
-    events = recovery_events(record)
+    (`recovery_events`, against the run's median steady step): what the simulator's recovery
+    downtime stands for, restart included."""
+    events = recovery_events(record, steady_step_s=steady_step_s)
     return float(events.fillna(0.0).to_numpy().sum())
 
 
@@ -246,13 +247,14 @@ def measured_real(record: RunRecord, target_loss: float) -> Observed:
     reached = np.flatnonzero(smoothed <= target_loss)
     spans = record.spans
     steady = steady_iteration_times_s(record)
+    steady_step_s = float(steady.median()) if not steady.empty else math.nan
     valid = np.isfinite(smoothed)
     return Observed(
         total_wall_clock_s=float(wall[-1]),
         time_to_target_s=float(wall[reached[0]]) if reached.size else math.nan,
-        steady_iteration_s=float(steady.median()) if not steady.empty else math.nan,
+        steady_iteration_s=steady_step_s,
         checkpoint_stall_s=_per_step_longest_rank(spans, spans["kind"].isin(CHECKPOINT_STALL_SPAN_KINDS)),
-        recovery_downtime_s=measured_recovery_downtime_s(record),
+        recovery_downtime_s=measured_recovery_downtime_s(record, steady_step_s),
         loss_at=lambda times: np.interp(times, wall[valid], smoothed[valid]),
         time_range_s=(float(wall[0]), float(wall[-1])),
     )
