@@ -87,15 +87,15 @@ class Calibration(StrictModel):
     method_iteration_extra_s: dict[str, float] = Field(default_factory=dict)
     """Per method whose healthy iteration is not the plain route (redundant forwards, CheckFree+ swaps,
     lazy snapshot copies): its median steady step minus the plain methods' median steady step, measured,
-    both divided by their runs' speed factors (`run_speed_factors`)."""
+    both divided by their runs' speed factors in wall seconds (calibration.fit_timing.fit_method_iteration_extra_s)."""
     compute_model: ComputeCostModel | None = None
     """Compute of other models and pipelines of this machine (calibration.compute_cost); None in
     calibrations made before it existed, which describe only their own model and pipeline."""
     run_speed_factors: dict[str, float] = Field(default_factory=dict)
     """Per calibrated-setup run id, how fast the machine ran it against all of them pooled (1.1: its
-    forward and backward hops took 10 % longer; calibration.fit_timing.run_speed_factors). The
-    overhead and the methods' extras are fitted at the typical speed; the spread says how much the
-    machine's speed moved while calibrating. Empty in calibrations made before it existed."""
+    forward and backward hops took 10 % longer, in core-seconds; calibration.fit_timing.run_speed_factors).
+    The overhead is fitted at the typical speed (the methods' extras at the typical wall-second speed);
+    the spread says how much the machine's speed moved while calibrating. Empty in calibrations made before it existed."""
     machine_step_s: float | None = Field(None, gt=0)
     """The machine's speed while calibrating: the median steady step of the calibrated setup's
     no-failure runs, against which a later run's own no-failure step tells how loaded it was."""

@@ -166,7 +166,7 @@ def build_calibration(
         stage_timings=stage_timings,
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
-        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations, speed_factors=speed_factors),
+        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
         run_speed_factors=speed_factors,
         compute_model=compute_model,
         machine_step_s=machine_step_s(baseline_records, num_warmup_iterations=num_warmup_iterations),

@@ -146,22 +146,27 @@ def _work_per_hop(spans: pd.DataFrame) -> pd.Series:
     return spans.groupby(["run", "rank", "iteration", "microbatch", "stage", "kind"], dropna=False)["duration_s"].sum()
 
 
-def run_speed_factors(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, float]:
+def run_speed_factors(
+    records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, as_core_seconds: bool = True
+) -> dict[str, float]:
     """How fast the machine ran each run against all of them pooled, by run id: per (stage,
     forward/backward) the run's median work per hop over the pooled median, and the median of
     those ratios (1.0: typical; 1.1: 10 % slower).
 
     Runs of one setup do nearly the same forward and backward work per hop whatever the method, so
-    these spans measure the machine rather than the method. Methods that run work beside the hops
-    lean them by a few per cent: redundant computation's runs came out a median 0.95–0.97 and
-    CheckFree+'s 1.02–1.03 over 23 calibrations (benchmarks/HISTORY.md, "The speed factors lean by
-    method"). A whole step moves with them: in four `calibrate
-    --quick` runs on 2 cores (2026-11-26/27) the plain-method runs' median steady steps spread by
-    6–17 % (slowest over fastest), divided by their factors by 2–5 %. Spans in core-seconds
-    (`cpu_sharing`), without the work between spans: a method's extra messages change that.
+    these spans measure the machine rather than the method. A whole step moves with them: in four
+    `calibrate --quick` runs on 2 cores (2026-11-26/27) the plain-method runs' median steady steps
+    spread by 6–17 % (slowest over fastest), divided by their factors by 2–5 %.
+
+    With `as_core_seconds` (the default, for the fits of the plain route's hops and overhead) a hop
+    counts the core-seconds it got on the cores the run's processes shared (`cpu_sharing`); without
+    it, its wall seconds. Core-seconds lean by method, because the sharing rule counts only the work
+    inside spans: over 26 calibrations the median factor of CheckFree+'s runs was 1.019 in
+    core-seconds and 0.997 in wall seconds, redundant computation's 0.961 and 0.974, the plain
+    methods' 0.98–1.02 either way (benchmarks/HISTORY.md, "Method extras at wall-second speed").
     Runs without steady forward/backward spans get no entry.
     """
-    spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations, as_core_seconds=True)
+    spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations, as_core_seconds=as_core_seconds)
     if spans.empty:
         return {}
     per_hop = _work_per_hop(spans)
@@ -369,16 +374,21 @@ def fit_method_iteration_extra_s(
 ) -> dict[str, float]:
     """Per non-plain method, its runs' median steady step minus that of the plain-method runs, both
     at the runs' typical speed: each run's median steady step divided by its speed factor
-    (`run_speed_factors` of `records`, one setup; computed when not given), then the median over runs.
+    (`run_speed_factors` of `records`, one setup, in wall seconds; computed when not given), then
+    the median over runs.
 
     Only methods without the `plain_iteration` trait get an entry: for plain methods the pooled
     overhead (`fit_compute_cost_model`) is the better estimate. Signed: noise can make it negative.
     Without the speed factors the extra was a difference between two runs' speeds as much as the
     method's cost: between two calibrations on one machine CheckFree+'s moved from 20.6 to 26.7 ms
     and redundant computation's from 21.7 to 10.9 ms (README, "Calibration and validation").
+    Wall-second factors, not the core-second ones of the hop fits: the core-second factor of a
+    CheckFree+ run leaned 2 % slow and took some 3 ms off its extra, and its held-out runs were
+    predicted 4.7 % fast (median over 26 benchmark rounds); with wall-second factors 1.2 %
+    (benchmarks/HISTORY.md, "Method extras at wall-second speed").
     """
     if speed_factors is None:
-        speed_factors = run_speed_factors(records, num_warmup_iterations=num_warmup_iterations)
+        speed_factors = run_speed_factors(records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=False)
 
     def typical_step_s(chosen: Sequence[RunRecord]) -> float | None:
         steps = [speed_normalised_step_s(record, speed_factors, num_warmup_iterations=num_warmup_iterations) for record in chosen]

@@ -72,6 +72,18 @@ def _progress_lost(iteration: int, failures: tuple[tuple[int, int], ...]) -> flo
     return lost
 
 
+def _receives_between_spans(spans: list[dict]) -> list[dict]:
+    """Per rank, a receive span over each gap between its spans: blocked, using no core."""
+    receives = []
+    for rank in {span["rank"] for span in spans}:
+        own = sorted((span for span in spans if span["rank"] == rank), key=lambda span: span["start_s"])
+        for before, after in zip(own, own[1:]):
+            if after["start_s"] > before["end_s"]:
+                receives.append(dict(rank=rank, stage=rank, iteration=after["iteration"], kind="receive", microbatch=None,
+                                     start_s=before["end_s"], end_s=after["start_s"]))
+    return receives
+
+
 def _record(
     *,
     method: str,
@@ -81,11 +93,15 @@ def _record(
     num_iterations: int = NUM_ITERATIONS,
     speed: float = 1.0,
     extra_work_s: float = 0.0,
+    shadow_forwards: bool = False,
+    shared_cores: int | None = None,
 ) -> RunRecord:
     """A real-run record: spans from known lognormal durations, loss from TRUE_CURVE with a seed's noise.
 
     `speed` stretches every span and steady step (1.2: the machine ran 20 % slower); `extra_work_s`
-    is a method's steady extra per step at speed 1.
+    is a method's steady extra per step at speed 1. `shadow_forwards` adds, beside every forward
+    hop, the next rank's redundant forward over the same interval; `shared_cores` records that the
+    stage processes shared that many CPU cores, each blocked on a receive between its spans.
 
     The multiplicative loss noise depends only on the seed (same data order as the reference run);
     a small independent noise stands for non-deterministic kernels.
@@ -107,6 +123,10 @@ def _record(
                     for part in parts:
                         spans.append(dict(rank=stage, stage=stage, iteration=step, kind=kind, microbatch=microbatch,
                                           start_s=start, end_s=start + part * duration))
+                        if shadow_forwards and kind == "forward":
+                            shadow_rank = (stage + 1) % NUM_STAGES
+                            spans.append(dict(rank=shadow_rank, stage=shadow_rank, iteration=step, kind="redundant_forward",
+                                              microbatch=microbatch, start_s=start, end_s=start + part * duration))
                         start += part * duration
             optimizer_s = slow * OPTIMIZER_MEDIAN_S * math.exp(TIMING_SIGMA * rng.standard_normal())
             spans.append(dict(rank=stage, stage=stage, iteration=step, kind="optimizer", microbatch=None, start_s=start, end_s=start + optimizer_s))
@@ -126,9 +146,11 @@ def _record(
         progress = step - _progress_lost(step, failures)
         loss = TRUE_CURVE.loss(progress) * shared_noise[step] * (1 + 0.001 * rng.standard_normal())
         metrics.append(dict(step=step, iteration=step, wall_time_s=wall_s, train_loss=loss, eval_loss=loss if evaluated else math.nan))
+    if shared_cores:
+        spans += _receives_between_spans(spans)
     manifest = RunManifest(
         run_id=f"{method}-seed{seed}", source="real", method=method, seed=seed, real_settings=_settings(method),
-        hardware={"machine": "synthetic"},
+        hardware={"machine": "synthetic", **({"cpu_count": str(shared_cores)} if shared_cores else {})},
     )
     schedule = [ScheduledFailure(iteration=iteration, stage=stage) for iteration, stage in failures]
     return make_run_record(manifest, metrics, spans, schedule)
@@ -257,6 +279,23 @@ def test_method_extra_is_measured_at_the_typical_speed():
     extras = fit_method_iteration_extra_s([*plain, redundant], num_warmup_iterations=WARMUP)
     assert set(extras) == {"redundant"}
     assert extras["redundant"] == pytest.approx(extra_work_s, abs=0.005)
+
+
+def test_method_extra_is_measured_at_wall_second_speed_which_work_beside_the_hops_does_not_lean():
+    # On one shared core a redundant forward beside each forward hop halves the hop's core-seconds,
+    # so by core-seconds the run would look 25 % faster than it ran (median over 4 stages x 2 kinds).
+    extra_work_s = 0.08
+    plain = [_record(method="none", seed=seed, shared_cores=1) for seed in (1, 2)]
+    redundant = _record(method="redundant", seed=3, extra_work_s=extra_work_s, shadow_forwards=True, shared_cores=1)
+    runs = [*plain, redundant]
+    core_factors = run_speed_factors(runs, num_warmup_iterations=WARMUP)
+    wall_factors = run_speed_factors(runs, num_warmup_iterations=WARMUP, as_core_seconds=False)
+    assert core_factors["redundant-seed3"] < 0.9
+    assert wall_factors["redundant-seed3"] == pytest.approx(1.0, abs=0.03)
+    extras = fit_method_iteration_extra_s(runs, num_warmup_iterations=WARMUP)
+    assert extras["redundant"] == pytest.approx(extra_work_s, abs=0.005)
+    leaned = fit_method_iteration_extra_s(runs, num_warmup_iterations=WARMUP, speed_factors=core_factors)
+    assert leaned["redundant"] > extra_work_s + 0.1
 
 
 def test_overhead_line_recovers_intercept_and_slope_by_relative_errors():
