@@ -35,8 +35,8 @@ For each run record:
 4. **Outside the simulator.** Held-out evaluations and the warm-up of the first steps are not
    simulated; for real runs the prediction adds the calibration's `evaluation` time per evaluation
    and its `warmup_extra_s` once. For methods with a measured steady extra cost
-   (`method_iteration_extra_s`) the replay's iteration is stretched to it
-   (`with_method_iteration_extra`). Process start-up (before the ranks' first barrier) is outside
+   (`method_iteration_extra_s`) the replay's iteration is stretched to it, on another setup to it
+   scaled as the iteration model's own extra of the method (`with_method_iteration_extra`). Process start-up (before the ranks' first barrier) is outside
    a run record's clock, on both sides.
 
 Quantities (`calibration.tables.VALIDATION_COLUMNS`, one row each): `total_wall_clock_s`,

@@ -75,6 +75,35 @@ def test_a_measured_method_extra_lengthens_the_iteration_by_itself(cores, method
     plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
     model_extra_s = simulate_iteration(build_policy(method, scenario).healthy_state()).time_s - plain_s
     extra_s = max(model_extra_s, 0.0) + beyond_model_s
-    stretched = with_method_iteration_extra(scenario, SimpleNamespace(method_iteration_extra_s={method_name: extra_s}))
+    calibration = SimpleNamespace(method_iteration_extra_s={method_name: extra_s}, model=scenario.model, pipeline=scenario.pipeline)
+    stretched = with_method_iteration_extra(scenario, calibration)
     method_s = simulate_iteration(build_policy(method, stretched).healthy_state()).time_s
     assert method_s == pytest.approx(plain_s + extra_s, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("settings", "more_extra"),
+    [
+        ({"model.num_layers": 6, "pipeline.num_stages": 6}, True),  # 5 stages hold a replica, not 3
+        ({"pipeline.num_microbatches": 6}, True),  # 6 redundant forwards per stage, not 4
+        ({"model.num_layers": 6, "pipeline.num_stages": 3}, False),
+    ],
+)
+def test_a_measured_method_extra_scales_to_another_setup_as_the_models_own_extra_does(settings, more_extra):
+    from churnsim.calibration.builtin import load_builtin_calibration
+    from churnsim.calibration.presets import preset
+    from churnsim.sim.calibrated import structural_extra_s, with_method_iteration_extra
+    from churnsim.sim.methods import build_policy
+    from churnsim.sim.pipeline_state import build_pipeline_state
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    measured_s = calibration.method_iteration_extra_s["redundant"]
+    calibrated_setup = preset("cpu-tiny", method="redundant")
+    other_setup = preset("cpu-tiny", settings, method="redundant")
+    scale = structural_extra_s(other_setup) / structural_extra_s(calibrated_setup)
+    assert (scale > 1.2) if more_extra else (scale < 0.9)
+    for scenario, expected_extra_s in ((calibrated_setup, measured_s), (other_setup, measured_s * scale)):
+        plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
+        stretched = with_method_iteration_extra(scenario, calibration)
+        method_s = simulate_iteration(build_policy(scenario.methods[0], stretched).healthy_state()).time_s
+        assert method_s - plain_s == pytest.approx(expected_extra_s, rel=1e-6)
