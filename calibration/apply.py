@@ -48,7 +48,7 @@ from .base import validate_model
 from .calibration_file import Calibration
 from .convergence import MethodSetbacks
 from .errors import InputError
-from .scenario import ExplicitCompute, Scenario, UniformNetwork
+from .scenario import ExplicitCompute, Scenario, UniformNetwork, seconds_by_method
 from .speed_uncertainty import run_speed_log_sd
 
 ApplyMode = Literal["full", "setbacks"]
@@ -81,9 +81,16 @@ def _setup_difference(scenario: Scenario, calibration: Calibration) -> str | Non
 def calibrated_compute(scenario: Scenario, calibration: Calibration) -> ExplicitCompute:
     """Compute of the scenario's model and pipeline on the calibrated machine: the measured per-stage
     times on the calibrated setup, the compute cost model on any other; either with the spread of
-    the calibration's run speeds (calibration/speed_uncertainty.py)."""
+    the calibration's run speeds (calibration/speed_uncertainty.py) and the methods' measured steady
+    extras (charged by sim.calibrated.with_measured_method_extra)."""
     compute = _calibrated_compute_times(scenario, calibration)
-    return compute.model_copy(update={"run_speed_log_sd": run_speed_log_sd(calibration.run_speed_factors.values())})
+    return compute.model_copy(
+        update={
+            "run_speed_log_sd": run_speed_log_sd(calibration.run_speed_factors.values()),
+            "method_iteration_extra_s": seconds_by_method(calibration.method_iteration_extra_s),
+            "method_model_extra_s": seconds_by_method(calibration.method_model_extra_s),
+        }
+    )
 
 
 def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> ExplicitCompute:

@@ -88,6 +88,11 @@ class Calibration(StrictModel):
     """Per method whose healthy iteration is not the plain route (redundant forwards, CheckFree+ swaps,
     lazy snapshot copies): its median steady step minus the plain methods' median steady step, measured,
     both divided by their runs' speed factors in wall seconds (calibration.fit_timing.fit_method_iteration_extra_s)."""
+    method_model_extra_s: dict[str, float] = Field(default_factory=dict)
+    """Per method in `method_iteration_extra_s`, the extra the simulator's iteration model itself gives
+    it on the calibrated setup, from compute alone: on another setup the measured extra is scaled by
+    the model's extra there over this (sim.calibrated.with_measured_method_extra). Empty in
+    calibrations made before it existed, whose extras are then carried unscaled."""
     compute_model: ComputeCostModel | None = None
     """Compute of other models and pipelines of this machine (calibration.compute_cost); None in
     calibrations made before it existed, which describe only their own model and pipeline."""

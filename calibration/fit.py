@@ -27,6 +27,7 @@ from .fit_convergence import (
 )
 from .fit_timing import (
     DEFAULT_WARMUP_ITERATIONS,
+    MethodExtraPredictor,
     Predictor,
     fit_checkpoint_write_latency_s,
     fit_evaluation,
@@ -96,6 +97,7 @@ def build_calibration(
     device: Literal["cpu", "cuda"] = "cpu",
     command: str = "",
     predict_iteration_s: Predictor,
+    predict_method_extra_s: MethodExtraPredictor | None = None,
     num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
     window_iterations: int = DEFAULT_WINDOW_ITERATIONS,
     settle_iterations: int = 0,
@@ -103,7 +105,8 @@ def build_calibration(
     """Fit every part of a calibration and record where it came from.
 
     `link_points` has columns bytes, seconds (point-to-point transfers); `predict_iteration_s` is
-    the simulator's iteration model (see fit_timing.fit_iteration_overhead_s).
+    the simulator's iteration model (see fit_timing.fit_iteration_overhead_s), and
+    `predict_method_extra_s`, when given, its extra for a method (`Calibration.method_model_extra_s`).
     """
     all_records = fit_records
     settings, fit_records, shape_records = _calibrated_setup(all_records)
@@ -129,6 +132,19 @@ def build_calibration(
         num_warmup_iterations=num_warmup_iterations,
         speed_factors=speed_factors,
     )
+    method_extras = fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations)
+    method_model_extras = {}
+    if predict_method_extra_s is not None:
+        # The compute a calibrated scenario of this setup gets (calibration.apply.calibrated_compute).
+        calibrated_setup_compute = measured_compute.model_copy(
+            update={"optimizer_step_s": measured_compute.optimizer_step_s + overhead_s, "shared_cores": compute_model.shared_cores}
+        )
+        methods = {record.manifest.method: record.manifest.real_settings.method for record in fit_records if record.manifest.real_settings is not None}
+        method_model_extras = {
+            method: predict_method_extra_s(settings.model, settings.pipeline, calibrated_setup_compute, methods[method])
+            for method in method_extras
+            if method in methods
+        }
     baseline_records = [record for record in fit_records if is_no_failure_run(record)]
     if not baseline_records:
         raise InputError(
@@ -166,7 +182,8 @@ def build_calibration(
         stage_timings=stage_timings,
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
-        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
+        method_iteration_extra_s=method_extras,
+        method_model_extra_s=method_model_extras,
         run_speed_factors=speed_factors,
         compute_model=compute_model,
         machine_step_s=machine_step_s(baseline_records, num_warmup_iterations=num_warmup_iterations),

@@ -25,7 +25,7 @@ from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negativ
 from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .statistics import solve_increasing
-from .methods import method_names_where, method_traits
+from .methods import MethodConfigBase, method_names_where, method_traits
 from .run_record import RunRecord
 
 DEFAULT_WARMUP_ITERATIONS = 3
@@ -55,6 +55,9 @@ def has_plain_iteration(record: RunRecord) -> bool:
 Predictor = Callable[[ModelSpec, PipelineSpec, ExplicitCompute], float]
 """The simulator's healthy iteration time of a model and pipeline with given compute (calibration/
 may not import sim/, so the model is passed in: sim.calibrated.iteration_predictor)."""
+MethodExtraPredictor = Callable[[ModelSpec, PipelineSpec, ExplicitCompute, MethodConfigBase], float]
+"""How much longer the simulator's iteration model makes a method's healthy iteration than the plain
+pipeline's, from compute alone (sim.calibrated.method_extra_predictor)."""
 
 
 def record_name(record: RunRecord) -> str:

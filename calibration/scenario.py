@@ -7,7 +7,7 @@ extra dependency and is what pydantic validates natively. Units are in the field
 import math
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PlainSerializer, field_validator, model_validator
 
 from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
 from .churn import ChurnConfig
@@ -113,6 +113,21 @@ class PipelineSpec(StrictModel):
     reference/checkpointing.md §4); on a `shared` tier the shards still share the one link."""
 
 
+def seconds_by_method(value: object) -> tuple[tuple[str, float], ...]:
+    """A mapping of method name to seconds as sorted (name, seconds) pairs: hashable, as the
+    simulator keys its caches by compute (sim/methods/base.py)."""
+    pairs = value.items() if isinstance(value, dict) else value
+    return tuple(sorted((str(name), float(seconds)) for name, seconds in pairs))  # type: ignore[union-attr]
+
+
+SecondsByMethod = Annotated[
+    tuple[tuple[str, float], ...],
+    BeforeValidator(seconds_by_method),
+    PlainSerializer(dict, return_type=dict[str, float]),
+]
+"""Method name → seconds; written and read as a JSON object."""
+
+
 class ExplicitCompute(StrictModel):
     """Measured or assumed times per microbatch; a scalar applies to every stage."""
 
@@ -133,6 +148,14 @@ class ExplicitCompute(StrictModel):
     """How much one run's speed scatters about the typical one, as the standard deviation of its
     log (0.035: about ±7 % at 95 %). Each replication scales the times above by one draw
     (calibration/speed_uncertainty.py); calibrations set it from their runs' speeds. 0: none."""
+    method_iteration_extra_s: SecondsByMethod = ()
+    """Per method, its measured steady extra over the plain pipeline's iteration on the calibrated
+    setup (`Calibration.method_iteration_extra_s`; set by a calibration, empty otherwise). A run of
+    that method lasts the plain iteration plus this, scaled to the scenario's setup
+    (sim.calibrated.with_measured_method_extra)."""
+    method_model_extra_s: SecondsByMethod = ()
+    """Per method, the extra the iteration model itself gave it on the calibrated setup
+    (`Calibration.method_model_extra_s`): the reference the measured extra is scaled by."""
 
     @field_validator("block_forward_s", "block_backward_s")
     @classmethod

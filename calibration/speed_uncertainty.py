@@ -83,7 +83,10 @@ def with_compute_scaled(scenario: Scenario, factor: float) -> Scenario:
     def scaled(value: float | tuple[float, ...]) -> float | tuple[float, ...]:
         return tuple(factor * item for item in value) if isinstance(value, tuple) else factor * value
 
-    update = {name: scaled(getattr(compute, name)) for name in _COMPUTE_TIME_FIELDS}
+    update: dict[str, object] = {name: scaled(getattr(compute, name)) for name in _COMPUTE_TIME_FIELDS}
+    # The methods' extras are compute too; their ratio (the scale to another setup) stays the same.
+    update["method_iteration_extra_s"] = tuple((method, factor * seconds) for method, seconds in compute.method_iteration_extra_s)
+    update["method_model_extra_s"] = tuple((method, factor * seconds) for method, seconds in compute.method_model_extra_s)
     return scenario.model_copy(update={"compute": compute.model_copy(update=update)})
 
 

@@ -92,7 +92,7 @@ def calibrate_command(
     from churnsim.calibration.fit import build_calibration
     from churnsim.calibration.fit_timing import fit_link_profile
     from churnsim.calibration.run_record import read_run_record
-    from churnsim.sim.calibrated import iteration_predictor
+    from churnsim.sim.calibrated import iteration_predictor, method_extra_predictor
     from churnsim.sim.validate import run_record_directories
 
     console = stderr_console()
@@ -143,14 +143,16 @@ def calibrate_command(
     if settings is None:
         raise InputError(f"{directories[0]}: manifest.json field 'real_settings' is missing; calibrate from real run records")
     link = fit_link_profile(link_points)
+    tier_bandwidths = _tier_bandwidths(storage)
     calibration = build_calibration(
         name or out.stem,
         records,
         link_points=link_points,
-        tier_bandwidths=_tier_bandwidths(storage),
+        tier_bandwidths=tier_bandwidths,
         device=device,  # type: ignore[arg-type]
         command="churnsim " + " ".join(sys.argv[1:]) if sys.argv and "calibrate" in sys.argv else "churnsim calibrate",
         predict_iteration_s=iteration_predictor(link=link),
+        predict_method_extra_s=method_extra_predictor(link=link, storage=tier_bandwidths),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     save_calibration(calibration, out)  # atomic: temporary file + rename

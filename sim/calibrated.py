@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from churnsim.calibration.apply import apply_calibration, calibrated_compute
+from churnsim.calibration.apply import apply_calibration
 from churnsim.calibration.calibration_file import Calibration, LinkProfile, TierBandwidth
 from churnsim.calibration.churn import NoChurn
 from churnsim.calibration.convergence import ConvergenceSpec, MethodSetbacks, PowerLawLossCurve, SetbackSpec
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.methods import NoneConfig
+from churnsim.calibration.methods import MethodConfig, NoneConfig
 from churnsim.calibration.run_record import RunRecord
 from churnsim.calibration.scenario import (
     ExplicitCompute,
@@ -30,9 +30,8 @@ from churnsim.calibration.scenario import (
 )
 
 from churnsim.calibration.failure_sampling import FailureEvent, sorted_events
-from churnsim.calibration.statistics import solve_increasing
 from .iteration import simulate_iteration
-from .methods import build_policy
+from .method_extras import structural_extra_s, with_measured_method_extra
 from .pipeline_state import build_pipeline_state
 from .results import RunResult
 
@@ -126,66 +125,21 @@ def replay_scenario(record: RunRecord, calibration: Calibration | None) -> Scena
         target=TargetSpec(iterations=settings.num_iterations),
         seed=manifest.seed,
     )
-    return with_method_iteration_extra(apply_calibration(base, calibration, mode="full"), calibration)
+    return with_measured_method_extra(apply_calibration(base, calibration, mode="full"), settings.method)
 
 
-def with_method_iteration_extra(scenario: Scenario, calibration: Calibration) -> Scenario:
-    """Make the method's healthy iteration last as long as measured, for methods whose steady cost
-    the calibration measured directly (`method_iteration_extra_s`: redundant forwards, CheckFree+
-    swaps, lazy snapshot copies): the plain iteration plus the extra. The iteration model predicts
-    that cost from compute alone (a redundant forward in pipeline bubbles is free), which processes
-    sharing few cores do not see; the difference is charged once per iteration, where the optimizer
-    step sits, solved with the iteration model (`solve_increasing`). Subtracted instead, on 4
-    stages sharing 2 cores, every stage's charge cost about twice its length: redundant
-    computation's 25 ms extra became 34 ms, its runs predicted 15 % slow (README, "Calibration and
-    validation").
+def method_extra_predictor(
+    *, link: LinkProfile, storage: Sequence[TierBandwidth] = ()
+) -> Callable[[ModelSpec, PipelineSpec, ExplicitCompute, MethodConfig], float]:
+    """`predict(model, pipeline, compute, method)`: `structural_extra_s` over `link`, with the
+    storage tiers the method names (`replay_storage`), for `Calibration.method_model_extra_s`."""
 
-    On another setup the measured extra scales as the iteration model's own extra of the method
-    does between the calibrated setup and this one (`structural_extra_s`): more stages or
-    microbatches, more redundant forwards. Carried unchanged, it left redundant computation's runs
-    of 6 stages and of 6 microbatches 10.6 and 6.4 % faster than their no-failure twins
-    (benchmarks/HISTORY.md, "Method extras scaled to the setup")."""
-    method = scenario.methods[0]
-    extra_s = calibration.method_iteration_extra_s.get(method.name)
-    compute = scenario.compute
-    if extra_s is None or not isinstance(compute, ExplicitCompute):
-        return scenario
-    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
-    target_s = plain_s + extra_s * _setup_scale_of_extra(scenario, calibration)
+    def predict(model: ModelSpec, pipeline: PipelineSpec, compute: ExplicitCompute, method: MethodConfig) -> float:
+        scenario = timing_scenario(model=model, pipeline=pipeline, compute=compute, link=link)
+        scenario = scenario.model_copy(update={"storage": replay_storage(storage, method.tiers_used)})
+        return structural_extra_s(scenario, method)
 
-    def with_optimizer_step(optimizer_step_s: float) -> Scenario:
-        return scenario.model_copy(update={"compute": compute.model_copy(update={"optimizer_step_s": optimizer_step_s})})
-
-    def method_iteration_s(optimizer_step_s: float) -> float:
-        return simulate_iteration(build_policy(method, with_optimizer_step(optimizer_step_s)).healthy_state()).time_s
-
-    optimizer_step_s = solve_increasing(target_s, method_iteration_s, 0.0, max(target_s, compute.optimizer_step_s))
-    return with_optimizer_step(optimizer_step_s)
-
-
-def structural_extra_s(scenario: Scenario) -> float:
-    """How much longer the iteration model makes a healthy iteration of the scenario's first method
-    than the plain pipeline's, from the scenario's compute alone."""
-    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
-    return simulate_iteration(build_policy(scenario.methods[0], scenario).healthy_state()).time_s - plain_s
-
-
-def _setup_scale_of_extra(scenario: Scenario, calibration: Calibration) -> float:
-    """The method's structural extra on this scenario's setup over that on the calibrated setup; 1.0
-    on the calibrated setup itself, and where the iteration model gives the method no extra there
-    (a lazy snapshot's copies), since nothing then says how the measured one scales."""
-    if scenario.model == calibration.model and scenario.pipeline == calibration.pipeline:
-        return 1.0
-    calibrated_setup = scenario.model_copy(update={"model": calibration.model, "pipeline": calibration.pipeline})
-    calibrated_setup = calibrated_setup.model_copy(update={"compute": calibrated_compute(calibrated_setup, calibration)})
-    on_calibrated_setup_s = structural_extra_s(calibrated_setup)
-    if on_calibrated_setup_s <= MINIMUM_STRUCTURAL_EXTRA_S:
-        return 1.0
-    return max(structural_extra_s(scenario), 0.0) / on_calibrated_setup_s
-
-
-MINIMUM_STRUCTURAL_EXTRA_S = 1e-6
-"""A structural extra at or under this (a microsecond) is none: a ratio to it would only scale noise."""
+    return predict
 
 
 def without_setbacks(scenario: Scenario) -> Scenario:

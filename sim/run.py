@@ -131,6 +131,11 @@ def simulate_run_and_policy(
     iteration_model = iteration_model or shared_iteration_model()
     from churnsim.calibration.failure_sampling import LazyFailurePath, sorted_events
 
+    from .method_extras import with_measured_method_extra
+
+    # A calibrated scenario's measured steady extra of this method (a no-op for any other).
+    scenario = with_measured_method_extra(scenario, method_config)
+
     # A lazy path is already in time order and must not be sampled to its end up front.
     failures = failures if isinstance(failures, LazyFailurePath) else sorted_events(failures)
     with _collector_paused():

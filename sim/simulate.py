@@ -33,7 +33,12 @@ class SimulationOutput:
 
 def healthy_iterations(scenario: Scenario) -> dict[str, IterationResult]:
     """One failure-free iteration per method, at microbatch resolution (for Gantt charts and timelines)."""
-    return {method.name: simulate_iteration(build_policy(method, scenario).healthy_state()) for method in scenario.methods}
+    from .method_extras import with_measured_method_extra
+
+    return {
+        method.name: simulate_iteration(build_policy(method, with_measured_method_extra(scenario, method)).healthy_state())
+        for method in scenario.methods
+    }
 
 
 def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], None] | None = None) -> SimulationOutput:

@@ -464,6 +464,45 @@ def test_build_calibration_assembles_every_part_with_provenance(references, chec
     assert "python" in provenance.package_versions and provenance.created_utc
 
 
+def test_build_calibration_records_the_models_own_extra_of_each_measured_method(references):
+    redundant = _record(method="redundant", seed=3, extra_work_s=0.08)
+    seen = []
+
+    def model_extra(model, pipeline, compute, method):
+        seen.append((method.name, pipeline.num_stages, compute.optimizer_step_s))
+        return 0.05
+
+    calibration = build_calibration(
+        "synthetic",
+        [*references, redundant],
+        link_points=_link_points(),
+        predict_iteration_s=lambda model, pipeline, compute: PREDICTED_ITERATION_S + compute.optimizer_step_s - OPTIMIZER_MEDIAN_S,
+        predict_method_extra_s=model_extra,
+    )
+    assert set(calibration.method_iteration_extra_s) == {"redundant"}
+    assert calibration.method_model_extra_s == {"redundant": 0.05}
+    # Asked on the calibrated setup with the compute a calibrated scenario gets: optimizer + overhead.
+    [(method, num_stages, optimizer_step_s)] = seen
+    assert (method, num_stages) == ("redundant", NUM_STAGES)
+    assert optimizer_step_s == pytest.approx(calibration.optimizer_step.median_s + calibration.iteration_overhead_s)
+
+
+def test_a_calibrated_scenario_carries_the_measured_extras_through_a_file(tmp_path):
+    from churnsim.calibration.builtin import load_builtin_calibration
+    from churnsim.calibration.presets import preset
+    from churnsim.calibration.scenario import Scenario, load_scenario, save_scenario
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    scenario = preset("cpu-tiny")
+    assert dict(scenario.compute.method_iteration_extra_s) == calibration.method_iteration_extra_s
+    assert dict(scenario.compute.method_model_extra_s) == calibration.method_model_extra_s
+    save_scenario(scenario, tmp_path / "scenario.json")
+    assert '"method_iteration_extra_s": {' in (tmp_path / "scenario.json").read_text()
+    again = load_scenario(tmp_path / "scenario.json")
+    assert isinstance(again, Scenario) and again.compute == scenario.compute
+    hash(again.compute)  # the simulator keys its caches by compute
+
+
 def test_build_calibration_without_a_no_failure_run_raises(checkfree_runs):
     with pytest.raises(InputError, match="no-failure run"):
         build_calibration("x", checkfree_runs, link_points=_link_points(), predict_iteration_s=lambda *_: 1.0)

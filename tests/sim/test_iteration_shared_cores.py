@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from churnsim.sim.iteration import simulate_iteration
+from churnsim.calibration.methods import NoneConfig
 from churnsim.sim.pipeline_state import PipelineState
 
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.01, 0.02, 0.005
@@ -62,23 +63,23 @@ def test_a_measured_method_extra_lengthens_the_iteration_by_itself(cores, method
     # lengthens the iteration by about 2x; charged as the bare difference, redundant computation's
     # measured 25 ms extra became 34 ms in the replay (2026-11-27). The measured extra here exceeds
     # what the iteration model predicts for the method by `beyond_model_s` (a smaller one cannot be met).
-    from types import SimpleNamespace
-
     from churnsim.calibration.presets import preset
-    from churnsim.sim.calibrated import with_method_iteration_extra
+    from churnsim.sim.method_extras import structural_extra_s, with_measured_method_extra
     from churnsim.sim.methods import build_policy
     from churnsim.sim.pipeline_state import build_pipeline_state
 
     base = preset("cpu-tiny")
     method = next(method for method in base.methods if method.name == method_name)
-    scenario = base.model_copy(update={"methods": (method,), "compute": base.compute.model_copy(update={"shared_cores": cores})})
+    compute = base.compute.model_copy(update={"shared_cores": cores, "method_iteration_extra_s": (), "method_model_extra_s": ()})
+    scenario = base.model_copy(update={"methods": (method,), "compute": compute})
     plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
-    model_extra_s = simulate_iteration(build_policy(method, scenario).healthy_state()).time_s - plain_s
-    extra_s = max(model_extra_s, 0.0) + beyond_model_s
-    calibration = SimpleNamespace(method_iteration_extra_s={method_name: extra_s}, model=scenario.model, pipeline=scenario.pipeline)
-    stretched = with_method_iteration_extra(scenario, calibration)
-    method_s = simulate_iteration(build_policy(method, stretched).healthy_state()).time_s
+    extra_s = max(structural_extra_s(scenario, method), 0.0) + beyond_model_s
+    measured = scenario.model_copy(update={"compute": compute.model_copy(update={"method_iteration_extra_s": ((method_name, extra_s),)})})
+    charged = with_measured_method_extra(measured, method)
+    method_s = simulate_iteration(build_policy(method, charged).healthy_state()).time_s
     assert method_s == pytest.approx(plain_s + extra_s, rel=1e-6)
+    assert with_measured_method_extra(charged, method) == charged  # the charged scenario carries no extra
+    assert with_measured_method_extra(measured, NoneConfig()).compute.optimizer_step_s == compute.optimizer_step_s
 
 
 @pytest.mark.parametrize(
@@ -92,18 +93,24 @@ def test_a_measured_method_extra_lengthens_the_iteration_by_itself(cores, method
 def test_a_measured_method_extra_scales_to_another_setup_as_the_models_own_extra_does(settings, more_extra):
     from churnsim.calibration.builtin import load_builtin_calibration
     from churnsim.calibration.presets import preset
-    from churnsim.sim.calibrated import structural_extra_s, with_method_iteration_extra
+    from churnsim.sim.method_extras import structural_extra_s, with_measured_method_extra
     from churnsim.sim.methods import build_policy
     from churnsim.sim.pipeline_state import build_pipeline_state
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     measured_s = calibration.method_iteration_extra_s["redundant"]
-    calibrated_setup = preset("cpu-tiny", method="redundant")
-    other_setup = preset("cpu-tiny", settings, method="redundant")
-    scale = structural_extra_s(other_setup) / structural_extra_s(calibrated_setup)
-    assert (scale > 1.2) if more_extra else (scale < 0.9)
-    for scenario, expected_extra_s in ((calibrated_setup, measured_s), (other_setup, measured_s * scale)):
-        plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
-        stretched = with_method_iteration_extra(scenario, calibration)
-        method_s = simulate_iteration(build_policy(scenario.methods[0], stretched).healthy_state()).time_s
-        assert method_s - plain_s == pytest.approx(expected_extra_s, rel=1e-6)
+    reference_s = calibration.method_model_extra_s["redundant"]
+    for scenario, expect_scale_one in ((preset("cpu-tiny", method="redundant"), True), (preset("cpu-tiny", settings, method="redundant"), False)):
+        method = scenario.methods[0]
+        # What a calibrated scenario carries: the measured extra and the model's own on the calibrated setup.
+        assert dict(scenario.compute.method_iteration_extra_s)["redundant"] == measured_s
+        plain = scenario.model_copy(update={"compute": scenario.compute.model_copy(update={"method_iteration_extra_s": (), "method_model_extra_s": ()})})
+        scale = structural_extra_s(plain, method) / reference_s
+        if expect_scale_one:
+            assert scale == pytest.approx(1.0, abs=0.01)
+        else:
+            assert (scale > 1.2) if more_extra else (scale < 0.9)
+        plain_s = simulate_iteration(build_pipeline_state(plain)).time_s
+        charged = with_measured_method_extra(scenario, method)
+        method_s = simulate_iteration(build_policy(method, charged).healthy_state()).time_s
+        assert method_s - plain_s == pytest.approx(measured_s * scale, rel=1e-6)
