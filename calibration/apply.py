@@ -82,7 +82,7 @@ def calibrated_compute(scenario: Scenario, calibration: Calibration) -> Explicit
     """Compute of the scenario's model and pipeline on the calibrated machine: the measured per-stage
     times on the calibrated setup, the compute cost model on any other; either with the spread of
     the calibration's run speeds (calibration/speed_uncertainty.py) and the methods' measured steady
-    extras (charged by sim.calibrated.with_measured_method_extra)."""
+    extras (charged by sim.method_extras.with_measured_method_extra)."""
     compute = _calibrated_compute_times(scenario, calibration)
     return compute.model_copy(
         update={
@@ -93,17 +93,24 @@ def calibrated_compute(scenario: Scenario, calibration: Calibration) -> Explicit
     )
 
 
+def calibrated_setup_compute(calibration: Calibration) -> ExplicitCompute:
+    """Compute of the calibrated setup itself: its measured per-stage times, the optimizer step plus
+    the per-iteration overhead, on the cores the runs shared."""
+    timings = sorted(calibration.stage_timings, key=lambda timing: timing.stage)
+    compute_model = calibration.compute_model
+    return ExplicitCompute(
+        block_forward_s=tuple(t.block_forward.median_s for t in timings),
+        block_backward_s=tuple(t.block_backward.median_s for t in timings),
+        optimizer_step_s=calibration.optimizer_step.median_s + calibration.iteration_overhead_s,
+        shared_cores=compute_model.shared_cores if compute_model is not None else None,
+    )
+
+
 def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> ExplicitCompute:
     compute_model = calibration.compute_model
     difference = _setup_difference(scenario, calibration)
     if difference is None:
-        timings = sorted(calibration.stage_timings, key=lambda timing: timing.stage)
-        return ExplicitCompute(
-            block_forward_s=tuple(t.block_forward.median_s for t in timings),
-            block_backward_s=tuple(t.block_backward.median_s for t in timings),
-            optimizer_step_s=calibration.optimizer_step.median_s + calibration.iteration_overhead_s,
-            shared_cores=compute_model.shared_cores if compute_model is not None else None,
-        )
+        return calibrated_setup_compute(calibration)
     if compute_model is None:
         raise InputError(
             f"scenario {scenario.name!r} does not run the calibrated setup ({difference}) and calibration {calibration.name!r} "

@@ -12,6 +12,7 @@ from typing import Literal
 
 import pandas as pd
 
+from .apply import calibrated_setup_compute
 from .calibration_file import Calibration, Provenance, TierBandwidth
 from .convergence import ConvergenceSpec
 from .errors import InputError
@@ -132,19 +133,6 @@ def build_calibration(
         num_warmup_iterations=num_warmup_iterations,
         speed_factors=speed_factors,
     )
-    method_extras = fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations)
-    method_model_extras = {}
-    if predict_method_extra_s is not None:
-        # The compute a calibrated scenario of this setup gets (calibration.apply.calibrated_compute).
-        calibrated_setup_compute = measured_compute.model_copy(
-            update={"optimizer_step_s": measured_compute.optimizer_step_s + overhead_s, "shared_cores": compute_model.shared_cores}
-        )
-        methods = {record.manifest.method: record.manifest.real_settings.method for record in fit_records if record.manifest.real_settings is not None}
-        method_model_extras = {
-            method: predict_method_extra_s(settings.model, settings.pipeline, calibrated_setup_compute, methods[method])
-            for method in method_extras
-            if method in methods
-        }
     baseline_records = [record for record in fit_records if is_no_failure_run(record)]
     if not baseline_records:
         raise InputError(
@@ -169,7 +157,7 @@ def build_calibration(
     provenance = provenance_fields()
     # The hardware the runs were measured on, when they say; otherwise this machine's.
     provenance["hardware"] = dict(fit_records[0].manifest.hardware) or provenance["hardware"]
-    return Calibration(
+    calibration = Calibration(
         name=name,
         device=device,
         provenance=Provenance(
@@ -182,8 +170,7 @@ def build_calibration(
         stage_timings=stage_timings,
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
-        method_iteration_extra_s=method_extras,
-        method_model_extra_s=method_model_extras,
+        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
         run_speed_factors=speed_factors,
         compute_model=compute_model,
         machine_step_s=machine_step_s(baseline_records, num_warmup_iterations=num_warmup_iterations),
@@ -201,6 +188,18 @@ def build_calibration(
             source=_convergence_source(name, [r.manifest.run_id for r in baseline_records], samples),
         ),
     )
+    if predict_method_extra_s is None:
+        return calibration
+    # The iteration model's own extra of each measured method, on the compute a calibrated scenario
+    # of this setup gets.
+    methods = {record.manifest.method: record.manifest.real_settings.method for record in fit_records if record.manifest.real_settings is not None}
+    compute = calibrated_setup_compute(calibration)
+    model_extras = {
+        method: predict_method_extra_s(calibration.model, calibration.pipeline, compute, methods[method])
+        for method in calibration.method_iteration_extra_s
+        if method in methods
+    }
+    return calibration.model_copy(update={"method_model_extra_s": model_extras})
 
 
 __all__ = [

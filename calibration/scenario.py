@@ -152,7 +152,7 @@ class ExplicitCompute(StrictModel):
     """Per method, its measured steady extra over the plain pipeline's iteration on the calibrated
     setup (`Calibration.method_iteration_extra_s`; set by a calibration, empty otherwise). A run of
     that method lasts the plain iteration plus this, scaled to the scenario's setup
-    (sim.calibrated.with_measured_method_extra)."""
+    (sim.method_extras.with_measured_method_extra)."""
     method_model_extra_s: SecondsByMethod = ()
     """Per method, the extra the iteration model itself gave it on the calibrated setup
     (`Calibration.method_model_extra_s`): the reference the measured extra is scaled by."""

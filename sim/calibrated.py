@@ -125,6 +125,8 @@ def replay_scenario(record: RunRecord, calibration: Calibration | None) -> Scena
         target=TargetSpec(iterations=settings.num_iterations),
         seed=manifest.seed,
     )
+    # Charged here, at the calibrated speed, not in each run: the validator then scales the charged
+    # replay by the run's own load (`_predict_real`), as it scales the rest of its compute.
     return with_measured_method_extra(apply_calibration(base, calibration, mode="full"), settings.method)
 
 

@@ -72,16 +72,17 @@ def _charged_optimizer_step_s(scenario: Scenario, method: MethodConfig, extra_s:
     scaled to the scenario's setup."""
     compute = scenario.compute
     assert isinstance(compute, ExplicitCompute)
-    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
-    scale = 1.0
-    if reference_s is not None and reference_s > MINIMUM_STRUCTURAL_EXTRA_S:
-        scale = max(structural_extra_s(scenario, method), 0.0) / reference_s
-    target_s = plain_s + extra_s * scale
 
     def method_iteration_s(optimizer_step_s: float) -> float:
         charged = scenario.model_copy(update={"compute": compute.model_copy(update={"optimizer_step_s": optimizer_step_s})})
         return simulate_iteration(build_policy(method, charged).healthy_state()).time_s
 
+    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
+    scale = 1.0
+    if reference_s is not None and reference_s > MINIMUM_STRUCTURAL_EXTRA_S:
+        structural_s = method_iteration_s(compute.optimizer_step_s) - plain_s  # `structural_extra_s`, the plain iteration at hand
+        scale = max(structural_s, 0.0) / reference_s
+    target_s = plain_s + extra_s * scale
     return solve_increasing(target_s, method_iteration_s, 0.0, max(target_s, compute.optimizer_step_s))
 
 
