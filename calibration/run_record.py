@@ -33,6 +33,10 @@ from .scenario import ModelSpec, PipelineSpec, Scenario
 
 METRICS_COLUMNS: tuple[str, ...] = ("step", "iteration", "wall_time_s", "train_loss", "eval_loss")
 SPANS_COLUMNS: tuple[str, ...] = ("rank", "stage", "iteration", "kind", "microbatch", "start_s", "end_s")
+SPANS_CPU_COLUMNS: tuple[str, ...] = ("cpu_start_s", "cpu_end_s")
+"""Optional columns of spans.csv: the stage process's CPU clock (time.process_time: CPU seconds the
+process used since it started, every thread) at a span's start and end; empty for spans timed by
+hand (a replacement's join). Records written before they existed have none and still load."""
 
 MANIFEST_FILE = "manifest.json"
 METRICS_FILE = "metrics.csv"
@@ -85,12 +89,12 @@ class RunRecord:
     failures: FailureSchedule
 
 
-def _frame(rows: Any, columns: tuple[str, ...], what: str) -> pd.DataFrame:
+def _frame(rows: Any, columns: tuple[str, ...], what: str, optional: tuple[str, ...] = ()) -> pd.DataFrame:
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns))
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise ValueError(f"{what} table lacks columns {missing}")
-    return frame.loc[:, list(columns)].reset_index(drop=True)
+    return frame.loc[:, list(columns) + [column for column in optional if column in frame.columns]].reset_index(drop=True)
 
 
 def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: FailureSchedule | Any) -> RunRecord:
@@ -100,7 +104,7 @@ def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: F
     return RunRecord(
         manifest=manifest,
         metrics=_frame(metrics, METRICS_COLUMNS, "metrics"),
-        spans=_frame(spans, SPANS_COLUMNS, "spans"),
+        spans=_frame(spans, SPANS_COLUMNS, "spans", optional=SPANS_CPU_COLUMNS),
         failures=failures,
     )
 
@@ -172,7 +176,7 @@ def write_run_record(
     return directory
 
 
-def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+def _read_table(path: Path, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:
@@ -182,7 +186,7 @@ def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise InputError(f"{path}: lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}")
-    return frame.loc[:, list(columns)]
+    return frame.loc[:, list(columns) + [column for column in optional if column in frame.columns]]
 
 
 def read_run_record(directory: str | Path) -> RunRecord:
@@ -193,7 +197,7 @@ def read_run_record(directory: str | Path) -> RunRecord:
     return RunRecord(
         manifest=manifest,
         metrics=_read_table(directory / METRICS_FILE, METRICS_COLUMNS),
-        spans=_read_table(directory / SPANS_FILE, SPANS_COLUMNS),
+        spans=_read_table(directory / SPANS_FILE, SPANS_COLUMNS, SPANS_CPU_COLUMNS),
         failures=read_failure_schedule(directory / FAILURES_FILE),
     )
 
@@ -252,6 +256,7 @@ __all__ = [
     "METRICS_COLUMNS",
     "RECORD_FILES",
     "SPANS_COLUMNS",
+    "SPANS_CPU_COLUMNS",
     "RealRunSettings",
     "RunManifest",
     "RunRecord",

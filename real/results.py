@@ -48,7 +48,7 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
     """One table per kind: a step ends when its slowest rank ends; losses come from the last stage."""
     import pandas as pd
 
-    from churnsim.calibration.run_record import SPANS_COLUMNS
+    from churnsim.calibration.run_record import SPANS_COLUMNS, SPANS_CPU_COLUMNS
 
     rows = pd.DataFrame([row | {"stage": r.stage} for r in results for row in r.iteration_rows])
     # The loss comes from whichever process ran the head: the last stage, or its host while it was down.
@@ -65,7 +65,7 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
             "blocked_s": grouped["blocked_s"].max().loc[head.index].to_numpy(),
         }
     )
-    spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS))
+    spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS + SPANS_CPU_COLUMNS))
     spans = spans.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
     failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(FAILURE_TABLE_COLUMNS))
     # Stage 0 records every failure in the order it handed them out (the failure path's order).

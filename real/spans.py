@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,10 @@ class SpanRecorder:
     training iteration unless a rollback replayed iterations). The trainer sets `step` before each
     iteration; `span(kind)` without an explicit iteration stamps it, which is what methods should use.
     On CUDA each span boundary synchronises the device so that spans time the work, not its launch.
+    Each span also stamps the process's CPU clock at both ends (`cpu_start_s`, `cpu_end_s`,
+    time.process_time): where stage processes share cores, a span's CPU seconds against its wall
+    seconds show how long it waited for a core. The fits do not read them (calibration.cpu_sharing
+    says why); they are there to check its sharing rule against.
     """
 
     def __init__(self, *, rank: int, stage: int, device: torch.device | None = None) -> None:
@@ -41,7 +46,16 @@ class SpanRecorder:
             torch.cuda.synchronize()
         return time.perf_counter() - self.origin_s
 
-    def add(self, kind: str, iteration: int | None, microbatch: int | None, start_s: float, end_s: float) -> None:
+    def add(
+        self,
+        kind: str,
+        iteration: int | None,
+        microbatch: int | None,
+        start_s: float,
+        end_s: float,
+        cpu_start_s: float = math.nan,
+        cpu_end_s: float = math.nan,
+    ) -> None:
         self.rows.append(
             {
                 "rank": self.rank,
@@ -51,13 +65,17 @@ class SpanRecorder:
                 "microbatch": -1 if microbatch is None else microbatch,
                 "start_s": start_s,
                 "end_s": end_s,
+                "cpu_start_s": cpu_start_s,
+                "cpu_end_s": cpu_end_s,
             }
         )
 
     @contextmanager
     def span(self, kind: str, iteration: int | None = None, microbatch: int | None = None) -> Iterator[None]:
         start_s = self.now_s()
+        cpu_start_s = time.process_time()
         try:
             yield
         finally:
-            self.add(kind, iteration, microbatch, start_s, self.now_s())
+            end_s = self.now_s()
+            self.add(kind, iteration, microbatch, start_s, end_s, cpu_start_s, time.process_time())

@@ -25,6 +25,7 @@ from churnsim.calibration.presets import PRESETS, preset
 from churnsim.calibration.run_record import (
     METRICS_COLUMNS,
     SPANS_COLUMNS,
+    SPANS_CPU_COLUMNS,
     RunManifest,
     make_run_record,
     read_run_record,
@@ -186,6 +187,16 @@ def test_run_record_round_trips_and_lands_atomically(tmp_path):
     pd.testing.assert_frame_equal(again.metrics, record.metrics, check_dtype=False)
     pd.testing.assert_frame_equal(again.spans, record.spans, check_dtype=False)
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging directory left behind
+
+
+def test_spans_keep_their_cpu_clock_through_a_record_and_records_without_it_still_load(tmp_path):
+    manifest = RunManifest(run_id="r1", source="real", method="none", seed=0)
+    clocked = pd.DataFrame([dict(rank=0, stage=0, iteration=0, kind="forward", microbatch=0, start_s=0.0, end_s=0.1, cpu_start_s=1.5, cpu_end_s=1.59)])
+    again = read_run_record(write_run_record(make_run_record(manifest, [], clocked, []), tmp_path / "clocked"))
+    assert list(again.spans.columns) == list(SPANS_COLUMNS + SPANS_CPU_COLUMNS)
+    assert again.spans.loc[0, "cpu_end_s"] - again.spans.loc[0, "cpu_start_s"] == pytest.approx(0.09)
+    plain = read_run_record(write_run_record(make_run_record(manifest, [], clocked.drop(columns=list(SPANS_CPU_COLUMNS)), []), tmp_path / "plain"))
+    assert list(plain.spans.columns) == list(SPANS_COLUMNS)
 
 
 def test_malformed_run_record_names_file_and_field(tmp_path):

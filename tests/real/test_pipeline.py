@@ -181,3 +181,22 @@ def test_training_config_rejects_impossible_runs():
         TrainingConfig(num_stages=4, failures=((1, 4),), **common)
     with pytest.raises(InputError, match="unknown training config keys"):
         TrainingConfig.from_dict({**TrainingConfig(num_stages=2, **common).to_dict(), "colour": "red"})
+
+
+def test_a_span_stamps_the_process_cpu_clock_and_a_hand_timed_one_does_not():
+    import time
+
+    spans = SpanRecorder(rank=0, stage=0)
+    with spans.span("forward"):
+        finish = time.perf_counter() + 0.05
+        while time.perf_counter() < finish:  # computes: uses CPU for as long as it has a core
+            pass
+    with spans.span("receive"):
+        time.sleep(0.05)  # waits: uses (almost) no CPU
+    spans.add("recovery.join", 0, None, 0.0, 1.0)
+    computing, waiting, by_hand = spans.rows
+    computing_cpu_s = computing["cpu_end_s"] - computing["cpu_start_s"]
+    assert 0 < computing_cpu_s <= computing["end_s"] - computing["start_s"] + 0.01
+    assert waiting["cpu_end_s"] - waiting["cpu_start_s"] < 0.02
+    assert waiting["cpu_start_s"] >= computing["cpu_end_s"]  # one clock, running on
+    assert math.isnan(by_hand["cpu_start_s"]) and math.isnan(by_hand["cpu_end_s"])
