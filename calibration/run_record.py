@@ -89,12 +89,17 @@ class RunRecord:
     failures: FailureSchedule
 
 
+def _columns_kept(frame: pd.DataFrame, columns: tuple[str, ...], optional: tuple[str, ...]) -> list[str]:
+    """The required `columns`, then those of `optional` that `frame` has."""
+    return list(columns) + [column for column in optional if column in frame.columns]
+
+
 def _frame(rows: Any, columns: tuple[str, ...], what: str, optional: tuple[str, ...] = ()) -> pd.DataFrame:
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns))
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise ValueError(f"{what} table lacks columns {missing}")
-    return frame.loc[:, list(columns) + [column for column in optional if column in frame.columns]].reset_index(drop=True)
+    return frame.loc[:, _columns_kept(frame, columns, optional)].reset_index(drop=True)
 
 
 def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: FailureSchedule | Any) -> RunRecord:
@@ -186,7 +191,7 @@ def _read_table(path: Path, columns: tuple[str, ...], optional: tuple[str, ...] 
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise InputError(f"{path}: lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}")
-    return frame.loc[:, list(columns) + [column for column in optional if column in frame.columns]]
+    return frame.loc[:, _columns_kept(frame, columns, optional)]
 
 
 def read_run_record(directory: str | Path) -> RunRecord:
