@@ -196,7 +196,9 @@ def test_a_span_stamps_the_process_cpu_clock_and_a_hand_timed_one_does_not():
     spans.add("recovery.join", 0, None, 0.0, 1.0)
     computing, waiting, by_hand = spans.rows
     computing_cpu_s = computing["cpu_end_s"] - computing["cpu_start_s"]
-    assert 0 < computing_cpu_s <= computing["end_s"] - computing["start_s"] + 0.01
-    assert waiting["cpu_end_s"] - waiting["cpu_start_s"] < 0.02
+    waiting_cpu_s = waiting["cpu_end_s"] - waiting["cpu_start_s"]
+    # The clock counts every thread of this process, so the bounds leave room for other threads.
+    assert waiting_cpu_s < 0.5 * (waiting["end_s"] - waiting["start_s"])
+    assert computing_cpu_s > 3 * waiting_cpu_s
     assert waiting["cpu_start_s"] >= computing["cpu_end_s"]  # one clock, running on
     assert math.isnan(by_hand["cpu_start_s"]) and math.isnan(by_hand["cpu_end_s"])
