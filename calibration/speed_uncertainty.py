@@ -85,8 +85,8 @@ def with_compute_scaled(scenario: Scenario, factor: float) -> Scenario:
 
     update: dict[str, object] = {name: scaled(getattr(compute, name)) for name in _COMPUTE_TIME_FIELDS}
     # The methods' extras are compute too; their ratio (the scale to another setup) stays the same.
-    update["method_iteration_extra_s"] = tuple((method, factor * seconds) for method, seconds in compute.method_iteration_extra_s)
-    update["method_model_extra_s"] = tuple((method, factor * seconds) for method, seconds in compute.method_model_extra_s)
+    for name in ("method_iteration_extra_s", "method_model_extra_s"):
+        update[name] = tuple((method, factor * seconds) for method, seconds in getattr(compute, name))
     return scenario.model_copy(update={"compute": compute.model_copy(update=update)})
 
 

@@ -75,22 +75,28 @@ def _charged_optimizer_step_s(scenario: Scenario, method: MethodConfig, extra_s:
 
     def method_iteration_s(optimizer_step_s: float) -> float:
         charged = scenario.model_copy(update={"compute": compute.model_copy(update={"optimizer_step_s": optimizer_step_s})})
-        return simulate_iteration(build_policy(method, charged).healthy_state()).time_s
+        return _healthy_iteration_s(charged, method)
 
-    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
+    plain_s = _plain_iteration_s(scenario)
     scale = 1.0
     if reference_s is not None and reference_s > MINIMUM_STRUCTURAL_EXTRA_S:
-        structural_s = method_iteration_s(compute.optimizer_step_s) - plain_s  # `structural_extra_s`, the plain iteration at hand
-        scale = max(structural_s, 0.0) / reference_s
+        scale = max(structural_extra_s(scenario, method, plain_s=plain_s), 0.0) / reference_s
     target_s = plain_s + extra_s * scale
     return solve_increasing(target_s, method_iteration_s, 0.0, max(target_s, compute.optimizer_step_s))
 
 
-def structural_extra_s(scenario: Scenario, method: MethodConfig) -> float:
+def structural_extra_s(scenario: Scenario, method: MethodConfig, *, plain_s: float | None = None) -> float:
     """How much longer the iteration model makes a healthy iteration of `method` than the plain
-    pipeline's, from the scenario's compute alone."""
-    plain_s = simulate_iteration(build_pipeline_state(scenario)).time_s
-    return simulate_iteration(build_policy(method, scenario).healthy_state()).time_s - plain_s
+    pipeline's (`plain_s`, when the caller already has it), from the scenario's compute alone."""
+    return _healthy_iteration_s(scenario, method) - (_plain_iteration_s(scenario) if plain_s is None else plain_s)
+
+
+def _plain_iteration_s(scenario: Scenario) -> float:
+    return simulate_iteration(build_pipeline_state(scenario)).time_s
+
+
+def _healthy_iteration_s(scenario: Scenario, method: MethodConfig) -> float:
+    return simulate_iteration(build_policy(method, scenario).healthy_state()).time_s
 
 
 MINIMUM_STRUCTURAL_EXTRA_S = 1e-6

@@ -49,6 +49,7 @@ from churnsim.calibration.scenario import Scenario
 
 from .accounting import split_time
 from .iteration import IterationModel, shared_iteration_model, simulate_iteration
+from .method_extras import with_measured_method_extra
 from .methods import build_policy
 from .methods.base import RecoveryPolicy
 from .pipeline_state import build_pipeline_state, compute_only_state
@@ -130,8 +131,6 @@ def simulate_run_and_policy(
         reference_events = os.environ.get(REFERENCE_EVENTS_VARIABLE, "") not in ("", "0")
     iteration_model = iteration_model or shared_iteration_model()
     from churnsim.calibration.failure_sampling import LazyFailurePath, sorted_events
-
-    from .method_extras import with_measured_method_extra
 
     # A calibrated scenario's measured steady extra of this method (a no-op for any other).
     scenario = with_measured_method_extra(scenario, method_config)

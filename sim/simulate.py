@@ -12,6 +12,7 @@ from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import write_table
 
 from .iteration import IterationResult, simulate_iteration
+from .method_extras import with_measured_method_extra
 from .methods import build_policy
 from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_manifest, write_simulated_run_records
 from .replicate import run_replications, runs_table, summary_table, trajectories_table
@@ -33,8 +34,6 @@ class SimulationOutput:
 
 def healthy_iterations(scenario: Scenario) -> dict[str, IterationResult]:
     """One failure-free iteration per method, at microbatch resolution (for Gantt charts and timelines)."""
-    from .method_extras import with_measured_method_extra
-
     return {
         method.name: simulate_iteration(build_policy(method, with_measured_method_extra(scenario, method)).healthy_state())
         for method in scenario.methods
