@@ -37,6 +37,8 @@
    the spread the earlier rounds state for one more round (at least three rounds; or
    `--max-rounds`). A fresh run also says whether it reproduces the committed run before it: each
    run's pooled figure inside the other's interval (`earlier_run` in the results).
+   Beside them, whether the calibrated setup's worst method stands out from the others or is the
+   worst of several alike (`methods_compared`, a permutation test inside the rounds).
    `--resummarize --pool DIR` pools an earlier run's committed rounds with the current ones, into
    benchmarks/results/calibrate-and-validate-pooled.json.
 
@@ -211,6 +213,39 @@ def pooled_figures(tables, groups: tuple[str, ...] | None = None) -> dict[str, d
         figures["rounds"] = sum(1 for rows in per_round if group in rows and not rows[group].empty)
         pooled[group] = figures
     return pooled
+
+
+def methods_compared(tables) -> dict[str, object] | None:
+    """Whether the calibrated setup's worst method differs from the others, or is the worst of
+    several alike: the methods' |relative errors| of the wall-clock, relabelled inside each round
+    (`largest_median_if_labels_alike`). The target holds each method's median to 5 %; with eight
+    methods of some 36 runs each, the worst median lies above the common one by chance alone, and
+    `worst_median_if_methods_alike` says by how much."""
+    from churnsim.calibration.statistics import largest_median_if_labels_alike
+
+    rounds = []
+    for rows in map(headline_rows, tables):
+        calibrated = rows["calibrated setup"]
+        rounds.append(list(zip(calibrated["method"], calibrated["relative_error"].abs())))
+    test = largest_median_if_labels_alike(rounds)
+    if test is None:
+        return None
+    return {
+        "worst_method": test.largest_label,
+        "worst_median": test.medians[test.largest_label],
+        "p_value": test.p_value,
+        "worst_median_if_methods_alike": list(test.largest_if_alike),
+        "medians": test.medians,
+    }
+
+
+def _print_methods_compared(compared: dict | None) -> None:
+    if compared is None:
+        return
+    low, middle, high = compared["worst_median_if_methods_alike"]
+    print(f"\ncalibrated setup, worst method: {compared['worst_method']} at {100 * compared['worst_median']:.1f} %; "
+          f"the worst of the methods relabelled inside each round: {100 * middle:.1f} % [{100 * low:.1f}–{100 * high:.1f}], "
+          f"p = {compared['p_value']:.2f} (the share of relabellings whose worst is at least as bad)")
 
 
 def target_verdict(figures: dict, limit: float) -> str:
@@ -507,6 +542,8 @@ def main() -> None:
         pooled_over.append(str(directory))
     pooled = pooled_figures(pooled_tables)
     _print_pooled("pooled over " + ", ".join(pooled_over), pooled)
+    compared = methods_compared(pooled_tables)
+    _print_methods_compared(compared)
     if arguments.pool:
         # Several runs pooled are a figure of their own: the committed run's results stay as they are.
         POOLED_FILE.write_text(json.dumps({
@@ -515,6 +552,7 @@ def main() -> None:
             "targets": TARGETS,
             "target_verdicts": {group: target_verdict(pooled[group], limit) for group, limit in TARGETS.items() if group in pooled},
             "pooled": pooled,
+            "calibrated_setup_methods_compared": compared,
         }, indent=2) + "\n")
         print(f"\nwrote {POOLED_FILE}")
         return
@@ -539,6 +577,7 @@ def main() -> None:
         "target_verdicts": {group: target_verdict(pooled[group], limit) for group, limit in TARGETS.items() if group in pooled},
         "pooled_over": pooled_over,
         "pooled": pooled,
+        "calibrated_setup_methods_compared": compared,
         "last_round_within_the_spread_of_the_earlier": reproduced,
         "rounds": rounds,
         "total_s": earlier.get("total_s") if again else time.perf_counter() - started_all,

@@ -57,3 +57,52 @@ def test_one_group_per_resample_gives_where_one_more_group_s_median_falls():
     assert low <= 0.025 and high >= 0.09
     _, pooled_low, pooled_high = median_with_ci95(rounds)
     assert pooled_low >= low and pooled_high <= high
+
+
+def _blocks(levels, labels, values_of):
+    return [[(label, values_of(level, label, index)) for index, label in enumerate(labels)] for level in levels]
+
+
+def test_a_label_with_twice_the_error_of_the_others_stands_out():
+    from churnsim.calibration.statistics import largest_median_if_labels_alike
+
+    generator = np.random.default_rng(3)
+    labels = [f"method-{index}" for index in range(6)]
+    blocks = _blocks(
+        range(20), labels, lambda _level, label, _index: (2.0 if label == "method-0" else 1.0) * abs(generator.normal(0.04, 0.01))
+    )
+    test = largest_median_if_labels_alike(blocks, permutations=999)
+    assert test.largest_label == "method-0"
+    assert test.p_value < 0.01
+    assert test.medians["method-0"] > test.largest_if_alike[2]
+
+
+def test_labels_are_shuffled_only_inside_their_blocks():
+    from churnsim.calibration.statistics import largest_median_if_labels_alike
+
+    # Every value of a block is the block's level and every label is in every block once: a shuffle
+    # inside the blocks changes nothing, one across the blocks would scatter the labels' medians.
+    labels = ["a", "b", "c", "d"]
+    blocks = _blocks([0.01, 0.02, 0.05, 0.2, 0.3], labels, lambda level, _label, _index: level)
+    test = largest_median_if_labels_alike(blocks, permutations=999)
+    assert set(test.medians.values()) == {0.05}
+    assert test.largest_if_alike == (0.05, 0.05, 0.05)
+    assert test.p_value == 1.0
+
+
+def test_the_worst_of_eight_alike_labels_exceeds_their_common_median_by_chance():
+    from churnsim.calibration.statistics import largest_median_if_labels_alike
+
+    generator = np.random.default_rng(11)
+    labels = [f"method-{index}" for index in range(8)]
+    blocks = _blocks(range(36), labels, lambda _level, _label, _index: abs(generator.normal(0.0, 0.06)))
+    common_median = float(np.median([value for block in blocks for _, value in block]))
+    test = largest_median_if_labels_alike(blocks, permutations=999)
+    assert test.largest_if_alike[0] > common_median
+    assert test.p_value > 0.05
+
+
+def test_fewer_than_two_labels_cannot_be_compared():
+    from churnsim.calibration.statistics import largest_median_if_labels_alike
+
+    assert largest_median_if_labels_alike([[("a", 0.1), ("a", math.nan)], [("b", math.nan)]]) is None
