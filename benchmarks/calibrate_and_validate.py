@@ -91,7 +91,7 @@ def _scenario(setup: str, *, rate: float, seed: int, method: str, failures: bool
     settings.update({"churn.failures_per_node_hour": rate, "seed": seed})
     # One method: others may not fit the setup (CheckFree+ needs 4 stages). Another setup takes the
     # built-in calibration's compute model, as `real run --preset cpu-tiny --set ...` does.
-    scenario = preset("cpu-tiny", settings, method=method)
+    scenario = preset("cpu-tiny", settings, methods=(method,))
     if not failures:
         scenario = scenario.model_copy(update={"churn": NoChurn(kind="none")})
     elif setup == "double-failures":

@@ -8,6 +8,17 @@ The headline question "when do I reach loss L?" becomes "when does effective pro
 
 The baseline is a shifted power law, L(i) = floor + scale · (i + offset)^(−exponent), the usual
 empirical form of LLM loss against steps (Kaplan et al., arXiv 2001.08361, fit per run here).
+
+Iterations of what batch? A curve counts iterations of one global batch. When the spec names it
+(`baseline_tokens_per_iteration`) and a scenario trains another (more microbatches, a larger
+microbatch, more data-parallel replicas), `at_batch` carries the curve and the setbacks to the
+scenario's batch with the empirical model of large-batch training (McCandlish et al., "An Empirical
+Model of Large-Batch Training", arXiv 1812.06162): the steps to reach a loss are S(B) = S_min ·
+(1 + B_noise / B), so one iteration at batch B is worth (1 + B_noise / B_ref) / (1 + B_noise / B)
+iterations at the curve's batch B_ref: nearly B / B_ref well below the critical batch B_noise, and
+no more than 1 + B_noise / B_ref far above it. Approximation: B_noise grows as the loss falls (Kaplan
+et al. 2020, B_crit(L) = B* / L^(1/α_B)); one value is taken for the whole run, the presets' at
+their target loss (`critical_batch_tokens_at_loss`).
 """
 
 import math
@@ -37,6 +48,11 @@ class PowerLawLossCurve(StrictModel):
     def loss(self, progress_iterations: float) -> float:
         return self.floor_loss + self.scale * (max(progress_iterations, 0.0) + self.offset_iterations) ** (-self.exponent)
 
+    def in_iterations_worth(self, worth: float) -> "PowerLawLossCurve":
+        """The same curve against iterations that are each worth `worth` of this curve's:
+        floor + scale · (worth · i + offset)^(−exponent) = floor + scale · worth^(−exponent) · (i + offset / worth)^(−exponent)."""
+        return self.model_copy(update={"scale": self.scale * worth ** (-self.exponent), "offset_iterations": self.offset_iterations / worth})
+
     def progress_for_loss(self, target_loss: float) -> float:
         """Effective iterations at which the baseline first reaches `target_loss`."""
         if target_loss <= self.floor_loss:
@@ -64,6 +80,16 @@ class SetbackSpec(StrictModel):
     """Progress below which a rebuild costs only `mean_iterations` (early in training a rebuilt stage
     re-learns within the lab's window)."""
 
+    def in_iterations_worth(self, worth: float) -> "SetbackSpec":
+        """The same setback counted in iterations that are each worth `worth` of this one's."""
+        update: dict[str, float] = {"mean_iterations": self.mean_iterations / worth, "progress_offset_iterations": self.progress_offset_iterations / worth}
+        for bound in ("ci95_low_iterations", "ci95_high_iterations"):
+            value = getattr(self, bound)
+            if value is not None:
+                update[bound] = value / worth
+        # setback(p) / worth with p = worth · i: the growth per iteration of progress stays as it is.
+        return self.model_copy(update=update)
+
     def at_progress(self, progress_iterations: float) -> float:
         """Baseline iterations one rebuild at this much training progress costs."""
         return self.mean_iterations + self.per_progress_iteration * max(0.0, progress_iterations - self.progress_offset_iterations)
@@ -81,6 +107,9 @@ class SetbackSpec(StrictModel):
 class MethodSetbacks(StrictModel):
     interior: SetbackSpec
     edge: SetbackSpec
+
+    def in_iterations_worth(self, worth: float) -> "MethodSetbacks":
+        return MethodSetbacks(interior=self.interior.in_iterations_worth(worth), edge=self.edge.in_iterations_worth(worth))
 
     def for_position(self, position: StagePosition) -> SetbackSpec:
         return self.interior if position == "interior" else self.edge
@@ -116,6 +145,16 @@ class ConvergenceSpec(StrictModel):
     sample_setbacks: bool = True
     """Each replication draws its setbacks from their intervals (calibration/setback_uncertainty.py), so
     that intervals of time to target include what is not known about them; False uses the means."""
+    baseline_tokens_per_iteration: float | None = Field(None, gt=0)
+    """The global batch, in tokens per iteration, whose iterations `baseline` and the setbacks count.
+    A scenario that trains another batch carries them to its own (`at_batch`, module docstring) and
+    names its own batch here. None: iterations count alike whatever the batch (the old behaviour)."""
+    critical_batch_tokens: float | None = Field(None, gt=0)
+    """B_noise of the empirical model of large-batch training, in tokens (module docstring); given
+    exactly when `baseline_tokens_per_iteration` is."""
+    batch_carried_from_tokens_per_iteration: float | None = Field(None, gt=0)
+    """Set by `at_batch`: the batch the curve was given for, before it was carried to this one (the
+    outputs say so); None when it was not carried."""
     stale_reload_costs_progress: bool = True
     """A stage reloaded from an older checkpoint while the others keep going (checkpoint with
     rollback "stage", CheckFree's edge checkpoints) costs the run Δ/S iterations of progress, the
@@ -145,7 +184,49 @@ class ConvergenceSpec(StrictModel):
         unknown = sorted(set(self.setbacks) - set(METHOD_NAMES))
         if unknown:
             raise ValueError(f"setbacks name unknown methods {unknown}; use method names from {list(METHOD_NAMES)}")
+        if (self.baseline_tokens_per_iteration is None) != (self.critical_batch_tokens is None):
+            raise ValueError(
+                "convergence.baseline_tokens_per_iteration and convergence.critical_batch_tokens go together: "
+                "give both (the curve's batch and B_noise, in tokens) or neither"
+            )
         return self
+
+    def iteration_worth(self, tokens_per_iteration: float) -> float:
+        """How many iterations of the curve's batch one iteration of `tokens_per_iteration` is worth
+        (module docstring); 1 when the spec names no batch."""
+        reference, critical = self.baseline_tokens_per_iteration, self.critical_batch_tokens
+        if reference is None or critical is None or tokens_per_iteration == reference:
+            return 1.0
+        return (1.0 + critical / reference) / (1.0 + critical / tokens_per_iteration)
+
+    def at_batch(self, tokens_per_iteration: float) -> "ConvergenceSpec":
+        """This spec with the curve and the setbacks counted in iterations of `tokens_per_iteration`
+        (itself when it names no batch or that one)."""
+        if self.baseline_tokens_per_iteration is None or tokens_per_iteration == self.baseline_tokens_per_iteration:
+            return self
+        worth = self.iteration_worth(tokens_per_iteration)
+        given = self.batch_carried_from_tokens_per_iteration or self.baseline_tokens_per_iteration
+        return self.model_copy(
+            update={
+                "baseline": self.baseline.in_iterations_worth(worth),
+                "setbacks": {method: setbacks.in_iterations_worth(worth) for method, setbacks in self.setbacks.items()},
+                "baseline_tokens_per_iteration": float(tokens_per_iteration),
+                "batch_carried_from_tokens_per_iteration": None if tokens_per_iteration == given else given,
+            }
+        )
+
+    def batch_note(self) -> str | None:
+        """In words, how the curve was carried to this batch; None when it was not."""
+        given, tokens, critical = self.batch_carried_from_tokens_per_iteration, self.baseline_tokens_per_iteration, self.critical_batch_tokens
+        if given is None or tokens is None or critical is None:
+            return None
+        worth = (1.0 + critical / given) / (1.0 + critical / tokens)
+        change = f"{worth:.2f}× fewer" if worth >= 1 else f"{1 / worth:.2f}× more"
+        return (
+            f"the loss curve is given for {given:,.0f} tokens per iteration and carried to this scenario's {tokens:,.0f} by the "
+            f"large-batch model (McCandlish et al., arXiv 1812.06162; B_noise {critical:,.0f} tokens): one iteration is worth "
+            f"{worth:.2f} of the curve's, so the target takes {change} iterations"
+        )
 
     def setback_for(self, method: str, position: StagePosition) -> SetbackSpec | None:
         """The setback of this method and position, unscaled; None for methods without setbacks."""
@@ -173,6 +254,18 @@ class ConvergenceSpec(StrictModel):
         progress; 0 for methods that lose no progress this way."""
         spec = self.setback_for(method, position)
         return 0.0 if spec is None else spec.at_progress(progress_iterations) * self.setback_scale
+
+
+CRITICAL_BATCH_TOKENS_AT_LOSS_ONE = 2e8
+"""B* of Kaplan et al. 2020 (arXiv 2001.08361, eq. 1.4 and §5.1): B_crit(L) ≈ B* / L^(1/α_B) tokens."""
+CRITICAL_BATCH_LOSS_EXPONENT = 0.21
+"""α_B of the same fit (WebText2, loss in nats per token)."""
+
+
+def critical_batch_tokens_at_loss(loss: float) -> float:
+    """Kaplan et al.'s critical batch at `loss` (nats per token), in tokens: an order of magnitude for
+    B_noise where none was measured (their fit is for WebText2 and their tokenizer)."""
+    return CRITICAL_BATCH_TOKENS_AT_LOSS_ONE / loss ** (1.0 / CRITICAL_BATCH_LOSS_EXPONENT)
 
 
 def stage_position(stage: int, num_stages: int) -> StagePosition:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Callable, Mapping
 
 from .apply import apply_calibration
 from .builtin import load_builtin_calibration
 from .calibration_file import Calibration
 from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
-from .convergence import ConvergenceSpec, PowerLawLossCurve
+from .convergence import ConvergenceSpec, PowerLawLossCurve, critical_batch_tokens_at_loss
 from .paper_setbacks import PAPER_FIT_SOURCE, paper_fitted_setbacks
 from .errors import InputError
 from .scenario_overrides import apply_settings
@@ -34,6 +35,7 @@ from .scenario import (
     TargetSpec,
     TrainingSpec,
     UniformNetwork,
+    tokens_per_iteration,
 )
 
 CHECKFREE_PAPER = "Blagoev, Ersoy, Chen, 'All is Not Lost: LLM Recovery without Checkpoints', arXiv 2506.15461"
@@ -78,6 +80,17 @@ EMBEDDING_NODE_TAG = "-embedding-node"
 (de)embedding node), e.g. `checkfree-500m-embedding-node-geo-10pct`."""
 
 
+def batch_of_the_curve(model: ModelSpec, pipeline: PipelineSpec, target_loss: float) -> dict[str, float]:
+    """The convergence fields that make a preset's loss curve count iterations of its own global
+    batch, so that a --set of the batch (microbatches, their size, data-parallel replicas) carries
+    the curve to the new one; B_noise from Kaplan et al.'s critical batch at the target loss, for
+    models trained on web text as theirs were (calibration/convergence.py states the approximation)."""
+    return {
+        "baseline_tokens_per_iteration": float(tokens_per_iteration(model, pipeline)),
+        "critical_batch_tokens": critical_batch_tokens_at_loss(target_loss),
+    }
+
+
 def _checkfree_geo(
     *,
     size: str,
@@ -88,6 +101,7 @@ def _checkfree_geo(
     target_loss: float,
     lr_scale: float = 1.1,
     embedding_placement: str = "edge_stages",
+    web_text: bool = True,
 ) -> Scenario:
     # Layout (pipeline.embedding_placement). Default "edge_stages": the embedding and the head run
     # with stage 0's and stage S-1's blocks, as in Megatron-style pipelines and in churnsim's real
@@ -136,7 +150,8 @@ def _checkfree_geo(
         # Setbacks fitted to the paper's own ablation (500M, 16 %/h), carried to every size and rate in
         # iterations unchanged (calibration/paper_setbacks.py states the assumptions).
         convergence=ConvergenceSpec(
-            baseline=curve, setbacks=paper_fitted_setbacks(), setback_source="paper_fitted", source=PAPER_FIT_SOURCE
+            baseline=curve, setbacks=paper_fitted_setbacks(), setback_source="paper_fitted", source=PAPER_FIT_SOURCE,
+            **(batch_of_the_curve(model, pipeline, target_loss) if web_text else {}),
         ),
         target=TargetSpec(loss=target_loss),
         seed=0,
@@ -155,6 +170,9 @@ def checkfree_124m_geo(failure_probability_per_stage_hour: float = 0.10, embeddi
         curve=PowerLawLossCurve(floor_loss=0.9, scale=10.0, exponent=0.35, offset_iterations=100.0),
         target_loss=1.3,
         embedding_placement=embedding_placement,
+        # TinyStories' losses are far below web text's: Kaplan et al.'s critical batch, fitted on web
+        # text, would not hold, so this curve counts iterations alike whatever the batch.
+        web_text=False,
     )
 
 
@@ -188,6 +206,8 @@ def checkfree_1_5b_geo(failure_probability_per_stage_hour: float = 0.10, embeddi
 
 def spot_p3_trace() -> Scenario:
     """GPT-1.5B-sized model on AWS p3.2xlarge spot nodes, replaying Bamboo's p3 preemption trace."""
+    model = ModelSpec(name="gpt-1.5b", num_layers=48, hidden_size=1600, num_heads=25, vocab_size=50257, sequence_length=1024)
+    pipeline = PipelineSpec(num_stages=12, data_parallel_degree=1, microbatch_size=1, num_microbatches=32)
     return Scenario(
         name="spot-p3-trace",
         description="12-stage pipeline of single-V100 spot nodes replaying the Bamboo AWS p3 trace (11.4 h, 167 preemptions)",
@@ -196,8 +216,8 @@ def spot_p3_trace() -> Scenario:
             "Duan et al., 'Parcae', NSDI'24; JF-D/Parcae@efedee7: 10 Gb/s p2p ≈ 140 µs + 1.2 s/GiB",
             DATASTATES,
         ),
-        model=ModelSpec(name="gpt-1.5b", num_layers=48, hidden_size=1600, num_heads=25, vocab_size=50257, sequence_length=1024),
-        pipeline=PipelineSpec(num_stages=12, data_parallel_degree=1, microbatch_size=1, num_microbatches=32),
+        model=model,
+        pipeline=pipeline,
         compute=FlopsCompute(peak_flops_per_s=V100_FP16_PEAK_FLOPS_PER_S, utilization=0.3, optimizer_step_s=0.05),
         network=UniformNetwork(latency_s=140e-6, bandwidth_bytes_per_s=10e9 / 8),
         storage=(
@@ -210,7 +230,10 @@ def spot_p3_trace() -> Scenario:
         # Bamboo: an instance is ready 45 s after it arrives; local rendezvous 20 s.
         recovery=RecoverySpec(join_delay_s=45.0, restart_s=20.0),
         methods=default_methods(checkpoint={"interval_iterations": 100}),
-        convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=2.3, scale=20.0, exponent=0.35, offset_iterations=100.0)),
+        convergence=ConvergenceSpec(
+            baseline=PowerLawLossCurve(floor_loss=2.3, scale=20.0, exponent=0.35, offset_iterations=100.0),
+            **batch_of_the_curve(model, pipeline, 3.0),
+        ),
         target=TargetSpec(loss=3.0),
         seed=0,
         replications=10,
@@ -529,9 +552,10 @@ def calibrated_for_settings(name: str) -> bool:
     return name in _BEFORE_CALIBRATION
 
 
-def preset(name: str, settings: Mapping[str, object] | None = None, *, method: str | None = None) -> Scenario:
-    """A built-in scenario; with `settings` (`--set` overrides, dotted paths) and `method` (narrowed to
-    that one method first, so that settings are checked against it alone).
+def preset(name: str, settings: Mapping[str, object] | None = None, *, methods: Sequence[str] = ()) -> Scenario:
+    """A built-in scenario; with `settings` (`--set` overrides, dotted paths) and `methods` (narrowed to
+    those methods first, so that settings are checked against them alone: a 3-stage setting with
+    CheckFree+ left out).
 
     A preset made from a calibration (`cpu-tiny`) takes the settings before its calibration: a
     changed model or pipeline then gets the calibration's compute model for that setup
@@ -548,8 +572,8 @@ def preset(name: str, settings: Mapping[str, object] | None = None, *, method: s
     if settings and before_calibration is not None:
         scenario, calibration, _ = before_calibration()
         if calibration is not None:
-            if method is not None:
-                scenario = scenario.only_method(method)
+            if methods:
+                scenario = scenario.with_methods(methods)
             configured = apply_settings(scenario, settings)
             calibrated = apply_calibration(configured, calibration, mode="full")
             again = {path: value for path, value in settings.items() if path.split(".", 1)[0] in _CALIBRATED_SECTIONS}
@@ -557,6 +581,6 @@ def preset(name: str, settings: Mapping[str, object] | None = None, *, method: s
                 calibrated = apply_settings(calibrated, again).model_copy(update={"name": configured.name})
             return calibrated
     scenario = factory()
-    if method is not None:
-        scenario = scenario.only_method(method)
+    if methods:
+        scenario = scenario.with_methods(methods)
     return apply_settings(scenario, settings) if settings else scenario

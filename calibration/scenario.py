@@ -5,14 +5,16 @@ extra dependency and is what pydantic validates natively. Units are in the field
 """
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, PlainSerializer, field_validator, model_validator
 
-from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .base import SCHEMA_VERSION, StrictModel, load_model, save_model, validate_model
 from .churn import ChurnConfig
 from .convergence import ConvergenceSpec, iterations_for_target
-from .methods import MethodConfig
+from .errors import InputError
+from .methods import MethodConfig, method_from_name
 
 GIB = 2**30
 CORPUS_MAX_BYTES = 2_000_000
@@ -300,6 +302,11 @@ class TrainingSpec(StrictModel):
     rate, so that its cost is measurable on one machine. None: as fast as the disk."""
 
 
+def tokens_per_iteration(model: ModelSpec, pipeline: PipelineSpec) -> int:
+    """The global batch: every microbatch of every data-parallel pipeline, in tokens."""
+    return model.sequence_length * pipeline.microbatch_size * pipeline.num_microbatches * pipeline.data_parallel_degree
+
+
 class Scenario(StrictModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(min_length=1)
@@ -320,6 +327,21 @@ class Scenario(StrictModel):
     replications: int = Field(1, ge=1)
     training: TrainingSpec = TrainingSpec()
     """Real runs only: learning rate, evaluation, corpus, device."""
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return tokens_per_iteration(self.model, self.pipeline)
+
+    @model_validator(mode="after")
+    def _convergence_at_own_batch(self) -> "Scenario":
+        # A curve counted in iterations of another batch is carried to this scenario's once, here,
+        # where every way of making a scenario (a file, --set, a sweep's grid point) passes, so that
+        # every reader of `convergence` sees iterations of this scenario's batch (ConvergenceSpec.at_batch).
+        # The model is frozen: the validated value is set in place, as a field assignment would.
+        at_own_batch = self.convergence.at_batch(self.tokens_per_iteration)
+        if at_own_batch is not self.convergence:
+            self.__dict__["convergence"] = at_own_batch
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
@@ -374,6 +396,15 @@ class Scenario(StrictModel):
         if self.target.loss is not None:
             iterations_for_target(self.convergence.baseline, self.target.loss)
         return self
+
+    def with_methods(self, names: Sequence[str]) -> "Scenario":
+        """This scenario with the methods named, in that order: its own configuration of each one it
+        lists, the defaults of the others; validated, so a method the pipeline cannot take is refused."""
+        if len(set(names)) != len(names):
+            raise InputError(f"--method lists a method twice: {list(names)}")
+        by_name = {method.name: method for method in self.methods}
+        methods = [(by_name.get(name) or method_from_name(name)).model_dump() for name in names]
+        return validate_model(Scenario, {**self.model_dump(), "methods": methods}, f"scenario {self.name} with methods {', '.join(names)}")
 
     def only_method(self, name: str | None) -> "Scenario":
         """This scenario with one method: `name`, or its only method (a real run performs one)."""

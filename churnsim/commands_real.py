@@ -46,7 +46,7 @@ def resolve_real_scenario(scenario_path: Optional[Path], preset_name: Optional[s
 
     # Narrowed first, so that an override such as fewer stages is checked against this method only.
     narrowed = load_scenario_argument(scenario_path, preset_name).only_method(method_name)
-    return with_settings(narrowed, preset_name, parse_settings(settings), method=narrowed.methods[0].name)
+    return with_settings(narrowed, preset_name, parse_settings(settings), methods=(narrowed.methods[0].name,))
 
 
 @real_app.command("run")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
@@ -79,18 +80,19 @@ def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[
     return load_scenario(str(scenario_path)) if scenario_path is not None else preset(preset_name)
 
 
-def with_settings(base, preset_name: Optional[str], settings: dict, *, method: Optional[str] = None, overrides: Callable = lambda scenario: scenario):
-    """`base` (the named scenario, narrowed to `method` and with `overrides` applied) with the --set
+def with_settings(base, preset_name: Optional[str], settings: dict, *, methods: Sequence[str] = (), overrides: Callable = lambda scenario: scenario):
+    """`base` (the named scenario, narrowed to `methods` and with `overrides` applied) with the --set
     settings. A calibrated preset (`presets.calibrated_for_settings`) is built again with them before
-    its calibration, then narrowed and overridden alike: another setup gets the calibration's
-    compute model, where the calibrated setup's per-stage times would not fit."""
+    its calibration, narrowed to `methods` first (settings such as 3 stages are checked against the
+    methods chosen only), then overridden alike: another setup gets the calibration's compute
+    model, where the calibrated setup's per-stage times would not fit."""
     from churnsim.calibration.presets import calibrated_for_settings, preset
     from churnsim.calibration.scenario_overrides import apply_settings
 
     if not settings:
         return base
     if preset_name is not None and calibrated_for_settings(preset_name):
-        return overrides(preset(preset_name, settings, method=method))
+        return overrides(preset(preset_name, settings, methods=methods))
     return apply_settings(base, settings)
 
 
@@ -117,14 +119,10 @@ def check_up_front(scenarios, *, source: str, workers: Optional[int] = None) -> 
 def override_run_settings(scenario, *, methods: Optional[list[str]], replications: Optional[int], seed: Optional[int]):
     """Apply --method/--replications/--seed to a scenario (re-validated)."""
     from churnsim.calibration.errors import InputError
-    from churnsim.calibration.methods import method_from_name
 
-    update: dict = {}
     if methods:
-        by_name = {method.name: method for method in scenario.methods}
-        update["methods"] = tuple(by_name.get(name) or method_from_name(name) for name in methods)
-        if len(set(methods)) != len(methods):
-            raise InputError(f"--method lists a method twice: {methods}")
+        scenario = scenario.with_methods(methods)
+    update: dict = {}
     if replications is not None:
         if replications < 1:
             raise InputError(f"--replications {replications}: must be >= 1")
@@ -138,13 +136,12 @@ def override_run_settings(scenario, *, methods: Optional[list[str]], replication
     from churnsim.calibration.base import validate_model
     from churnsim.calibration.scenario import Scenario
 
-    data = scenario.model_dump()
-    data.update({key: (value if key != "methods" else [m.model_dump() for m in value]) for key, value in update.items()})
-    return validate_model(Scenario, data, "scenario with command-line overrides")
+    return validate_model(Scenario, {**scenario.model_dump(), **update}, "scenario with command-line overrides")
 
 
 OVERWRITE_HELP = "Write into --out even though it holds another run's results or other files (churnsim's own old results there are replaced)."
 JSON_HELP = "Print the answer as strict JSON on stdout (tables go to stderr), for scripts."
+SET_HELP = "FIELD=VALUE override of a scenario field (dotted path, as in `sweep`); repeatable."
 
 
 @app.command("simulate")
@@ -154,7 +151,7 @@ def simulate_command(
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to simulate; repeat for several (default: the scenario's)."),
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications (common random numbers across methods)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Base seed of the failure paths."),
-    settings: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of a scenario field (dotted path, as in `sweep`); repeatable."),
+    settings: list[str] = typer.Option([], "--set", help=SET_HELP),
     out: Path = typer.Option(..., "--out", help="Directory for run records, tables and timelines."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
@@ -169,7 +166,9 @@ def simulate_command(
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
 
-    scenario = with_settings(overrides(load_scenario_argument(scenario_path, preset_name)), preset_name, parse_settings(settings), overrides=overrides)
+    scenario = with_settings(
+        overrides(load_scenario_argument(scenario_path, preset_name)), preset_name, parse_settings(settings), methods=methods or (), overrides=overrides
+    )
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
@@ -184,6 +183,7 @@ def whatif_command(
     scenario_path: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file instead of a preset."),
     rates: Optional[str] = typer.Option(None, "--rates", help="Failure probabilities per stage-hour, comma-separated (default 0,0.05,0.1,0.16,0.33)."),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several (default: all)."),
+    settings: list[str] = typer.Option([], "--set", help=SET_HELP),
     replications: int = typer.Option(10, "--replications", help="Replications per failure rate (common random numbers across methods)."),
     quick: bool = typer.Option(False, "--quick", help="A fast smoke run: 3 replications, 3 rates, a short interval study."),
     out: Path = typer.Option(Path("churnsim-out"), "--out", help="Directory for tables and figures."),
@@ -200,7 +200,10 @@ def whatif_command(
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
     from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, run_whatif
 
-    scenario = load_scenario_argument(scenario_path, None if scenario_path else preset_name)
+    from churnsim.calibration.scenario_overrides import parse_settings
+
+    named_preset = None if scenario_path else preset_name
+    scenario = with_settings(load_scenario_argument(scenario_path, named_preset), named_preset, parse_settings(settings), methods=methods or ())
     failure_rates = parse_float_list(rates, "--rates") if rates else WHATIF_FAILURE_RATES
     chosen = override_run_settings(scenario, methods=methods, replications=None, seed=None).methods if methods else ()
     if replications < 2:
@@ -222,7 +225,7 @@ def whatif_command(
 
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
     rate_scenarios = [at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods()) for rate in plan.failure_rates]
-    check_up_front(rate_scenarios, source=scenario_source(scenario_path, preset_name), workers=workers)
+    check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers)
     tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)
     total = len(tasks)
@@ -245,16 +248,18 @@ def whatif_command(
 def recommend_command(
     scenario_path: Optional[Path] = typer.Argument(None, metavar="[SCENARIO]", help="Scenario JSON file."),
     preset_name: Optional[str] = typer.Option(None, "--preset", help="A built-in scenario (see `churnsim presets`)."),
+    settings: list[str] = typer.Option([], "--set", help=SET_HELP),
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications per variant (default: the scenario's)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recommendation as strict JSON on stdout, for scripts."),
 ) -> None:
     """What to use: the best method and its knobs (checkpoint interval against Young/Daly, CheckFree's
     edge fallback), its time to target, and whether the winner changes with the setbacks or the failure rate."""
+    from churnsim.calibration.scenario_overrides import parse_settings
     from churnsim.recommend_report import show_recommendation
     from churnsim.sim.recommend import recommend
 
-    scenario = load_scenario_argument(scenario_path, preset_name)
+    scenario = with_settings(load_scenario_argument(scenario_path, preset_name), preset_name, parse_settings(settings))
     if replications is not None and replications < 1:
         from churnsim.calibration.errors import InputError
 

@@ -37,6 +37,20 @@ def test_whatif_quick_writes_tables_figures_and_manifest(tmp_path):
     assert any("uncalibrated" in note for note in manifest["notes"]) == (not preset("checkfree-124m-geo-10pct").convergence.calibrated)
 
 
+def test_whatif_takes_set_overrides_and_methods_that_fit_the_setup(tmp_path):
+    out = tmp_path / "whatif"
+    main(["whatif", "--quick", "--preset", "checkfree-124m-geo-10pct", "--set", "recovery.join_delay_s=600", "--method", "checkpoint",
+          "--method", "checkfree", "--rates", "0.33", "--workers", "1", "--no-figures", "--out", str(out)])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["scenario"]["recovery"]["join_delay_s"] == 600
+    assert set(pd.read_csv(out / "summary.csv")["method"]) == {"checkpoint", "checkfree"}
+    # The calibrated preset at 3 stages: CheckFree+ (4 stages or more) left out by --method, not refused.
+    main(["whatif", "--quick", "--preset", "cpu-tiny", "--set", "pipeline.num_stages=3", "--set", "model.num_layers=6",
+          "--method", "checkfree", "--method", "redundant", "--rates", "0.1", "--workers", "1", "--no-figures", "--out", str(tmp_path / "three")])
+    manifest = json.loads((tmp_path / "three" / "manifest.json").read_text())
+    assert manifest["scenario"]["pipeline"]["num_stages"] == 3
+
+
 def test_simulate_writes_one_record_per_run_and_a_perfetto_timeline(tmp_path):
     out = tmp_path / "sim"
     main(["simulate", "--preset", "checkfree-124m-geo-16pct", "--method", "checkpoint", "--method", "checkfree", "--replications", "2", "--out", str(out)])

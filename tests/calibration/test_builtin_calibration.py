@@ -80,7 +80,7 @@ def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     assert calibration is not None and calibration.compute_model is not None
-    six = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6}, method="checkfree")
+    six = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6}, methods=("checkfree",))
     assert six.pipeline.num_stages == 6 and [method.name for method in six.methods] == ["checkfree"]
     assert six.compute == calibrated_compute(six, calibration)
     assert len(six.compute.block_forward_s) == 6

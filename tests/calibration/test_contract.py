@@ -65,6 +65,27 @@ def test_more_stages_than_layers_is_rejected_with_a_fix():
         validate_model(Scenario, data, "scenario.json")
 
 
+def test_a_scenario_narrowed_to_named_methods_keeps_their_configuration_in_that_order():
+    scenario = preset("checkfree-124m-geo-10pct")
+    own = {method.name: method for method in scenario.methods}
+    narrowed = scenario.with_methods(["checkfree", "checkpoint"])
+    assert [method.name for method in narrowed.methods] == ["checkfree", "checkpoint"]
+    assert narrowed.methods[0] == own["checkfree"] and narrowed.methods[1] == own["checkpoint"]
+    assert scenario.with_methods(["copy"]).methods == (method_from_name("copy"),)
+    with pytest.raises(InputError, match="--method lists a method twice"):
+        scenario.with_methods(["checkfree", "checkfree"])
+
+
+def test_a_calibrated_preset_takes_settings_that_fit_only_the_methods_chosen():
+    three_stages = {"pipeline.num_stages": 3, "model.num_layers": 6}
+    with pytest.raises(InputError, match="'checkfree_plus' needs at least 4 pipeline stages"):
+        preset("cpu-tiny", three_stages)
+    scenario = preset("cpu-tiny", three_stages, methods=("checkpoint", "checkfree"))
+    assert scenario.pipeline.num_stages == 3
+    assert [method.name for method in scenario.methods] == ["checkpoint", "checkfree"]
+    assert scenario.compute.block_forward_s != preset("cpu-tiny").compute.block_forward_s[:3]  # the compute model's, for 3 stages
+
+
 def test_method_using_a_missing_storage_tier_is_rejected():
     data = json.loads(preset("checkfree-124m-geo-10pct").model_dump_json())
     data["storage"] = [tier for tier in data["storage"] if tier["name"] != "remote"]

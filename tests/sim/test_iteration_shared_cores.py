@@ -100,7 +100,7 @@ def test_a_measured_method_extra_scales_to_another_setup_as_the_models_own_extra
     calibration, _ = load_builtin_calibration("cpu-tiny")
     measured_s = calibration.method_iteration_extra_s["redundant"]
     reference_s = calibration.method_model_extra_s["redundant"]
-    for scenario, expect_scale_one in ((preset("cpu-tiny", method="redundant"), True), (preset("cpu-tiny", settings, method="redundant"), False)):
+    for scenario, expect_scale_one in ((preset("cpu-tiny", methods=("redundant",)), True), (preset("cpu-tiny", settings, methods=("redundant",)), False)):
         method = scenario.methods[0]
         # What a calibrated scenario carries: the measured extra and the model's own on the calibrated setup.
         assert dict(scenario.compute.method_iteration_extra_s)["redundant"] == measured_s

@@ -69,6 +69,20 @@ def test_recommend_json_is_strict_and_names_the_robustness_cases(tmp_path):
     assert all(case["winner_changes"] is False for case in answer["robustness"])
 
 
+def test_recommend_takes_set_overrides_of_the_scenario(tmp_path):
+    # Failures four times as rare: Young's interval √(2δM) doubles.
+    (tmp_path / "scenario.json").write_text(young_daly_scenario(2_000).model_dump_json(indent=2))
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "recommend", "scenario.json", "--set", f"churn.failures_per_node_hour={3600.0 / (4 * MTBF_S)}",
+         "--replications", "2", "--workers", "1", "--json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    answer = strict_json_loads(result.stdout)
+    assert "churn.failures_per_node_hour=" in answer["scenario"]
+    assert answer["interval_studies"][0]["young_interval_iterations"] == pytest.approx(400, rel=0.05)
+
+
 def test_the_api_recommends_for_a_scenario():
     from churnsim import api
 

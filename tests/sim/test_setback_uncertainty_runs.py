@@ -98,7 +98,7 @@ def test_a_setback_that_grows_with_progress_is_noted_and_tabled_as_it_grows():
     row give the growth, not only the constant part (which alone read "0 (interior), 0 (edge)")."""
     from churnsim.calibration.presets import preset
 
-    scenario = preset("cpu-tiny", {"replications": 1, "convergence.setback_scale": 2.0}, method="checkfree")
+    scenario = preset("cpu-tiny", {"replications": 1, "convergence.setback_scale": 2.0}, methods=("checkfree",))
     interior = scenario.convergence.setbacks["checkfree"].interior
     assert interior.mean_iterations == 0 and interior.per_progress_iteration > 0  # the lab's shape, as shipped
     results = run_replication(ReplicationTask(scenario=scenario, replication=0, methods=scenario.methods))
