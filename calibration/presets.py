@@ -552,6 +552,20 @@ def calibrated_for_settings(name: str) -> bool:
     return name in _BEFORE_CALIBRATION
 
 
+def configured_scenario(
+    scenario: Scenario, preset_name: str | None, settings: Mapping[str, object] | None = None, *, methods: Sequence[str] = ()
+) -> Scenario:
+    """`scenario` (the preset `preset_name`, when it is one) narrowed to `methods`, with `settings`:
+    what the command line's `--method` and `--set` and the Python API's `methods` and `settings` do.
+    A calibrated preset (`calibrated_for_settings`) is built again with the settings before its
+    calibration, so that another setup gets the calibration's compute model, where the calibrated
+    setup's per-stage times would not fit."""
+    if settings and preset_name is not None and calibrated_for_settings(preset_name):
+        return preset(preset_name, settings, methods=methods)
+    narrowed = scenario.with_methods(methods) if methods else scenario
+    return apply_settings(narrowed, dict(settings)) if settings else narrowed
+
+
 def preset(name: str, settings: Mapping[str, object] | None = None, *, methods: Sequence[str] = ()) -> Scenario:
     """A built-in scenario; with `settings` (`--set` overrides, dotted paths) and `methods` (narrowed to
     those methods first, so that settings are checked against them alone: a 3-stage setting with

@@ -22,10 +22,8 @@ import pandas as pd
 
 from churnsim.calibration.base import validate_model
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.methods import method_from_name
-from churnsim.calibration.presets import PRESETS, preset
+from churnsim.calibration.presets import PRESETS, configured_scenario, preset
 from churnsim.calibration.scenario import Scenario, load_scenario
-from churnsim.calibration.scenario_overrides import apply_settings
 from churnsim.sim.verdict import Verdict
 
 
@@ -66,17 +64,14 @@ def _configured(
     seed: int | None = None,
     settings: Mapping[str, object] | None = None,
 ) -> Scenario:
-    base = scenario_of(scenario)
-    data = base.model_dump()
-    if methods is not None:
-        by_name = {method.name: method for method in base.methods}
-        data["methods"] = [(by_name.get(name) or method_from_name(name)).model_dump() for name in methods]
-    if replications is not None:
-        data["replications"] = replications
-    if seed is not None:
-        data["seed"] = seed
-    configured = validate_model(Scenario, data, f"scenario {base.name}")
-    return apply_settings(configured, dict(settings)) if settings else configured
+    """The scenario with the methods, settings, replications and seed asked for, as the command line
+    makes it (`presets.configured_scenario`: a calibrated preset is built again with the settings)."""
+    preset_name = scenario if isinstance(scenario, str) and scenario in PRESETS else None
+    configured = configured_scenario(scenario_of(scenario), preset_name, settings, methods=methods or ())
+    update = {key: value for key, value in (("replications", replications), ("seed", seed)) if value is not None}
+    if not update:
+        return configured
+    return validate_model(Scenario, {**configured.model_dump(), **update}, f"scenario {configured.name}")
 
 
 def simulate(
@@ -105,17 +100,19 @@ def whatif(
     replications: int = 10,
     interval_study: bool = True,
     workers: int = 1,
+    settings: Mapping[str, object] | None = None,
 ) -> Results:
     """`churnsim whatif`: failure rates (per stage-hour) × methods, with the checkpoint-interval study.
 
     `workers=1` runs in this process; more use a local process pool (same numbers, faster).
+    `settings` overrides fields by dotted path, as `--set` does.
     """
     from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, compute_whatif
 
     if replications < 2:
         raise InputError(f"replications = {replications}: confidence intervals need at least 2")
-    base = scenario_of(scenario)
-    chosen = _configured(base, methods=methods).methods if methods is not None else ()
+    base = _configured(scenario, methods=methods, settings=settings)
+    chosen = base.methods if methods is not None else ()
     plan = WhatIfPlan(
         scenario=base,
         failure_rates=tuple(failure_rates) if failure_rates is not None else WHATIF_FAILURE_RATES,
@@ -153,12 +150,14 @@ def sweep(
     return Results(runs=result.runs, summary=result.summary, trajectories=result.trajectories, verdict=verdict, notes=verdict.caveats)
 
 
-def recommend(scenario: Scenario | str | Path, *, replications: int | None = None, workers: int = 1):
+def recommend(
+    scenario: Scenario | str | Path, *, replications: int | None = None, workers: int = 1, settings: Mapping[str, object] | None = None
+):
     """`churnsim recommend`: the best method with its knobs, its time to target and how robust the
-    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data)."""
+    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data). `settings` as in `whatif`."""
     from churnsim.sim.recommend import recommend as recommend_scenario
 
-    return recommend_scenario(scenario_of(scenario), replications=replications, workers=workers)
+    return recommend_scenario(_configured(scenario, settings=settings), replications=replications, workers=workers)
 
 
 __all__ = ["Results", "recommend", "scenario_of", "simulate", "sweep", "whatif"]

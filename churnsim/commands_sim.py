@@ -81,19 +81,14 @@ def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[
 
 
 def with_settings(base, preset_name: Optional[str], settings: dict, *, methods: Sequence[str] = (), overrides: Callable = lambda scenario: scenario):
-    """`base` (the named scenario, narrowed to `methods` and with `overrides` applied) with the --set
-    settings. A calibrated preset (`presets.calibrated_for_settings`) is built again with them before
-    its calibration, narrowed to `methods` first (settings such as 3 stages are checked against the
-    methods chosen only), then overridden alike: another setup gets the calibration's compute
-    model, where the calibrated setup's per-stage times would not fit."""
-    from churnsim.calibration.presets import calibrated_for_settings, preset
-    from churnsim.calibration.scenario_overrides import apply_settings
+    """`base` (the named scenario, already narrowed to `methods` and with `overrides` applied) with
+    the --set settings (`presets.configured_scenario`); `overrides` again after a calibrated preset
+    was built anew."""
+    from churnsim.calibration.presets import configured_scenario
 
     if not settings:
         return base
-    if preset_name is not None and calibrated_for_settings(preset_name):
-        return overrides(preset(preset_name, settings, methods=methods))
-    return apply_settings(base, settings)
+    return overrides(configured_scenario(base, preset_name, settings, methods=methods))
 
 
 def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -> str:
