@@ -77,6 +77,11 @@ def calibrate_command(
     name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: OUT's file stem)."),
     remote_dir: Optional[Path] = typer.Option(None, "--remote-dir", help="A directory on slower storage to measure as the 'remote' tier."),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Methods of the suite's failure runs (default: every method real runs implement)."),
+    preset_name: Optional[str] = typer.Option(
+        None, "--preset", help="Run the suite on this built-in scenario's model and pipeline (default: the tiny model in 4 stages, cpu-tiny)."
+    ),
+    scenario_path: Optional[Path] = typer.Option(None, "--scenario", help="Run the suite on this scenario file's model and pipeline."),
+    settings: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of the scenario calibrated (dotted path); repeatable."),
     convergence: bool = typer.Option(False, "--convergence", help="Measure convergence setbacks with the convergence lab (paired forks of no-failure runs) into a copy of --base."),
     base: str = typer.Option("cpu-tiny", "--base", help="With --convergence: the calibration (file or built-in name) whose model is trained and whose setbacks are replaced."),
     seeds: str = typer.Option("0,1", "--seeds", help="With --convergence: seeds of the paired no-failure runs, comma-separated (one process each)."),
@@ -101,9 +106,10 @@ def calibrate_command(
     from churnsim.out_directory import check_writable_file
 
     check_writable_file(out, flag="--out")  # before minutes of real runs, not after them
+    configures_the_suite = preset_name is not None or scenario_path is not None or bool(settings)
     if convergence:
-        if runs or quick or methods:
-            raise InputError("--convergence runs the convergence lab: drop --runs, --quick and --method")
+        if runs or quick or methods or configures_the_suite:
+            raise InputError("--convergence runs the convergence lab on --base: drop --runs, --quick, --method, --preset, --scenario and --set")
         calibrate_convergence(
             out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points, table=setback_table,
             device=device,
@@ -111,8 +117,10 @@ def calibrate_command(
         return
     started = time.perf_counter()
     if runs:
-        if quick or runs_out is not None or methods:
-            raise InputError("--runs fits existing records: drop --quick, --runs-out and --method (they configure the suite)")
+        if quick or runs_out is not None or methods or configures_the_suite:
+            raise InputError(
+                "--runs fits existing records: drop --quick, --runs-out, --method, --preset, --scenario and --set (they configure the suite)"
+            )
         directories = run_record_directories(runs)
         link_file = _find_measurement([Path(path) for path in runs], LINK_PROFILE_FILE)
         link_points = pd.read_csv(link_file) if link_file is not None else _measure_link(device)
@@ -122,6 +130,9 @@ def calibrate_command(
         require_torch("calibrating with real runs")
         from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan
 
+        suite_settings = quick_settings() if quick else full_settings()
+        if configures_the_suite:
+            suite_settings = _scenario_suite_settings(scenario_path, preset_name, settings, suite_settings, device=device)
         runs_out = runs_out if runs_out is not None else out.parent / f"{out.stem}-runs"
         runs_out.mkdir(parents=True, exist_ok=True)
         link_points = _measure_link(device)
@@ -131,7 +142,7 @@ def calibrate_command(
             tiers["remote"] = remote_dir
         storage = _measure_storage(tiers)
         storage.to_csv(runs_out / STORAGE_FILE, index=False)
-        plan = suite_plan(quick_settings() if quick else full_settings(), device=device, methods=methods)
+        plan = suite_plan(suite_settings, device=device, methods=methods)
         console.print(f"running {len(plan)} short real runs into {runs_out} ...")
 
         def done(run, seconds: float) -> None:
@@ -158,6 +169,26 @@ def calibrate_command(
     save_calibration(calibration, out)  # atomic: temporary file + rename
     print_calibration(calibration)
     console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s (fitted on {len(records)} run records)")
+
+
+def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optional[str], settings: list[str], base, *, device: str):
+    """The suite's sizes on the model and pipeline of the scenario named (cpu-tiny's when only --set
+    is given), refused in one line where this machine cannot run it."""
+    from churnsim.calibration.presets import configured_scenario
+    from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
+    from churnsim.commands_sim import load_scenario_argument
+    from churnsim.real.calibration_suite import scenario_suite_settings
+    from churnsim.real.scenario_run import check_fits_machine
+
+    if scenario_path is None and preset_name is None:
+        preset_name = "cpu-tiny"
+    # Only the model, pipeline and training are calibrated; the suite picks its own methods (--method).
+    scenario = configured_scenario(load_scenario_argument(scenario_path, preset_name), preset_name, parse_settings(settings), methods=("none",))
+    suite_settings = scenario_suite_settings(scenario, base)
+    # The longest run of the suite, on the device it will use: the same check as `real run`'s.
+    longest = apply_settings(scenario, {"target.loss": None, "target.iterations": suite_settings.num_iterations, "training.device": device})
+    check_fits_machine(longest)
+    return suite_settings
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

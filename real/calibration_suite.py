@@ -3,16 +3,19 @@
 - `measure_link_profile`: ping-pong of tensors from 1 KiB to 16 MiB between two processes over the
   run's backend (gloo on CPU); one-way time = round trip / 2, the median over repeats per size.
 - `measure_storage_bandwidth`: write + fsync, then read, of one file in a directory (a storage tier).
-- `suite_plan` / `run_suite`: short real runs of the tiny model in 4 stages (so CheckFree+ works):
-  one no-failure `none` run per seed (baseline loss curve and timings) and, for every method in the
-  real METHODS registry, one run with failures injected alternately at interior and edge stages,
-  spaced so that the setback windows of consecutive failures do not overlap.
+- `suite_plan` / `run_suite`: short real runs of the tiny model in 4 stages (so CheckFree+ works), or
+  of a scenario's model and pipeline (`scenario_suite_settings`): one no-failure `none` run per seed
+  (baseline loss curve and timings), no-failure runs of three other shapes (`suite_shapes`) and,
+  for every method in the real METHODS registry that the pipeline can take, one run with failures
+  injected alternately at interior and edge stages, spaced so that the setback windows of
+  consecutive failures do not overlap.
 
 Every process runs torch with one thread (the suite's processes share a small machine).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -28,7 +31,7 @@ from churnsim.calibration.scenario import CORPUS_MAX_BYTES
 
 from .distributed import Communicator
 from .launch import launch_local, run_distributed
-from .model import model_preset
+from .model import ModelConfig, model_preset
 from .trainer import TrainingConfig
 
 if TYPE_CHECKING:
@@ -57,8 +60,12 @@ SUITE_METHOD_PARAMETERS: dict[str, dict[str, object]] = {
     "checkfree": {"edge_fallback": "copy"},
 }
 
-# Interior and edge stages in turn, so each method gets setback samples at both positions.
-_FAILURE_STAGE_CYCLE = (1, SUITE_NUM_STAGES - 1, 2, 0)
+
+
+def failure_stage_cycle(num_stages: int) -> tuple[int, ...]:
+    """Interior and edge stages in turn, so each method gets setback samples at both positions:
+    (1, 3, 2, 0) for 4 stages; a 2-stage pipeline has edges only."""
+    return (1, num_stages - 1, num_stages - 2 if num_stages > 2 else 0, 0)
 
 
 # -- link -------------------------------------------------------------------------------------
@@ -187,6 +194,10 @@ class SuiteSettings:
     eval_interval_iterations: int = 50
     corpus_max_bytes: int = CORPUS_MAX_BYTES
     learning_rate: float = 1e-3
+    model: ModelConfig | None = None
+    """The model every run trains; None: the tiny model (`model_preset("tiny")`)."""
+    num_stages: int = SUITE_NUM_STAGES
+    schedule: str = "1f1b"
 
 
 def quick_settings() -> SuiteSettings:
@@ -195,22 +206,58 @@ def quick_settings() -> SuiteSettings:
 
 
 SHAPE_ITERATIONS = 40
-SHAPES: tuple[tuple[str, dict[str, int]], ...] = (
-    ("2-stages", {"num_stages": 2}),
-    ("8-microbatches", {"num_microbatches": 8}),
-    ("microbatch-16", {"microbatch_size": 16}),
-)
-"""No-failure runs of other setups than the suite's own: two layers per stage, twice the
-microbatches, twice the tokens per microbatch. They tell the compute cost model
-(calibration.compute_cost) how a hop's work grows with layers and tokens and the iteration with
-microbatches, so that a calibration predicts setups it did not run."""
+
+
+def suite_shapes(settings: SuiteSettings) -> tuple[tuple[str, dict[str, int]], ...]:
+    """No-failure runs of other setups than the suite's own: half the stages (twice the layers per
+    stage; left out where that is fewer than 2 stages or splits the layers unequally), twice the
+    microbatches, twice the tokens per microbatch. They tell the compute cost model
+    (calibration.compute_cost) how a hop's work grows with layers and tokens and the iteration with
+    microbatches, so that a calibration predicts setups it did not run. For the tiny model in 4
+    stages × 4 microbatches of 8: "2-stages", "8-microbatches", "microbatch-16"."""
+    num_layers = (settings.model or model_preset("tiny")).num_layers
+    half = settings.num_stages // 2
+    shapes: list[tuple[str, dict[str, int]]] = []
+    if half >= 2 and num_layers % half == 0 and settings.num_stages % 2 == 0:
+        shapes.append((f"{half}-stages", {"num_stages": half}))
+    shapes.append((f"{2 * settings.num_microbatches}-microbatches", {"num_microbatches": 2 * settings.num_microbatches}))
+    shapes.append((f"microbatch-{2 * settings.microbatch_size}", {"microbatch_size": 2 * settings.microbatch_size}))
+    return tuple(shapes)
+
+
+def scenario_suite_settings(scenario: Any, base: SuiteSettings) -> SuiteSettings:
+    """`base` (quick or full) on the model, pipeline and training of a contract Scenario: what
+    `churnsim calibrate --preset/--scenario/--set` measures. Real runs take one pipeline, no data
+    parallelism, equal stages (`Scenario.check_real_run_layout`)."""
+    from .scenario_run import model_config
+
+    if scenario.pipeline.data_parallel_degree != 1:
+        raise InputError(
+            f"pipeline.data_parallel_degree = {scenario.pipeline.data_parallel_degree}: real runs do not implement data "
+            "parallelism yet; calibrate one pipeline (--set pipeline.data_parallel_degree=1)"
+        )
+    scenario.check_real_run_layout()
+    if scenario.pipeline.num_stages < 2:
+        raise InputError("pipeline.num_stages = 1: the suite fails stages and rebuilds them from neighbours; calibrate 2 stages or more")
+    return dataclasses.replace(
+        base,
+        model=model_config(scenario.model),
+        num_stages=scenario.pipeline.num_stages,
+        num_microbatches=scenario.pipeline.num_microbatches,
+        microbatch_size=scenario.pipeline.microbatch_size,
+        schedule=scenario.pipeline.schedule,
+        learning_rate=scenario.training.learning_rate,
+        corpus_max_bytes=scenario.training.corpus_max_bytes,
+    )
 
 
 def full_settings() -> SuiteSettings:
     return SuiteSettings(num_iterations=300, seeds=(0, 1, 2), failure_spacing_iterations=40)
 
 
-def failure_steps(num_iterations: int, spacing_iterations: int, *, window_iterations: int = SETBACK_WINDOW_ITERATIONS) -> tuple[tuple[int, int], ...]:
+def failure_steps(
+    num_iterations: int, spacing_iterations: int, *, window_iterations: int = SETBACK_WINDOW_ITERATIONS, num_stages: int = SUITE_NUM_STAGES
+) -> tuple[tuple[int, int], ...]:
     """(step, stage) failures every `spacing_iterations`, interior and edge stages in turn.
 
     A failure is placed only where a whole setback window fits before the next one and the end of
@@ -222,7 +269,8 @@ def failure_steps(num_iterations: int, spacing_iterations: int, *, window_iterat
             "space failures further apart"
         )
     steps = range(spacing_iterations, num_iterations - window_iterations + 1, spacing_iterations)
-    return tuple((step, _FAILURE_STAGE_CYCLE[index % len(_FAILURE_STAGE_CYCLE)]) for index, step in enumerate(steps))
+    cycle = failure_stage_cycle(num_stages)
+    return tuple((step, cycle[index % len(cycle)]) for index, step in enumerate(steps))
 
 
 def suite_method_config(name: str):
@@ -236,16 +284,17 @@ def training_config(
     seed: int,
     failures: tuple[tuple[int, int], ...] = (),
     device: str = "cpu",
-    num_stages: int = SUITE_NUM_STAGES,
+    num_stages: int | None = None,
     num_microbatches: int | None = None,
     microbatch_size: int | None = None,
     num_iterations: int | None = None,
 ) -> TrainingConfig:
-    """The tiny model in 4 stages with the suite's sizes (also used for held-out validation runs);
+    """The suite's model and pipeline (the tiny model in 4 stages unless the settings name others);
     the keyword sizes give another setup."""
     return TrainingConfig(
-        model=model_preset("tiny"),
-        num_stages=num_stages,
+        model=settings.model or model_preset("tiny"),
+        num_stages=num_stages or settings.num_stages,
+        schedule=settings.schedule,
         num_microbatches=num_microbatches or settings.num_microbatches,
         microbatch_size=microbatch_size or settings.microbatch_size,
         num_iterations=num_iterations or settings.num_iterations,
@@ -271,8 +320,11 @@ def registered_methods() -> tuple[str, ...]:
 
 def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequence[str] | None = None, prefix: str = "fit") -> tuple[SuiteRun, ...]:
     """Baseline runs (the reference method `none`, no failures) per seed, no-failure runs of other
-    shapes (`SHAPES`), then one failure run per method."""
-    chosen = tuple(methods) if methods is not None else registered_methods()
+    shapes (`suite_shapes`), then one failure run per method (by default every registered method
+    the pipeline can take: CheckFree+ needs 4 stages)."""
+    chosen = tuple(methods) if methods is not None else tuple(
+        name for name in registered_methods() if method_traits(name).minimum_stages <= settings.num_stages
+    )
     reference = reference_method()
     runs = [
         SuiteRun(
@@ -290,9 +342,9 @@ def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequenc
                 settings, method=reference, seed=settings.seeds[0], device=device, num_iterations=SHAPE_ITERATIONS, **sizes
             ),
         )
-        for shape, sizes in SHAPES
+        for shape, sizes in suite_shapes(settings)
     ]
-    failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations)
+    failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations, num_stages=settings.num_stages)
     for index, name in enumerate(method for method in chosen if not method_traits(method).ignores_failures):
         seed = settings.seeds[index % len(settings.seeds)]
         runs.append(

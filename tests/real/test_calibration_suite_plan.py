@@ -1,0 +1,71 @@
+"""The calibration suite's plan: the tiny model by default, or a scenario's model and pipeline
+(`churnsim calibrate --preset/--scenario/--set`). Plans only: no run is started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.presets import configured_scenario, preset
+from churnsim.real.calibration_suite import quick_settings, scenario_suite_settings, suite_plan
+from churnsim.real.model import model_preset
+
+
+def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_three_shapes():
+    plan = suite_plan(quick_settings())
+    assert [run.run_id for run in plan] == [
+        "fit-none-s0", "fit-none-s1", "fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16",
+        "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
+        "fit-copy-s1", "fit-uniform-s0", "fit-random-s1",
+    ]  # fmt: skip
+    by_id = {run.run_id: run.config for run in plan}
+    assert all(config.model == model_preset("tiny") for config in by_id.values())
+    assert (by_id["fit-shape-2-stages"].num_stages, by_id["fit-shape-8-microbatches"].num_microbatches, by_id["fit-shape-microbatch-16"].microbatch_size) == (2, 8, 16)
+    assert by_id["fit-checkfree-s1"].failures == ((25, 1), (50, 3), (75, 2))  # interior, edge, interior
+
+
+def _scenario(**settings):
+    return configured_scenario(preset("cpu-tiny"), "cpu-tiny", settings, methods=("none",))
+
+
+def test_a_scenario_s_model_and_pipeline_are_what_the_suite_runs():
+    settings = scenario_suite_settings(_scenario(**{"model.num_layers": 8, "model.hidden_size": 32, "pipeline.schedule": "gpipe"}), quick_settings())
+    plan = suite_plan(settings)
+    baseline = plan[0].config
+    assert (baseline.model.num_layers, baseline.model.dim, baseline.num_stages, baseline.schedule) == (8, 32, 4, "gpipe")
+    shapes = {run.run_id: run.config for run in plan if run.purpose == "shape"}
+    assert shapes["fit-shape-2-stages"].model.num_layers == 8 and shapes["fit-shape-2-stages"].num_stages == 2
+
+
+def test_three_stages_leave_out_the_stage_shape_and_checkfree_plus_and_fail_every_stage():
+    plan = suite_plan(scenario_suite_settings(_scenario(**{"model.num_layers": 6, "pipeline.num_stages": 3}), quick_settings()))
+    assert [run.run_id for run in plan if run.purpose == "shape"] == ["fit-shape-8-microbatches", "fit-shape-microbatch-16"]
+    failure_runs = [run for run in plan if run.purpose == "failures"]
+    assert "checkfree_plus" not in {run.config.method.name for run in failure_runs}
+    assert {stage for run in failure_runs for _, stage in run.config.failures} <= {0, 1, 2}
+    assert 1 in {stage for run in failure_runs for _, stage in run.config.failures}  # the interior stage
+
+
+def test_a_pipeline_real_runs_cannot_take_is_refused():
+    with pytest.raises(InputError, match="data_parallel_degree = 2"):
+        scenario_suite_settings(_scenario(**{"pipeline.data_parallel_degree": 2}), quick_settings())
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        (["--runs", "records", "--preset", "cpu-tiny"], "--runs fits existing records"),
+        (["--convergence", "--set", "model.num_layers=8"], "--convergence runs the convergence lab"),
+        (["--quick", "--set", "pipeline.data_parallel_degree=2"], "data_parallel_degree = 2"),
+        (["--quick", "--set", "model.hidden_size=100000"], "GiB"),
+    ],
+)
+def test_calibrate_refuses_a_suite_it_cannot_run_in_one_line(arguments, fragment, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "churnsim", "calibrate", *arguments, "--out", "c.json"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and fragment in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing half-written
