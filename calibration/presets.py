@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Callable, Mapping
 
-from .apply import apply_calibration
+from .apply import ApplyMode, apply_calibration
 from .builtin import load_builtin_calibration
 from .calibration_file import Calibration
 from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
@@ -472,6 +472,12 @@ def cpu_tiny(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) ->
     return apply_calibration(scenario, calibration, mode="full")
 
 
+CPU_TINY_BUILTIN_SOURCE = (
+    "built-in calibration cpu-tiny, made by `churnsim calibrate --quick` on a 2-core machine "
+    "(calibration/data/calibrations/cpu-tiny.json, provenance inside)"
+)
+
+
 def _cpu_tiny_before_calibration(failures_per_node_hour: float = CPU_TINY_FAILURES_PER_NODE_HOUR) -> tuple[Scenario, Calibration | None, str]:
     """`cpu_tiny` before its calibration is applied: the scenario, the calibration (None when its file
     cannot be used) and why not."""
@@ -490,10 +496,10 @@ def _cpu_tiny_before_calibration(failures_per_node_hour: float = CPU_TINY_FAILUR
         name="cpu-tiny" if failures_per_node_hour == CPU_TINY_FAILURES_PER_NODE_HOUR else f"cpu-tiny-{failures_per_node_hour:g}-per-hour",
         description=(
             f"the tiny byte-level model (4 layers, d 64) in 4 stages on local CPU processes, each stage's node failing "
-            f"{failures_per_node_hour:g} times per hour (a ~10 s run sees a few failures); calibrated on this kind of "
-            "machine by `churnsim calibrate --quick`; `churnsim real run --preset cpu-tiny` runs it for real"
+            f"{failures_per_node_hour:g} times per hour (a ~10 s run sees a few failures); `churnsim real run --preset cpu-tiny` "
+            "runs it for real"
         ),
-        sources=("built-in calibration cpu-tiny (calibration/data/calibrations/cpu-tiny.json, provenance inside)",),
+        sources=(CPU_TINY_BUILTIN_SOURCE,) if calibration is not None else (),
         model=model,
         pipeline=pipeline,
         compute=ExplicitCompute(block_forward_s=0.003, block_backward_s=0.007, optimizer_step_s=0.045),
@@ -553,20 +559,50 @@ def calibrated_for_settings(name: str) -> bool:
 
 
 def configured_scenario(
-    scenario: Scenario, preset_name: str | None, settings: Mapping[str, object] | None = None, *, methods: Sequence[str] = ()
+    scenario: Scenario,
+    preset_name: str | None,
+    settings: Mapping[str, object] | None = None,
+    *,
+    methods: Sequence[str] = (),
+    calibration: Calibration | None = None,
+    calibration_mode: ApplyMode = "full",
 ) -> Scenario:
-    """`scenario` (the preset `preset_name`, when it is one) narrowed to `methods`, with `settings`:
-    what the command line's `--method` and `--set` and the Python API's `methods` and `settings` do.
+    """`scenario` (the preset `preset_name`, when it is one) narrowed to `methods`, with `settings`,
+    on a calibrated machine when `calibration` is given: what the command line's `--method`, `--set`
+    and `--calibration` and the Python API's `methods`, `settings` and `calibration` do.
     A calibrated preset (`calibrated_for_settings`) is built again with the settings before its
     calibration, so that another setup gets the calibration's compute model, where the calibrated
-    setup's per-stage times would not fit."""
-    if settings and preset_name is not None and calibrated_for_settings(preset_name):
-        return preset(preset_name, settings, methods=methods)
-    narrowed = scenario.with_methods(methods) if methods else scenario
-    return apply_settings(narrowed, dict(settings)) if settings else narrowed
+    setup's per-stage times would not fit. A `calibration` is applied last (calibration.apply,
+    `calibration_mode`), and a setting of a section it writes after it again (`_calibrated`)."""
+    full = calibration is not None and calibration_mode == "full"
+    if preset_name is not None and calibrated_for_settings(preset_name) and (settings or full):
+        # Built again before its calibration: with the settings, and on the machine given (full) in
+        # place of its built-in one.
+        configured = preset(preset_name, settings, methods=methods, calibration=calibration if full else None)
+        if full:
+            return configured
+    else:
+        narrowed = scenario.with_methods(methods) if methods else scenario
+        configured = apply_settings(narrowed, dict(settings)) if settings else narrowed
+    if calibration is None:
+        return configured
+    return _calibrated(configured, calibration, mode=calibration_mode, settings=settings or {})
 
 
-def preset(name: str, settings: Mapping[str, object] | None = None, *, methods: Sequence[str] = ()) -> Scenario:
+def _calibrated(configured: Scenario, calibration: Calibration, *, mode: ApplyMode, settings: Mapping[str, object]) -> Scenario:
+    """`configured` with `calibration` applied; a setting of a section the calibration writes
+    (compute, network, storage, recovery, convergence) is applied after it as well, so an explicit
+    value wins."""
+    calibrated = apply_calibration(configured, calibration, mode=mode)
+    again = {path: value for path, value in settings.items() if path.split(".", 1)[0] in _CALIBRATED_SECTIONS}
+    if again:
+        calibrated = apply_settings(calibrated, again).model_copy(update={"name": configured.name})
+    return calibrated
+
+
+def preset(
+    name: str, settings: Mapping[str, object] | None = None, *, methods: Sequence[str] = (), calibration: Calibration | None = None
+) -> Scenario:
     """A built-in scenario; with `settings` (`--set` overrides, dotted paths) and `methods` (narrowed to
     those methods first, so that settings are checked against them alone: a 3-stage setting with
     CheckFree+ left out).
@@ -575,7 +611,8 @@ def preset(name: str, settings: Mapping[str, object] | None = None, *, methods: 
     changed model or pipeline then gets the calibration's compute model for that setup
     (`apply.calibrated_compute`), where the calibrated setup's per-stage times would not fit. A
     setting of a section the calibration writes (compute, network, storage, recovery, convergence)
-    is applied after it as well, so an explicit value wins.
+    is applied after it as well, so an explicit value wins. `calibration` replaces its built-in
+    calibration (another machine's).
     """
     try:
         factory = PRESETS[name]
@@ -583,17 +620,17 @@ def preset(name: str, settings: Mapping[str, object] | None = None, *, methods: 
         raise InputError(f"unknown preset {name!r}: use one of {', '.join(sorted(PRESETS))}") from None
     settings = dict(settings or {})
     before_calibration = _BEFORE_CALIBRATION.get(name)
-    if settings and before_calibration is not None:
-        scenario, calibration, _ = before_calibration()
-        if calibration is not None:
+    if (settings or calibration is not None) and before_calibration is not None:
+        scenario, builtin_calibration, _ = before_calibration()
+        chosen = calibration or builtin_calibration
+        if chosen is not None:
             if methods:
                 scenario = scenario.with_methods(methods)
-            configured = apply_settings(scenario, settings)
-            calibrated = apply_calibration(configured, calibration, mode="full")
-            again = {path: value for path, value in settings.items() if path.split(".", 1)[0] in _CALIBRATED_SECTIONS}
-            if again:
-                calibrated = apply_settings(calibrated, again).model_copy(update={"name": configured.name})
-            return calibrated
+            if calibration is not None:  # another machine's: the built-in file is not a source
+                scenario = scenario.model_copy(update={"sources": tuple(source for source in scenario.sources if source != CPU_TINY_BUILTIN_SOURCE)})
+            return _calibrated(apply_settings(scenario, settings) if settings else scenario, chosen, mode="full", settings=settings)
+    if calibration is not None:
+        raise InputError(f"preset {name!r} is not made from a calibration; apply one with configured_scenario (--calibration)")
     scenario = factory()
     if methods:
         scenario = scenario.with_methods(methods)

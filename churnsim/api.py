@@ -21,6 +21,8 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from churnsim.calibration.base import validate_model
+from churnsim.calibration.builtin import resolve_calibration
+from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.presets import PRESETS, configured_scenario, preset
 from churnsim.calibration.scenario import Scenario, load_scenario
@@ -56,6 +58,13 @@ def scenario_of(scenario: Scenario | str | Path) -> Scenario:
     raise InputError(f"{scenario!r} is neither a preset (`churnsim presets`) nor a scenario file")
 
 
+def calibration_of(calibration: Calibration | str | Path | None) -> Calibration | None:
+    """A Calibration from a Calibration, a calibration file path or a built-in name (cpu-tiny)."""
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration
+    return resolve_calibration(str(calibration))
+
+
 def _configured(
     scenario: Scenario | str | Path,
     *,
@@ -63,11 +72,19 @@ def _configured(
     replications: int | None = None,
     seed: int | None = None,
     settings: Mapping[str, object] | None = None,
+    calibration: Calibration | str | Path | None = None,
+    calibration_mode: str = "full",
 ) -> Scenario:
-    """The scenario with the methods, settings, replications and seed asked for, as the command line
-    makes it (`presets.configured_scenario`: a calibrated preset is built again with the settings)."""
+    """The scenario with the methods, settings, calibration, replications and seed asked for, as the
+    command line makes it (`presets.configured_scenario`: a calibrated preset is built again with the
+    settings)."""
+    if calibration_mode not in ("full", "setbacks"):
+        raise InputError(f"calibration_mode = {calibration_mode!r}: use 'full' or 'setbacks'")
     preset_name = scenario if isinstance(scenario, str) and scenario in PRESETS else None
-    configured = configured_scenario(scenario_of(scenario), preset_name, settings, methods=methods or ())
+    configured = configured_scenario(
+        scenario_of(scenario), preset_name, settings, methods=methods or (), calibration=calibration_of(calibration),
+        calibration_mode=calibration_mode,  # type: ignore[arg-type]
+    )
     update = {key: value for key, value in (("replications", replications), ("seed", seed)) if value is not None}
     if not update:
         return configured
@@ -81,14 +98,21 @@ def simulate(
     replications: int | None = None,
     seed: int | None = None,
     settings: Mapping[str, object] | None = None,
+    calibration: Calibration | str | Path | None = None,
+    calibration_mode: str = "full",
 ) -> Results:
     """`churnsim simulate`: every method of one scenario over its replications (common random numbers).
 
-    `settings` overrides fields by dotted path, e.g. `{"pipeline.num_microbatches": 8}`.
+    `settings` overrides fields by dotted path, e.g. `{"pipeline.num_microbatches": 8}`; `calibration`
+    (a file from `churnsim calibrate`, a built-in name or a Calibration) runs it on that machine, as
+    `--calibration` does (`calibration_mode` "full" or "setbacks").
     """
     from churnsim.sim.simulate import simulate_tables
 
-    output = simulate_tables(_configured(scenario, methods=methods, replications=replications, seed=seed, settings=settings))
+    configured = _configured(
+        scenario, methods=methods, replications=replications, seed=seed, settings=settings, calibration=calibration, calibration_mode=calibration_mode
+    )
+    output = simulate_tables(configured)
     return Results(runs=output.runs, summary=output.summary, trajectories=output.trajectories, verdict=output.verdict, notes=output.notes)
 
 
@@ -101,17 +125,19 @@ def whatif(
     interval_study: bool = True,
     workers: int = 1,
     settings: Mapping[str, object] | None = None,
+    calibration: Calibration | str | Path | None = None,
+    calibration_mode: str = "full",
 ) -> Results:
     """`churnsim whatif`: failure rates (per stage-hour) × methods, with the checkpoint-interval study.
 
     `workers=1` runs in this process; more use a local process pool (same numbers, faster).
-    `settings` overrides fields by dotted path, as `--set` does.
+    `settings` and `calibration` as in `simulate`.
     """
     from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, compute_whatif
 
     if replications < 2:
         raise InputError(f"replications = {replications}: confidence intervals need at least 2")
-    base = _configured(scenario, methods=methods, settings=settings)
+    base = _configured(scenario, methods=methods, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
     chosen = base.methods if methods is not None else ()
     plan = WhatIfPlan(
         scenario=base,
@@ -139,25 +165,45 @@ def sweep(
     replications: int | None = None,
     seed: int | None = None,
     workers: int = 1,
+    calibration: Calibration | str | Path | None = None,
+    calibration_mode: str = "full",
 ) -> Results:
     """`churnsim sweep`: the Cartesian product of `grid` ({dotted field path: values}); the tables get
-    one column per swept field, and the verdict one point per grid point and failure rate."""
-    from churnsim.sim.sweep import build_tasks, run_sweep, sweep_verdict
+    one column per swept field, and the verdict one point per grid point and failure rate. Each point
+    is made as the command line makes it (a calibrated preset calibrated for its setup); `calibration`
+    as in `simulate`."""
+    from churnsim.sim.sweep import build_tasks, grid_points, run_sweep, sweep_verdict
 
-    base = _configured(scenario, methods=methods, replications=replications, seed=seed)
-    result = run_sweep(build_tasks(base, [(path, tuple(values)) for path, values in grid.items()]), workers=workers)
+    def configured(settings: Mapping[str, object] | None) -> Scenario:
+        return _configured(
+            scenario, methods=methods, replications=replications, seed=seed, settings=settings, calibration=calibration,
+            calibration_mode=calibration_mode,
+        )
+
+    base = configured(None)
+    settings_grid = [(path, tuple(values)) for path, values in grid.items()]
+    points = [configured(point) for point in grid_points(settings_grid)]
+    result = run_sweep(build_tasks(base, settings_grid, points=points), workers=workers)
     verdict = sweep_verdict(result, base)
     return Results(runs=result.runs, summary=result.summary, trajectories=result.trajectories, verdict=verdict, notes=verdict.caveats)
 
 
 def recommend(
-    scenario: Scenario | str | Path, *, replications: int | None = None, workers: int = 1, settings: Mapping[str, object] | None = None
+    scenario: Scenario | str | Path,
+    *,
+    replications: int | None = None,
+    workers: int = 1,
+    settings: Mapping[str, object] | None = None,
+    calibration: Calibration | str | Path | None = None,
+    calibration_mode: str = "full",
 ):
     """`churnsim recommend`: the best method with its knobs, its time to target and how robust the
-    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data). `settings` as in `whatif`."""
+    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data). `settings` and
+    `calibration` as in `simulate`."""
     from churnsim.sim.recommend import recommend as recommend_scenario
 
-    return recommend_scenario(_configured(scenario, settings=settings), replications=replications, workers=workers)
+    configured = _configured(scenario, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
+    return recommend_scenario(configured, replications=replications, workers=workers)
 
 
-__all__ = ["Results", "recommend", "scenario_of", "simulate", "sweep", "whatif"]
+__all__ = ["Results", "calibration_of", "recommend", "scenario_of", "simulate", "sweep", "whatif"]

@@ -80,15 +80,47 @@ def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[
     return load_scenario(str(scenario_path)) if scenario_path is not None else preset(preset_name)
 
 
-def with_settings(base, preset_name: Optional[str], settings: dict, *, methods: Sequence[str] = (), overrides: Callable = lambda scenario: scenario):
+def with_settings(
+    base,
+    preset_name: Optional[str],
+    settings: dict,
+    *,
+    methods: Sequence[str] = (),
+    overrides: Callable = lambda scenario: scenario,
+    calibration=None,
+    calibration_mode: str = "full",
+):
     """`base` (the named scenario, already narrowed to `methods` and with `overrides` applied) with
-    the --set settings (`presets.configured_scenario`); `overrides` again after a calibrated preset
-    was built anew."""
+    the --set settings and on the --calibration's machine (`presets.configured_scenario`);
+    `overrides` again after a calibrated preset was built anew."""
     from churnsim.calibration.presets import configured_scenario
 
-    if not settings:
+    if not settings and calibration is None:
         return base
-    return overrides(configured_scenario(base, preset_name, settings, methods=methods))
+    configured = configured_scenario(
+        base, preset_name, settings, methods=methods, calibration=calibration, calibration_mode=calibration_mode  # type: ignore[arg-type]
+    )
+    return overrides(configured)
+
+
+CALIBRATION_HELP = "Run on a calibrated machine: a file from `churnsim calibrate`, or a built-in calibration's name (cpu-tiny)."
+CALIBRATION_MODE_HELP = (
+    "With --calibration: full (every measured quantity replaces the scenario's: compute, link, storage, recovery, "
+    "convergence) or setbacks (only the measured convergence setbacks)."
+)
+
+
+def resolve_calibration_option(text: Optional[str], mode: str):
+    """The --calibration named (None without one), its --calibration-mode checked."""
+    from churnsim.calibration.errors import InputError
+
+    if mode not in ("full", "setbacks"):
+        raise InputError(f"--calibration-mode {mode!r}: use full or setbacks")
+    if text is None:
+        return None
+    from churnsim.calibration.builtin import resolve_calibration
+
+    return resolve_calibration(text)
 
 
 def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -> str:
@@ -147,6 +179,8 @@ def simulate_command(
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications (common random numbers across methods)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Base seed of the failure paths."),
     settings: list[str] = typer.Option([], "--set", help=SET_HELP),
+    calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    calibration_mode: str = typer.Option("full", "--calibration-mode", help=CALIBRATION_MODE_HELP),
     out: Path = typer.Option(..., "--out", help="Directory for run records, tables and timelines."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
@@ -161,8 +195,10 @@ def simulate_command(
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
 
+    calibration = resolve_calibration_option(calibration_argument, calibration_mode)
     scenario = with_settings(
-        overrides(load_scenario_argument(scenario_path, preset_name)), preset_name, parse_settings(settings), methods=methods or (), overrides=overrides
+        overrides(load_scenario_argument(scenario_path, preset_name)), preset_name, parse_settings(settings), methods=methods or (),
+        overrides=overrides, calibration=calibration, calibration_mode=calibration_mode,
     )
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
@@ -179,6 +215,8 @@ def whatif_command(
     rates: Optional[str] = typer.Option(None, "--rates", help="Failure probabilities per stage-hour, comma-separated (default 0,0.05,0.1,0.16,0.33)."),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several (default: all)."),
     settings: list[str] = typer.Option([], "--set", help=SET_HELP),
+    calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    calibration_mode: str = typer.Option("full", "--calibration-mode", help=CALIBRATION_MODE_HELP),
     replications: int = typer.Option(10, "--replications", help="Replications per failure rate (common random numbers across methods)."),
     quick: bool = typer.Option(False, "--quick", help="A fast smoke run: 3 replications, 3 rates, a short interval study."),
     out: Path = typer.Option(Path("churnsim-out"), "--out", help="Directory for tables and figures."),
@@ -198,7 +236,11 @@ def whatif_command(
     from churnsim.calibration.scenario_overrides import parse_settings
 
     named_preset = None if scenario_path else preset_name
-    scenario = with_settings(load_scenario_argument(scenario_path, named_preset), named_preset, parse_settings(settings), methods=methods or ())
+    calibration = resolve_calibration_option(calibration_argument, calibration_mode)
+    scenario = with_settings(
+        load_scenario_argument(scenario_path, named_preset), named_preset, parse_settings(settings), methods=methods or (),
+        calibration=calibration, calibration_mode=calibration_mode,
+    )
     failure_rates = parse_float_list(rates, "--rates") if rates else WHATIF_FAILURE_RATES
     chosen = override_run_settings(scenario, methods=methods, replications=None, seed=None).methods if methods else ()
     if replications < 2:
@@ -244,6 +286,8 @@ def recommend_command(
     scenario_path: Optional[Path] = typer.Argument(None, metavar="[SCENARIO]", help="Scenario JSON file."),
     preset_name: Optional[str] = typer.Option(None, "--preset", help="A built-in scenario (see `churnsim presets`)."),
     settings: list[str] = typer.Option([], "--set", help=SET_HELP),
+    calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    calibration_mode: str = typer.Option("full", "--calibration-mode", help=CALIBRATION_MODE_HELP),
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications per variant (default: the scenario's)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recommendation as strict JSON on stdout, for scripts."),
@@ -254,7 +298,10 @@ def recommend_command(
     from churnsim.recommend_report import show_recommendation
     from churnsim.sim.recommend import recommend
 
-    scenario = with_settings(load_scenario_argument(scenario_path, preset_name), preset_name, parse_settings(settings))
+    calibration = resolve_calibration_option(calibration_argument, calibration_mode)
+    scenario = with_settings(
+        load_scenario_argument(scenario_path, preset_name), preset_name, parse_settings(settings), calibration=calibration, calibration_mode=calibration_mode
+    )
     if replications is not None and replications < 1:
         from churnsim.calibration.errors import InputError
 
@@ -287,6 +334,8 @@ def sweep_command(
     preset_name: Optional[str] = typer.Option(None, "--preset", help="A built-in scenario."),
     settings: list[str] = typer.Option(..., "--set", help="FIELD=V1,V2,... over a scenario field (dotted path); repeat for a grid."),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several."),
+    calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    calibration_mode: str = typer.Option("full", "--calibration-mode", help=CALIBRATION_MODE_HELP),
     replications: Optional[int] = typer.Option(None, "--replications"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     out: Path = typer.Option(..., "--out", help="Directory for runs.csv, summary.csv and trajectories.csv."),
@@ -305,11 +354,18 @@ def sweep_command(
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
 
-    scenario = overrides(load_scenario_argument(scenario_path, preset_name))
+    calibration = resolve_calibration_option(calibration_argument, calibration_mode)
+    base = overrides(load_scenario_argument(scenario_path, preset_name))
+    # Every grid point is made from the base as loaded, then calibrated once (a calibration applied
+    # twice would count its measured write latency twice).
+    scenario = with_settings(base, preset_name, {}, overrides=overrides, calibration=calibration, calibration_mode=calibration_mode)
     grid = [parse_grid_setting(text) for text in settings]
     from churnsim.sim.sweep import grid_points
 
-    points = [with_settings(scenario, preset_name, point, overrides=overrides) for point in grid_points(grid)]
+    points = [
+        with_settings(base, preset_name, point, overrides=overrides, calibration=calibration, calibration_mode=calibration_mode)
+        for point in grid_points(grid)
+    ]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
     tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
