@@ -169,6 +169,11 @@ def calibrate_command(
     save_calibration(calibration, out)  # atomic: temporary file + rename
     print_calibration(calibration)
     console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s (fitted on {len(records)} run records)")
+    console.print(
+        f"use it: churnsim whatif --calibration {out} [--preset NAME | --scenario FILE]; "
+        f"check it: churnsim validate --calibration {out} RUN_DIR ... (held-out `churnsim real run` records)",
+        markup=False,
+    )
 
 
 def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optional[str], settings: list[str], base, *, device: str):
