@@ -19,9 +19,10 @@ Two modes:
     storage     tiers named in the calibration take its read/write bandwidths; their capacity and
                 survival flags, and the bandwidths of tiers the calibration lacks, stay as they were
                 (a calibration tier absent from the scenario is ignored: whether it survives node
-                loss is not measured); every tier's latency grows by the measured fixed cost of a
-                checkpoint write (`checkpoint_write_latency_s`: serialisation, checksums, fsync,
-                rename happen whatever the tier)
+                loss is not measured); every tier's fixed cost (`StorageTier.fixed_cost_s`, on top
+                of its latency) is the measured fixed cost of a checkpoint write
+                (`checkpoint_write_latency_s`: serialisation, checksums, fsync, rename happen
+                whatever the tier), set rather than added, so a second calibration replaces it
     recovery    join_delay_s = the measured `recovery.join` time (a real run's replacement coming up:
                 fresh state on the failed stage), sample-weighted over the methods that measured
                 it; restart_s_by_method = each measured method's `unrecorded_s`, what its recovery
@@ -147,11 +148,11 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
             update={
                 "write_bandwidth_bytes_per_s": measured_tiers[tier.name].write_bandwidth_bytes_per_s,
                 "read_bandwidth_bytes_per_s": measured_tiers[tier.name].read_bandwidth_bytes_per_s,
-                "latency_s": tier.latency_s + calibration.checkpoint_write_latency_s,
+                "fixed_cost_s": calibration.checkpoint_write_latency_s,
             }
         )
         if tier.name in measured_tiers
-        else tier.model_copy(update={"latency_s": tier.latency_s + calibration.checkpoint_write_latency_s})
+        else tier.model_copy(update={"fixed_cost_s": calibration.checkpoint_write_latency_s})
         for tier in scenario.storage
     )
     join_s = _measured_join_s(calibration)

@@ -213,6 +213,11 @@ class StorageTier(StrictModel):
     write_bandwidth_bytes_per_s: float = Field(gt=0)
     read_bandwidth_bytes_per_s: float = Field(gt=0)
     latency_s: float = Field(0.0, ge=0)
+    fixed_cost_s: float = Field(0.0, ge=0)
+    """Seconds every transfer to or from this tier costs beyond `latency_s` whatever its size: a
+    calibration's measured fixed cost of a checkpoint write (serialisation, checksums, fsync, rename).
+    A calibration sets it rather than adding to the latency, so applying one to a scenario that was
+    made from another (a file saved from a calibrated preset) counts it once."""
     capacity_bytes: int | None = Field(None, gt=0)
     survives_node_loss: bool
     """Host memory and local disks die with their node; remote storage survives."""
@@ -223,6 +228,11 @@ class StorageTier(StrictModel):
     pickling and copies: DeepSpeed's synchronous checkpoint, reference/checkpointing.md §2). Paid by
     each writer on its own CPU, not shared, then the write follows at the tier's bandwidth. None:
     raw tensor bytes, no serialization step (DataStates-LLM's format). Writes only."""
+
+    @property
+    def total_latency_s(self) -> float:
+        """What a transfer waits beyond its bytes: the latency and the fixed cost."""
+        return self.latency_s + self.fixed_cost_s
 
 
 class RecoverySpec(StrictModel):

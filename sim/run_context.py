@@ -170,7 +170,7 @@ class RunContext:
         key = ("tier", tier_name, direction, owner, generation)
         link = self._links.get(key)
         if link is None:
-            link = ProcessorSharingLink(self.env, bandwidth_bytes_per_s=bandwidth, latency_s=tier.latency_s, name=f"{tier_name}-{direction}-{owner}")
+            link = ProcessorSharingLink(self.env, bandwidth_bytes_per_s=bandwidth, latency_s=tier.total_latency_s, name=f"{tier_name}-{direction}-{owner}")
             self._links[key] = link
         return link
 

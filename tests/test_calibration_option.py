@@ -89,3 +89,13 @@ def test_a_bad_calibration_option_is_one_line(arguments, fragment, tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and fragment in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_scenario_saved_from_a_calibrated_preset_takes_another_calibration_s_costs_once(tmp_path):
+    from churnsim.calibration.scenario import Scenario
+
+    saved = Scenario.model_validate_json(preset("cpu-tiny").model_dump_json())  # `churnsim presets --show cpu-tiny > mine.json`
+    other = slow_link_machine().model_copy(update={"checkpoint_write_latency_s": 0.5})
+    again = configured_scenario(saved, None, calibration=other)
+    for before, after in zip(saved.storage, again.storage):
+        assert after.total_latency_s == pytest.approx(before.latency_s + 0.5)  # the built-in's fixed cost replaced, not added to

@@ -92,7 +92,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         self.optimizer_step_s = scenario.compute.optimizer_step_s
         first = scenario.tier(self.levels[0])
         self.first_bandwidth_bytes_per_s = float(first.write_bandwidth_bytes_per_s)
-        self.first_latency_s = float(first.latency_s)
+        self.first_latency_s = float(first.total_latency_s)
         self.first_shared = first.shared
         self.first_bytes = tuple(policy.level_bytes[0])
         self.first_serialization_s = tuple(policy.level_serialization_s[0])

@@ -179,7 +179,7 @@ class TierTransfers:
         self.shared = tier.shared
         self.generation = generation
         self.family = (tier_name, direction, generation)
-        latency_s = float(tier.latency_s)
+        latency_s = float(tier.total_latency_s)
         bandwidth = float(tier.write_bandwidth_bytes_per_s if direction == "write" else tier.read_bandwidth_bytes_per_s)
         if self.shared:
             batches = [(latency_s, bandwidth, self.sizes)] if self.stages else []
@@ -759,7 +759,7 @@ class ClosedFormRun:
             bandwidth = tier.write_bandwidth_bytes_per_s if direction == "write" else tier.read_bandwidth_bytes_per_s
             link = FluidLink(
                 bandwidth_bytes_per_s=bandwidth,
-                latency_s=tier.latency_s,
+                latency_s=tier.total_latency_s,
                 name=f"{tier_name}-{direction}-{owner}",
                 family=(tier_name, direction, generation),
             )

@@ -192,7 +192,7 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
     def copy_s(self, stage: int) -> float:
         if self.host_tier is None:
             return 0.0
-        return self.host_tier.latency_s + self.stage_bytes[stage] / self.host_tier.write_bandwidth_bytes_per_s
+        return self.host_tier.total_latency_s + self.stage_bytes[stage] / self.host_tier.write_bandwidth_bytes_per_s
 
     def at_boundary(self, context: "RunContext") -> Generator:
         if all(free > 0 for free in self._free_slots):
