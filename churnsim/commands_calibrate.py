@@ -70,8 +70,10 @@ def _tier_bandwidths(storage):
 @app.command("calibrate")
 def calibrate_command(
     out: Path = typer.Option(..., "--out", help="Calibration JSON file to write."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    quick: bool = typer.Option(False, "--quick", help="The short suite (at most 5 minutes on 2 CPU cores)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda (this flag decides; a scenario's training.device is not read)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="The short suite (the tiny model: at most 5 minutes on 2 CPU cores; another model as long as its runs take)."
+    ),
     runs: Optional[list[Path]] = typer.Option(None, "--runs", help="Fit on existing run records (a record or a directory of records); repeatable."),
     runs_out: Optional[Path] = typer.Option(None, "--runs-out", help="Where the suite writes its run records (default: <OUT stem>-runs next to OUT)."),
     name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: OUT's file stem)."),
