@@ -197,7 +197,7 @@ class ConvergenceSpec(StrictModel):
         reference, critical = self.baseline_tokens_per_iteration, self.critical_batch_tokens
         if reference is None or critical is None or tokens_per_iteration == reference:
             return 1.0
-        return (1.0 + critical / reference) / (1.0 + critical / tokens_per_iteration)
+        return iteration_worth(tokens_per_iteration, reference_tokens=reference, critical_tokens=critical)
 
     def at_batch(self, tokens_per_iteration: float) -> "ConvergenceSpec":
         """This spec with the curve and the setbacks counted in iterations of `tokens_per_iteration`
@@ -220,7 +220,7 @@ class ConvergenceSpec(StrictModel):
         given, tokens, critical = self.batch_carried_from_tokens_per_iteration, self.baseline_tokens_per_iteration, self.critical_batch_tokens
         if given is None or tokens is None or critical is None:
             return None
-        worth = (1.0 + critical / given) / (1.0 + critical / tokens)
+        worth = iteration_worth(tokens, reference_tokens=given, critical_tokens=critical)
         change = f"{worth:.2f}× fewer" if worth >= 1 else f"{1 / worth:.2f}× more"
         return (
             f"the loss curve is given for {given:,.0f} tokens per iteration and carried to this scenario's {tokens:,.0f} by the "
@@ -254,6 +254,12 @@ class ConvergenceSpec(StrictModel):
         progress; 0 for methods that lose no progress this way."""
         spec = self.setback_for(method, position)
         return 0.0 if spec is None else spec.at_progress(progress_iterations) * self.setback_scale
+
+
+def iteration_worth(tokens_per_iteration: float, *, reference_tokens: float, critical_tokens: float) -> float:
+    """Iterations at `reference_tokens` per iteration that one at `tokens_per_iteration` is worth:
+    S(B_ref) / S(B) with S(B) = S_min · (1 + B_noise / B) (McCandlish et al.; module docstring)."""
+    return (1.0 + critical_tokens / reference_tokens) / (1.0 + critical_tokens / tokens_per_iteration)
 
 
 CRITICAL_BATCH_TOKENS_AT_LOSS_ONE = 2e8

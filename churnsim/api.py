@@ -78,8 +78,6 @@ def _configured(
     """The scenario with the methods, settings, calibration, replications and seed asked for, as the
     command line makes it (`presets.configured_scenario`: a calibrated preset is built again with the
     settings)."""
-    if calibration_mode not in ("full", "setbacks"):
-        raise InputError(f"calibration_mode = {calibration_mode!r}: use 'full' or 'setbacks'")
     preset_name = scenario if isinstance(scenario, str) and scenario in PRESETS else None
     configured = configured_scenario(
         scenario_of(scenario), preset_name, settings, methods=methods or (), calibration=calibration_of(calibration),
