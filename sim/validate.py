@@ -514,6 +514,14 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
         settings = manifest.real_settings
         setup = setup_description(settings.model, settings.pipeline)
         calibrated_setup = setup_key(settings.model, settings.pipeline) == setup_key(calibration.model, calibration.pipeline)
+        if not calibrated_setup:
+            notes = [
+                *notes,
+                f"runs of {setup}, a setup calibration {calibration.name!r} did not run, are predicted through its compute model; "
+                "calibrate on that setup (churnsim calibrate --quick --set ...) for the closest prediction: on churnsim's 2-core "
+                "test machine 3-stage and GPipe runs came out 1-5 % off from their own setup's calibration, 4-15 % from a 4-stage "
+                "1F1B one (README, Calibration and validation)",
+            ]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]

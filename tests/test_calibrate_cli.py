@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -160,6 +161,7 @@ def test_validate_replays_held_out_real_records_close_to_measured(calibrated, ca
     assert (wall_clock["relative_error"].abs() < 0.03).all(), wall_clock
     printed = " ".join(capsys.readouterr().out.split())
     assert "load-normalised" in printed and "machine speed: the 2 real runs' steady steps were" in printed
+    assert not any("compute model" in note for note in json.loads((out / "manifest.json").read_text())["notes"])  # its own setup
 
 
 def test_validate_refuses_a_fit_run_with_one_line(calibrated):
@@ -208,6 +210,10 @@ def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_m
     # The failure run's goal is its no-failure twin's loss, reached through the calibrated setbacks.
     target = table[(table["quantity"] == "time_to_target_s") & (table["run_id"] == "checkfree-s9")]
     assert abs(float(target["relative_error"].iloc[0])) < 0.10, target
+    # The output says once per setup that it was predicted through the compute model, and how to do better.
+    notes = json.loads((out / "manifest.json").read_text())["notes"]
+    through_the_model = [note for note in notes if "predicted through its compute model" in note]
+    assert len(through_the_model) == 2 and all("churnsim calibrate --quick --set" in note for note in through_the_model)
 
 
 def test_an_overhead_that_grows_with_stages_and_microbatches_carries_to_other_pipelines(tmp_path):
