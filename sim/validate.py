@@ -519,8 +519,8 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
                 *notes,
                 f"runs of {setup}, a setup calibration {calibration.name!r} did not run, are predicted through its compute model; "
                 "calibrate on that setup (churnsim calibrate --quick --set ...) for the closest prediction: on churnsim's 2-core "
-                "test machine 3-stage and GPipe runs came out 1-5 % off from their own setup's calibration, 4-15 % from a 4-stage "
-                "1F1B one (README, Calibration and validation)",
+                "test machine 3-stage runs came out 0.6-2.1 % off from their own setup's calibration and 14-16 % from the 4-stage one, "
+                "GPipe runs 1.4-6.9 % and 4.4-11.9 % (benchmarks/calibrate_on_the_setup.py)",
             ]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
