@@ -418,8 +418,6 @@ class Scenario(StrictModel):
 
     def only_method(self, name: str | None) -> "Scenario":
         """This scenario with one method: `name`, or its only method (a real run performs one)."""
-        from .errors import InputError
-
         by_name = {method.name: method for method in self.methods}
         if name is None and len(by_name) > 1:
             raise InputError(
