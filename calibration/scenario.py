@@ -457,8 +457,6 @@ class Scenario(StrictModel):
     def check_real_run_layout(self) -> None:
         """Raise InputError (one line) for a layout only the simulator models: real runs split the
         layers equally and keep the embedding and head with the first and last stages."""
-        from .errors import InputError
-
         if self.pipeline.embedding_placement != "edge_stages":
             raise InputError(
                 f"pipeline.embedding_placement = {self.pipeline.embedding_placement!r}: real runs keep the embedding and head "
