@@ -229,13 +229,9 @@ def scenario_suite_settings(scenario: Any, base: SuiteSettings) -> SuiteSettings
     """`base` (quick or full) on the model, pipeline and training of a contract Scenario: what
     `churnsim calibrate --preset/--scenario/--set` measures. Real runs take one pipeline, no data
     parallelism, equal stages (`Scenario.check_real_run_layout`)."""
-    from .scenario_run import model_config
+    from .scenario_run import check_one_pipeline, model_config
 
-    if scenario.pipeline.data_parallel_degree != 1:
-        raise InputError(
-            f"pipeline.data_parallel_degree = {scenario.pipeline.data_parallel_degree}: real runs do not implement data "
-            "parallelism yet; calibrate one pipeline (--set pipeline.data_parallel_degree=1)"
-        )
+    check_one_pipeline(scenario)
     scenario.check_real_run_layout()
     if scenario.pipeline.num_stages < 2:
         raise InputError("pipeline.num_stages = 1: the suite fails stages and rebuilds them from neighbours; calibrate 2 stages or more")

@@ -68,14 +68,19 @@ def model_spec(config: ModelConfig) -> ModelSpec:
     )
 
 
-def training_config(scenario: Scenario, method: MethodConfig, *, replication: int = 0) -> TrainingConfig:
-    """The real run of `method` on `scenario` (one process per stage), failures from its churn model
-    (`Scenario.only_method` picks the method of a scenario that lists several)."""
+def check_one_pipeline(scenario: Scenario) -> None:
+    """Real runs train one pipeline: refuse data parallelism in one line."""
     if scenario.pipeline.data_parallel_degree != 1:
         raise InputError(
             f"pipeline.data_parallel_degree = {scenario.pipeline.data_parallel_degree}: real runs do not implement "
             "data parallelism yet; set it to 1 (--set pipeline.data_parallel_degree=1)"
         )
+
+
+def training_config(scenario: Scenario, method: MethodConfig, *, replication: int = 0) -> TrainingConfig:
+    """The real run of `method` on `scenario` (one process per stage), failures from its churn model
+    (`Scenario.only_method` picks the method of a scenario that lists several)."""
+    check_one_pipeline(scenario)
     training = scenario.training
     return TrainingConfig(
         model=model_config(scenario.model),
