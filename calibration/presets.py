@@ -547,7 +547,8 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
 DEFAULT_PRESET = "checkfree-500m-geo-10pct"
 
 
-# Presets made from a calibration: how to build them before it is applied.
+# Presets made from a calibration: how to build them before it is applied (the scenario, whose
+# sources name the built-in calibration and nothing else; the calibration; why it is missing).
 _BEFORE_CALIBRATION: dict[str, Callable[[], tuple[Scenario, Calibration | None, str]]] = {CPU_TINY: _cpu_tiny_before_calibration}
 # The sections a calibration (mode "full") writes: a setting of one of them is applied after it too.
 _CALIBRATED_SECTIONS = frozenset({"compute", "network", "storage", "recovery", "convergence"})
@@ -626,8 +627,8 @@ def preset(
         if chosen is not None:
             if methods:
                 scenario = scenario.with_methods(methods)
-            if calibration is not None:  # another machine's: the built-in file is not a source
-                scenario = scenario.model_copy(update={"sources": tuple(source for source in scenario.sources if source != CPU_TINY_BUILTIN_SOURCE)})
+            if calibration is not None:  # another machine's: the sources of the factory name its built-in calibration only
+                scenario = scenario.model_copy(update={"sources": ()})
             return _calibrated(apply_settings(scenario, settings) if settings else scenario, chosen, mode="full", settings=settings)
     if calibration is not None:
         raise InputError(f"preset {name!r} is not made from a calibration; apply one with configured_scenario (--calibration)")

@@ -416,6 +416,13 @@ class Scenario(StrictModel):
         methods = [(by_name.get(name) or method_from_name(name)).model_dump() for name in names]
         return validate_model(Scenario, {**self.model_dump(), "methods": methods}, f"scenario {self.name} with methods {', '.join(names)}")
 
+    def with_run_settings(self, *, replications: int | None = None, seed: int | None = None) -> "Scenario":
+        """This scenario with another number of replications or base seed (None keeps it); validated."""
+        update = {key: value for key, value in (("replications", replications), ("seed", seed)) if value is not None}
+        if not update:
+            return self
+        return validate_model(Scenario, {**self.model_dump(), **update}, f"scenario {self.name} with {update}")
+
     def only_method(self, name: str | None) -> "Scenario":
         """This scenario with one method: `name`, or its only method (a real run performs one)."""
         by_name = {method.name: method for method in self.methods}

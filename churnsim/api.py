@@ -20,7 +20,6 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.base import validate_model
 from churnsim.calibration.builtin import resolve_calibration
 from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.errors import InputError
@@ -83,10 +82,7 @@ def _configured(
         scenario_of(scenario), preset_name, settings, methods=methods or (), calibration=calibration_of(calibration),
         calibration_mode=calibration_mode,  # type: ignore[arg-type]
     )
-    update = {key: value for key, value in (("replications", replications), ("seed", seed)) if value is not None}
-    if not update:
-        return configured
-    return validate_model(Scenario, {**configured.model_dump(), **update}, f"scenario {configured.name}")
+    return configured.with_run_settings(replications=replications, seed=seed)
 
 
 def simulate(

@@ -144,26 +144,15 @@ def check_up_front(scenarios, *, source: str, workers: Optional[int] = None) -> 
 
 
 def override_run_settings(scenario, *, methods: Optional[list[str]], replications: Optional[int], seed: Optional[int]):
-    """Apply --method/--replications/--seed to a scenario (re-validated)."""
+    """Apply --method/--replications/--seed to a scenario (re-validated), each flag checked first."""
     from churnsim.calibration.errors import InputError
 
-    if methods:
-        scenario = scenario.with_methods(methods)
-    update: dict = {}
-    if replications is not None:
-        if replications < 1:
-            raise InputError(f"--replications {replications}: must be >= 1")
-        update["replications"] = replications
-    if seed is not None:
-        if seed < 0:
-            raise InputError(f"--seed {seed}: must be >= 0")
-        update["seed"] = seed
-    if not update:
-        return scenario
-    from churnsim.calibration.base import validate_model
-    from churnsim.calibration.scenario import Scenario
-
-    return validate_model(Scenario, {**scenario.model_dump(), **update}, "scenario with command-line overrides")
+    if replications is not None and replications < 1:
+        raise InputError(f"--replications {replications}: must be >= 1")
+    if seed is not None and seed < 0:
+        raise InputError(f"--seed {seed}: must be >= 0")
+    narrowed = scenario.with_methods(methods) if methods else scenario
+    return narrowed.with_run_settings(replications=replications, seed=seed)
 
 
 OVERWRITE_HELP = "Write into --out even though it holds another run's results or other files (churnsim's own old results there are replaced)."
