@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -497,6 +497,15 @@ def setup_description(model: ModelSpec, pipeline: PipelineSpec) -> str:
     )
 
 
+OWN_SETUP_CALIBRATION_ADVICE = (
+    "for the closest prediction of a setup the calibration did not run, calibrate on that setup "
+    "(churnsim calibrate --quick --set ...): on churnsim's 2-core test machine 3-stage runs came out 0.6-2.1 % off from "
+    "their own setup's calibration and 14-16 % from the 4-stage one, GPipe runs 1.4-6.9 % and 4.4-11.9 % "
+    "(benchmarks/calibrate_on_the_setup.py)"
+)
+"""Said once under the notes of every setup the calibration did not run (the notes are deduplicated)."""
+
+
 def validate_record(record: RunRecord, calibration: Calibration | None, *, twin: RunRecord | None = None) -> RunValidation:
     """Predicted against measured for one record (module docstring); `twin`: its no-failure twin, if given."""
     manifest = record.manifest
@@ -517,10 +526,8 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
         if not calibrated_setup:
             notes = [
                 *notes,
-                f"runs of {setup}, a setup calibration {calibration.name!r} did not run, are predicted through its compute model; "
-                "calibrate on that setup (churnsim calibrate --quick --set ...) for the closest prediction: on churnsim's 2-core "
-                "test machine 3-stage runs came out 0.6-2.1 % off from their own setup's calibration and 14-16 % from the 4-stage one, "
-                "GPipe runs 1.4-6.9 % and 4.4-11.9 % (benchmarks/calibrate_on_the_setup.py)",
+                f"runs of {setup}, a setup calibration {calibration.name!r} did not run, are predicted through its compute model",
+                OWN_SETUP_CALIBRATION_ADVICE,
             ]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
@@ -593,8 +600,14 @@ def validate_records(records: Sequence, calibration: Calibration | None) -> Vali
         runs=runs,
         fit_run_ids=tuple(sorted(fitted)),
         validated_run_ids=tuple(run.run_id for run in runs),
-        notes=tuple(dict.fromkeys(note for run in runs for note in run.notes)),
+        notes=_advice_last(dict.fromkeys(note for run in runs for note in run.notes)),
     )
+
+
+def _advice_last(notes: Iterable[str]) -> tuple[str, ...]:
+    """The notes in order, the advice to calibrate on a setup after every setup it concerns."""
+    notes = tuple(notes)
+    return tuple(note for note in notes if note != OWN_SETUP_CALIBRATION_ADVICE) + tuple(note for note in notes if note == OWN_SETUP_CALIBRATION_ADVICE)
 
 
 def find_twin(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | None:
