@@ -42,6 +42,7 @@ overhead (calibration.fit_timing.fit_compute_cost_model). Approximation: one lin
 pipeline; the 2-stage shape, whose processes each have a core, lies under it, and GPipe above it.
 """
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,6 +88,9 @@ class ComputeCostModel(StrictModel):
     """The CPU cores the stage processes shared (local CPU runs); None for one device per stage."""
     num_configurations: int = Field(ge=1)
     """Distinct (model, pipeline) shapes the coefficients were fitted on."""
+    fitted_setups: tuple[str, ...] = ()
+    """Their `setup_fingerprint`s, so that a validation can tell a setup the fit measured from one it
+    carries the coefficients to; calibrations made before 2026-11-28 (twentieth session) list none."""
     hop_relative_residual: float = Field(ge=0)
     """Median |relative residual| of the hop fit over the (run, stage, direction) medians."""
 
@@ -115,6 +119,19 @@ class ComputeCostModel(StrictModel):
 def setup_key(model: ModelSpec, pipeline: PipelineSpec) -> str:
     """What determines a setup's compute: its model (but not its display name) and pipeline."""
     return model.model_copy(update={"name": ""}).model_dump_json() + pipeline.model_dump_json()
+
+
+def setup_fingerprint(model: ModelSpec, pipeline: PipelineSpec) -> str:
+    """A short digest of `setup_key`, for a calibration file to name the setups it was fitted on."""
+    return hashlib.sha256(setup_key(model, pipeline).encode()).hexdigest()[:16]
+
+
+def setup_description(model: ModelSpec, pipeline: PipelineSpec) -> str:
+    """A setup in short, for tables and notes (it leaves out fields `setup_key` compares)."""
+    return (
+        f"{pipeline.num_stages} stages × {pipeline.num_microbatches} microbatches of {pipeline.microbatch_size}, "
+        f"{pipeline.schedule}, {model.num_layers} layers d{model.hidden_size}"
+    )
 
 
 def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from .cpu_sharing import cores_of_hardware, with_core_seconds, work_outside_spans
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
-from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, setup_key, stage_features, stage_parameters
+from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, setup_fingerprint, setup_key, stage_features, stage_parameters
 from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .statistics import solve_increasing
@@ -318,6 +318,7 @@ def fit_compute_cost_model(
         for stage, work_s in optimizer_work_per_stage(group, num_warmup_iterations=num_warmup_iterations).items():
             optimizer_parameters.append(parameters[stage])
             optimizer_work.append(work_s)
+    group_settings = [group[0].manifest.real_settings for group in groups.values()]
     forward, forward_residual = fit_hop_cost(hop_features, forward_work)
     backward, backward_residual = fit_hop_cost(hop_features, backward_work)
     optimizer_fixed_s, optimizer_per_parameter_s = fit_linear_non_negative(optimizer_parameters, optimizer_work)
@@ -329,6 +330,7 @@ def fit_compute_cost_model(
         iteration_overhead_s=0.0,
         shared_cores=shared_cores,
         num_configurations=len(groups),
+        fitted_setups=tuple(sorted(setup_fingerprint(settings.model, settings.pipeline) for settings in group_settings)),
         hop_relative_residual=float(np.median([forward_residual, backward_residual])),
     )
     if speed_factors is None:

@@ -70,12 +70,12 @@ import numpy as np
 import pandas as pd
 
 from churnsim.calibration.calibration_file import Calibration
-from churnsim.calibration.compute_cost import setup_key
+from churnsim.calibration.compute_cost import setup_description, setup_fingerprint, setup_key
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
-from churnsim.calibration.scenario import ModelSpec, PipelineSpec, Scenario, TargetSpec
+from churnsim.calibration.scenario import Scenario, TargetSpec
 from churnsim.calibration.statistics import median_with_ci95
 from churnsim.calibration.speed_uncertainty import log_speed_spread, scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
 from churnsim.calibration.tables import VALIDATION_COLUMNS
@@ -489,21 +489,13 @@ def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> t
     return measured, predicted, scenario.target.loss, list(result.notes)
 
 
-def setup_description(model: ModelSpec, pipeline: PipelineSpec) -> str:
-    """A run's setup in short, for the validation table."""
-    return (
-        f"{pipeline.num_stages} stages × {pipeline.num_microbatches} microbatches of {pipeline.microbatch_size}, "
-        f"{pipeline.schedule}, {model.num_layers} layers d{model.hidden_size}"
-    )
-
-
 OWN_SETUP_CALIBRATION_ADVICE = (
-    "for the closest prediction of a setup the calibration did not run, calibrate on that setup "
+    "for the closest prediction of a setup other than the calibrated one, calibrate on that setup "
     "(churnsim calibrate --quick --set ...): on churnsim's 2-core test machine 3-stage runs came out 0.6-2.1 % off from "
     "their own setup's calibration and 14-16 % from the 4-stage one, GPipe runs 1.4-6.9 % and 4.4-11.9 % "
     "(benchmarks/calibrate_on_the_setup.py)"
 )
-"""Said once under the notes of every setup the calibration did not run (the notes are deduplicated)."""
+"""Said once, after the notes of every setup other than the calibrated one (the notes are deduplicated)."""
 
 
 def validate_record(record: RunRecord, calibration: Calibration | None, *, twin: RunRecord | None = None) -> RunValidation:
@@ -524,11 +516,12 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
         setup = setup_description(settings.model, settings.pipeline)
         calibrated_setup = setup_key(settings.model, settings.pipeline) == setup_key(calibration.model, calibration.pipeline)
         if not calibrated_setup:
-            notes = [
-                *notes,
-                f"runs of {setup}, a setup calibration {calibration.name!r} did not run, are predicted through its compute model",
-                OWN_SETUP_CALIBRATION_ADVICE,
-            ]
+            compute_model = calibration.compute_model
+            if compute_model is not None and setup_fingerprint(settings.model, settings.pipeline) in compute_model.fitted_setups:
+                how = f"a setup calibration {calibration.name!r} ran among its compute model's shapes but not as its calibrated setup"
+            else:
+                how = f"a setup calibration {calibration.name!r} did not run"
+            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model", OWN_SETUP_CALIBRATION_ADVICE]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]

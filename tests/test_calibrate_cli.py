@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from churnsim.calibration.calibration_file import LinkProfile, load_calibration
-from churnsim.calibration.compute_cost import ComputeCostModel, HopCost
+from churnsim.calibration.compute_cost import ComputeCostModel, HopCost, setup_description, setup_fingerprint
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.methods import method_from_name
@@ -181,6 +181,7 @@ def test_calibration_recovers_the_machine_s_compute_model_from_four_setups(calib
     _, out = calibrated
     compute_model = load_calibration(str(out)).compute_model
     assert compute_model is not None and compute_model.num_configurations == 4 and compute_model.shared_cores is None
+    assert set(compute_model.fitted_setups) == {setup_fingerprint(MODEL, pipeline) for pipeline in (CALIBRATED_PIPELINE, *SHAPES)}
     for fitted, true in ((compute_model.forward, TRUE_FORWARD), (compute_model.backward, TRUE_BACKWARD)):
         assert fitted.fixed_s == pytest.approx(true.fixed_s, rel=0.02)
         assert fitted.seconds_per_matmul_flop == pytest.approx(true.seconds_per_matmul_flop, rel=0.02)
@@ -199,22 +200,30 @@ def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_m
     _record(held_out, method="none", seed=9, pipeline=other)
     # Interior failures only: the synthetic runs resume in place, as CheckFree does for an interior stage.
     _record(held_out, method="checkfree", seed=9, failures=((20, 1), (50, 2)), pipeline=other)
+    # A held-out run of a setup the calibration ran only as a shape of its compute model's fit.
+    _record(held_out, method="none", seed=9, pipeline=SHAPES[0], run_id="shape-setup-none-s9")
     out = root / "validation-other-setups"
     main(["validate", "--calibration", str(calibration), str(held_out), "--out", str(out), "--no-figures"])
     table = pd.read_csv(out / "validation.csv")
     assert not table["calibrated_setup"].any()
-    assert set(table["setup"]) == {"2 stages × 3 microbatches of 2, gpipe, 4 layers d64", "4 stages × 3 microbatches of 3, gpipe, 4 layers d64"}
+    shape_setup = setup_description(MODEL, SHAPES[0])
+    assert set(table["setup"]) == {"2 stages × 3 microbatches of 2, gpipe, 4 layers d64", "4 stages × 3 microbatches of 3, gpipe, 4 layers d64", shape_setup}
     wall_clock = table[table["quantity"] == "total_wall_clock_s"]
-    assert set(wall_clock["run_id"]) == {"two-stages-none-s9", "none-s9", "checkfree-s9"}
+    assert set(wall_clock["run_id"]) == {"two-stages-none-s9", "none-s9", "checkfree-s9", "shape-setup-none-s9"}
     assert (wall_clock["relative_error"].abs() < 0.03).all(), wall_clock
     assert (wall_clock["load_normalised_relative_error"].abs() < 0.03).all(), wall_clock
     # The failure run's goal is its no-failure twin's loss, reached through the calibrated setbacks.
     target = table[(table["quantity"] == "time_to_target_s") & (table["run_id"] == "checkfree-s9")]
     assert abs(float(target["relative_error"].iloc[0])) < 0.10, target
-    # The output says once per setup that it was predicted through the compute model, and how to do better.
+    # The output says once per setup that it was predicted through the compute model (and whether the
+    # fit measured that setup), then once how to do better.
     notes = json.loads((out / "manifest.json").read_text())["notes"]
     through_the_model = [note for note in notes if "predicted through its compute model" in note]
-    assert len(through_the_model) == 2
+    assert len(through_the_model) == 3
+    assert [note for note in through_the_model if "ran among its compute model's shapes" in note] == [
+        f"runs of {shape_setup}, a setup calibration {load_calibration(str(calibration)).name!r} ran among its compute model's shapes "
+        "but not as its calibrated setup, are predicted through its compute model"
+    ]
     advice = [note for note in notes if "churnsim calibrate --quick --set" in note]
     assert advice == [OWN_SETUP_CALIBRATION_ADVICE] and notes[-1] == OWN_SETUP_CALIBRATION_ADVICE
 
