@@ -49,6 +49,7 @@ from .base import validate_model
 from .calibration_file import Calibration
 from .convergence import MethodSetbacks
 from .errors import InputError
+from .compute_cost import setup_description
 from .scenario import ExplicitCompute, Scenario, UniformNetwork, seconds_by_method
 from .speed_uncertainty import run_speed_log_sd
 
@@ -123,7 +124,8 @@ def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> E
             f"scenario {scenario.name!r}: pipeline.embedding_placement = {scenario.pipeline.embedding_placement!r}; a calibrated "
             "compute model describes runs whose edge stages hold the embedding and head (edge_stages)"
         )
-    return compute_model.compute_for(scenario.model, scenario.pipeline)
+    carried_from = f"{setup_description(calibration.model, calibration.pipeline)} of calibration {calibration.name!r}"
+    return compute_model.compute_for(scenario.model, scenario.pipeline).model_copy(update={"carried_from": carried_from})
 
 
 def _measured_join_s(calibration: Calibration) -> float | None:

@@ -50,7 +50,7 @@ from pydantic import Field
 
 from .base import StrictModel
 from .errors import InputError
-from .scenario import ExplicitCompute, ModelSpec, PipelineSpec, stage_layer_counts
+from .scenario import ExplicitCompute, ModelSpec, PipelineSpec, Scenario, stage_layer_counts
 
 
 class HopCost(StrictModel):
@@ -124,6 +124,20 @@ def setup_key(model: ModelSpec, pipeline: PipelineSpec) -> str:
 def setup_fingerprint(model: ModelSpec, pipeline: PipelineSpec) -> str:
     """A short digest of `setup_key`, for a calibration file to name the setups it was fitted on."""
     return hashlib.sha256(setup_key(model, pipeline).encode()).hexdigest()[:16]
+
+
+def compute_carry_note(scenario: Scenario) -> str | None:
+    """One line saying that the scenario's compute was carried from another setup by a calibration's
+    compute model (`ExplicitCompute.carried_from`), and how far such carries missed; None otherwise."""
+    compute = scenario.compute
+    if not isinstance(compute, ExplicitCompute) or not compute.carried_from:
+        return None
+    return (
+        f"compute of {setup_description(scenario.model, scenario.pipeline)} is carried by the compute model from "
+        f"{compute.carried_from}, not measured on it: on churnsim's 2-core test machine no-failure runs of carried setups "
+        "ran up to 10 % slower than predicted (3 stages 10 %, GPipe 5 %, 6 stages and 6 microbatches within 1 %; "
+        "40 rounds of benchmarks/calibrate_and_validate.py); `churnsim calibrate --quick --set ...` on this setup measures it"
+    )
 
 
 def setup_description(model: ModelSpec, pipeline: PipelineSpec) -> str:

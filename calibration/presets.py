@@ -596,6 +596,8 @@ def _calibrated(configured: Scenario, calibration: Calibration, *, mode: ApplyMo
     value wins."""
     calibrated = apply_calibration(configured, calibration, mode=mode)
     again = {path: value for path, value in settings.items() if path.split(".", 1)[0] in _CALIBRATED_SECTIONS}
+    if {"compute.block_forward_s", "compute.block_backward_s"} <= again.keys() and "compute.carried_from" not in again:
+        again["compute.carried_from"] = ""  # the hop times given, not carried by the compute model
     if again:
         calibrated = apply_settings(calibrated, again).model_copy(update={"name": configured.name})
     return calibrated

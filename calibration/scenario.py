@@ -158,6 +158,10 @@ class ExplicitCompute(StrictModel):
     method_model_extra_s: SecondsByMethod = ()
     """Per method, the extra the iteration model itself gave it on the calibrated setup
     (`Calibration.method_model_extra_s`): the reference the measured extra is scaled by."""
+    carried_from: str = ""
+    """The calibrated setup and calibration these times were carried from by its compute model
+    (calibration/apply.py), for a setup the calibration did not measure; every output then says so
+    (`compute_carry_note`). Empty: times measured on this setup, or given."""
 
     @field_validator("block_forward_s", "block_backward_s")
     @classmethod

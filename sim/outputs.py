@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from churnsim.calibration.base import atomic_write_text, strict_json_dumps
+from churnsim.calibration.compute_cost import compute_carry_note
 from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
 from churnsim.calibration.scenario import Scenario
@@ -26,12 +27,14 @@ from .route_notes import swapped_route_notes
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     """Caveats every output of this scenario must carry; the first names where its convergence
     setbacks come from (measured, paper-fitted or default) when a method uses them; then the machine
-    speed's spread, a loss curve carried to another batch, and CheckFree+'s swapped routes."""
+    speed's spread, compute carried from another setup, a loss curve carried to another batch, and
+    CheckFree+'s swapped routes."""
     uses_setbacks = any(method.uses_setbacks for method in scenario.methods)
     setbacks = (setback_source_note(scenario.convergence),) if uses_setbacks else ()
     speed = speed_spread_note(scenario)
+    carried = compute_carry_note(scenario)
     batch = scenario.convergence.batch_note()
-    return setbacks + tuple(note for note in (speed, batch) if note is not None) + swapped_route_notes(scenario)
+    return setbacks + tuple(note for note in (speed, carried, batch) if note is not None) + swapped_route_notes(scenario)
 
 
 PIPELINE_TRACK = "pipeline (training, stalls, recoveries)"

@@ -77,6 +77,8 @@ def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
     """`--set` on the calibrated preset: a changed pipeline gets the calibration's compute model for it
     (its per-stage times would not fit six stages); an explicit compute value still wins."""
     from churnsim.calibration.apply import calibrated_compute
+    from churnsim.calibration.compute_cost import compute_carry_note
+    from churnsim.sim.outputs import scenario_notes
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     assert calibration is not None and calibration.compute_model is not None
@@ -85,8 +87,17 @@ def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
     assert six.compute == calibrated_compute(six, calibration)
     assert len(six.compute.block_forward_s) == 6
     assert six.name == "cpu-tiny[pipeline.num_stages=6,model.num_layers=6]"
+    # Every output of the carried setup says where its compute comes from; given times are not carried.
+    assert six.compute.carried_from == "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64 of calibration 'cpu-tiny'"
+    carried = compute_carry_note(six)
+    assert carried is not None and carried in scenario_notes(six)
+    assert carried.startswith("compute of 6 stages × 4 microbatches of 8, 1f1b, 6 layers d64 is carried by the compute model from 4 stages")
+    assert preset("cpu-tiny").compute.carried_from == "" and compute_carry_note(preset("cpu-tiny")) is None
     explicit = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6, "compute.optimizer_step_s": 0.5})
     assert explicit.compute.optimizer_step_s == 0.5
     assert explicit.compute.block_forward_s == six.compute.block_forward_s
+    assert explicit.compute.carried_from == six.compute.carried_from  # its hops are still the model's
+    given = preset("cpu-tiny", {"pipeline.num_stages": 2, "compute.block_forward_s": 0.01, "compute.block_backward_s": 0.02}, methods=("checkfree",))
+    assert given.compute.carried_from == "" and compute_carry_note(given) is None
     # Settings that leave the setup alone give the preset with them applied, as before.
     assert preset("cpu-tiny", {"seed": 3}).model_dump(exclude={"name", "seed"}) == preset("cpu-tiny").model_dump(exclude={"name", "seed"})
