@@ -299,7 +299,7 @@ def fit_compute_cost_model(
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record_setup_key(record), []).append(record)
-    hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work = [], [], [], [], []
+    hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work, fitted_setups = [], [], [], [], [], []
     measured_hops: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     for key, group in groups.items():
         settings = group[0].manifest.real_settings
@@ -311,6 +311,7 @@ def fit_compute_cost_model(
             forward_s = tuple(timing.block_forward.median_s for timing in timings)
             backward_s = tuple(timing.block_backward.median_s for timing in timings)
         measured_hops[key] = (tuple(forward_s), tuple(backward_s))
+        fitted_setups.append(setup_fingerprint(settings.model, settings.pipeline))
         hop_features.extend(stage_features(settings.model, settings.pipeline))
         forward_work.extend(forward_s)  # type: ignore[arg-type]
         backward_work.extend(backward_s)  # type: ignore[arg-type]
@@ -318,7 +319,6 @@ def fit_compute_cost_model(
         for stage, work_s in optimizer_work_per_stage(group, num_warmup_iterations=num_warmup_iterations).items():
             optimizer_parameters.append(parameters[stage])
             optimizer_work.append(work_s)
-    group_settings = [group[0].manifest.real_settings for group in groups.values()]
     forward, forward_residual = fit_hop_cost(hop_features, forward_work)
     backward, backward_residual = fit_hop_cost(hop_features, backward_work)
     optimizer_fixed_s, optimizer_per_parameter_s = fit_linear_non_negative(optimizer_parameters, optimizer_work)
@@ -330,7 +330,7 @@ def fit_compute_cost_model(
         iteration_overhead_s=0.0,
         shared_cores=shared_cores,
         num_configurations=len(groups),
-        fitted_setups=tuple(sorted(setup_fingerprint(settings.model, settings.pipeline) for settings in group_settings)),
+        fitted_setups=tuple(sorted(fitted_setups)),
         hop_relative_residual=float(np.median([forward_residual, backward_residual])),
     )
     if speed_factors is None:
