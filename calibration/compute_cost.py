@@ -134,9 +134,10 @@ def compute_carry_note(scenario: Scenario) -> str | None:
         return None
     return (
         f"compute of {setup_description(scenario.model, scenario.pipeline)} is carried by the compute model from "
-        f"{compute.carried_from}, not measured on it: on churnsim's 2-core test machine no-failure runs of carried setups "
-        "ran up to 10 % slower than predicted (3 stages 10 %, GPipe 5 %, 6 stages and 6 microbatches within 1 %; "
-        "40 rounds of benchmarks/calibrate_and_validate.py); `churnsim calibrate --quick --set ...` on this setup measures it"
+        f"{compute.carried_from}, not measured on it: on churnsim's 2-core test machine carried setups' steady steps ran "
+        "0.98-1.13x their prediction, relative to the calibrated setup's (3 stages 1.13x, GPipe 1.09x, 6 stages and "
+        "6 microbatches within 2 %; 40 rounds of benchmarks/calibrate_and_validate.py, carry_by_setup); "
+        "`churnsim calibrate --quick --set ...` on this setup measures it"
     )
 
 
