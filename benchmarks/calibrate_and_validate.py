@@ -247,16 +247,15 @@ def carry_by_setup(tables) -> dict[str, dict[str, object]]:
     rounds, with a 95 % interval that resamples rounds. 1.10: the setup's steps run 10 % longer than
     the carry predicts, where the calibrated setup's run as predicted."""
     from churnsim.calibration.statistics import median_with_ci95
+    from churnsim.sim.validate import steady_step_carry
 
     per_setup: dict[str, list[float]] = {}
     for table in tables:
-        steps = table[table["quantity"] == "steady_iteration_s"]
-        over_prediction = steps["measured"] / steps["predicted"]
-        calibrated = over_prediction[steps["run_id"].str.contains("-calibrated-")].median()
+        setup_of_run = table["run_id"].str.extract(f"^r\\d+-({'|'.join(OTHER_SETUPS)})-", expand=False)
+        carry_of_round = steady_step_carry(table, table["run_id"].str.contains("-calibrated-"), setup_of_run)
         for setup in OTHER_SETUPS:
-            of_setup = over_prediction[steps["run_id"].str.contains(f"-{setup}-")].dropna()
-            if not of_setup.empty and calibrated > 0:
-                per_setup.setdefault(setup, []).append(float(of_setup.median() / calibrated))
+            if setup in carry_of_round:
+                per_setup.setdefault(setup, []).append(carry_of_round[setup])
     carry = {}
     for setup, ratios in per_setup.items():
         median, low, high = median_with_ci95([np.asarray(ratios)])

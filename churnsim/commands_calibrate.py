@@ -440,7 +440,7 @@ def print_validation(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from churnsim.sim.validate import interval_coverage, machine_speed, median_absolute_error
+    from churnsim.sim.validate import interval_coverage, machine_speed, median_absolute_error, steady_step_carry
 
     out = Console(width=max(Console().width, 120))
     out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")
@@ -473,6 +473,13 @@ def print_validation(report) -> None:
                 f"their speeds spread by {speed.log_standard_deviation:.3f} (standard deviation of the log factor): a scenario with "
                 f"--set compute.run_speed_log_sd={speed.log_standard_deviation:.3f} draws speeds that spread as these runs' did"
             )
+    others = report.table["setup"].where(~report.table["calibrated_setup"].astype(bool))
+    carry = steady_step_carry(report.table, report.table["calibrated_setup"].astype(bool), others)
+    if carry:
+        out.print(
+            "the compute model's carry, with the machine's speed cancelled (each setup's median steady step over its prediction, "
+            "over that of the calibrated setup's runs here): " + "; ".join(f"{setup}: {ratio:.3f}×" for setup, ratio in carry.items())
+        )
     coverage = interval_coverage(report.table)
     if coverage is not None:
         out.print(

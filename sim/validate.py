@@ -680,6 +680,25 @@ def machine_speed(table: pd.DataFrame) -> MachineSpeed | None:
     )
 
 
+def steady_step_carry(table: pd.DataFrame, reference: pd.Series, groups: pd.Series) -> dict[str, float]:
+    """Per group of runs, how far the compute model's carry to their setup misses, with the machine's
+    speed of the moment cancelled: the median of their steady steps over the predicted ones, divided
+    by the same median of the `reference` runs (the calibrated setup's, run beside them). 1.10: the
+    group's steps run 10 % longer than the carry predicts, where the calibrated setup's run as
+    predicted. `reference` and `groups` (a label per row, None for a row of no group) align with
+    `table`'s rows; a group without steady steps, or a table without reference runs, gives none."""
+    steady = (table["quantity"] == "steady_iteration_s") & (table["predicted"] > 0)
+    over_prediction = (table["measured"] / table["predicted"]).where(steady)
+    reference_median = over_prediction[reference].median()
+    if not reference_median > 0:
+        return {}
+    carry = {}
+    for group, ratios in over_prediction[groups.notna()].groupby(groups[groups.notna()], sort=False):
+        if ratios.notna().any():
+            carry[str(group)] = float(ratios.median() / reference_median)
+    return carry
+
+
 @dataclass(frozen=True)
 class IntervalCoverage:
     """How many real runs' `quantity` fell inside the prediction's 95 % interval of the machine's

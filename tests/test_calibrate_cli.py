@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -226,6 +227,26 @@ def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_m
     ]
     advice = [note for note in notes if "churnsim calibrate --quick --set" in note]
     assert advice == [OWN_SETUP_CALIBRATION_ADVICE] and notes[-1] == OWN_SETUP_CALIBRATION_ADVICE
+
+
+def test_validate_states_the_carry_to_each_setup_with_the_machine_s_speed_cancelled(calibrated, capsys):
+    # Every held-out run on a machine 20 % slower than at calibration; the 2-stage runs 30 % slower
+    # still, as a carry that misses would make them.
+    root, calibration = calibrated
+    two_stages = CALIBRATED_PIPELINE.model_copy(update={"num_stages": 2})
+    gpipe = CALIBRATED_PIPELINE.model_copy(update={"schedule": "gpipe"})
+    held_out = root / "held-out-carry"
+    _record(held_out, method="none", seed=11, speed=1.2, run_id="calibrated-none-s11")
+    _record(held_out, method="none", seed=11, pipeline=gpipe, speed=1.2, run_id="gpipe-none-s11")
+    _record(held_out, method="none", seed=11, pipeline=two_stages, speed=1.2 * 1.3, run_id="two-stages-none-s11")
+    capsys.readouterr()
+    main(["validate", "--calibration", str(calibration), str(held_out), "--out", str(root / "validation-carry"), "--no-figures"])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "the compute model's carry, with the machine's speed cancelled" in printed
+    carry = {setup: float(ratio) for setup, ratio in re.findall(r"(\d+ stages × [^:;]+): (\d+\.\d+)×", printed)}
+    assert set(carry) == {setup_description(MODEL, gpipe), setup_description(MODEL, two_stages)}
+    assert carry[setup_description(MODEL, gpipe)] == pytest.approx(1.0, abs=0.02)
+    assert 1.15 < carry[setup_description(MODEL, two_stages)] < 1.3
 
 
 def test_an_overhead_that_grows_with_stages_and_microbatches_carries_to_other_pipelines(tmp_path):
