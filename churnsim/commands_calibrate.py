@@ -473,8 +473,8 @@ def print_validation(report) -> None:
                 f"their speeds spread by {speed.log_standard_deviation:.3f} (standard deviation of the log factor): a scenario with "
                 f"--set compute.run_speed_log_sd={speed.log_standard_deviation:.3f} draws speeds that spread as these runs' did"
             )
-    others = report.table["setup"].where(~report.table["calibrated_setup"].astype(bool))
-    carry = steady_step_carry(report.table, report.table["calibrated_setup"].astype(bool), others)
+    on_calibrated_setup = report.table["calibrated_setup"].astype(bool)
+    carry = steady_step_carry(report.table, on_calibrated_setup, report.table["setup"].where(~on_calibrated_setup))
     if carry:
         out.print(
             "the compute model's carry, with the machine's speed cancelled (each setup's median steady step over its prediction, "

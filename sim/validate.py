@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +127,8 @@ class RunValidation:
     rows: pd.DataFrame
     target_loss: float | None
     notes: tuple[str, ...] = ()
+    through_compute_model: bool = False
+    """A real run of a setup other than the calibrated one, predicted through the compute model."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -495,7 +497,7 @@ OWN_SETUP_CALIBRATION_ADVICE = (
     "their own setup's calibration and 14-16 % from the 4-stage one, GPipe runs 1.4-6.9 % and 4.4-11.9 % "
     "(benchmarks/calibrate_on_the_setup.py)"
 )
-"""Said once, after the notes of every setup other than the calibrated one (the notes are deduplicated)."""
+"""Said once, after the notes, when some run was of a setup other than the calibrated one."""
 
 
 def validate_record(record: RunRecord, calibration: Calibration | None, *, twin: RunRecord | None = None) -> RunValidation:
@@ -521,7 +523,7 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
                 how = f"a setup calibration {calibration.name!r} ran among its compute model's shapes but not as its calibrated setup"
             else:
                 how = f"a setup calibration {calibration.name!r} did not run"
-            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model", OWN_SETUP_CALIBRATION_ADVICE]
+            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model"]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]
@@ -553,7 +555,10 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
             )
         )
     table = pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
-    return RunValidation(run_id=manifest.run_id, method=manifest.method, source=manifest.source, rows=table, target_loss=target_loss, notes=tuple(notes))
+    return RunValidation(
+        run_id=manifest.run_id, method=manifest.method, source=manifest.source, rows=table, target_loss=target_loss, notes=tuple(notes),
+        through_compute_model=manifest.real_settings is not None and not calibrated_setup,
+    )
 
 
 def validate_runs(directories: Sequence[str | Path], calibration: Calibration | None) -> ValidationReport:
@@ -593,14 +598,9 @@ def validate_records(records: Sequence, calibration: Calibration | None) -> Vali
         runs=runs,
         fit_run_ids=tuple(sorted(fitted)),
         validated_run_ids=tuple(run.run_id for run in runs),
-        notes=_advice_last(dict.fromkeys(note for run in runs for note in run.notes)),
+        notes=tuple(dict.fromkeys(note for run in runs for note in run.notes))
+        + ((OWN_SETUP_CALIBRATION_ADVICE,) if any(run.through_compute_model for run in runs) else ()),
     )
-
-
-def _advice_last(notes: Iterable[str]) -> tuple[str, ...]:
-    """The notes in order, the advice to calibrate on a setup after every setup it concerns."""
-    notes = tuple(notes)
-    return tuple(note for note in notes if note != OWN_SETUP_CALIBRATION_ADVICE) + tuple(note for note in notes if note == OWN_SETUP_CALIBRATION_ADVICE)
 
 
 def find_twin(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | None:
