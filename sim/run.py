@@ -13,6 +13,10 @@ Failures: a stage whose node is lost is *down* until its replacement joins
 (`scenario.recovery.join_delay_s` later); a failure of a stage that is down is recorded as
 `already_down` and has no effect. Failures that strike while a recovery runs interrupt it and are
 handed to the policy, which merges them into the recovery in progress.
+Coinciding instants: a failure arriving at instant t is handled before anything else that ends at
+t, so a transfer, flush, restart or replacement ending exactly then has not happened when it
+strikes (an iteration ending exactly then is still credited: `_CREDIT_TOLERANCE`). Trace replays
+(removals at whole minutes) with round hop times make such ties common; both engines order them so.
 
 Storage tiers and network links for checkpoint writes, flushes, reads and weight transfers are
 `ProcessorSharingLink`s: a `shared` tier is one link per direction for all stages, otherwise one per
@@ -52,7 +56,7 @@ from .iteration import IterationModel, shared_iteration_model, simulate_iteratio
 from .method_extras import with_measured_method_extra
 from .methods import build_policy
 from .methods.base import RecoveryPolicy
-from .pipeline_state import build_pipeline_state, compute_only_state
+from .pipeline_state import PipelineState, build_pipeline_state, compute_only_state
 from .results import (
     HANDLED_ROW_WIDTH,
     TIMELINE_ROW_WIDTH,
@@ -261,6 +265,22 @@ def _setback_note(scenario: Scenario, method: str) -> str:
     return f"convergence setbacks {source}, in iterations per rebuilt stage: {interior} (interior), {edge} (edge)"
 
 
+class _UrgentTimeout(simpy.events.Event):
+    """A timeout processed before every ordinary event due at the same instant.
+
+    SimPy orders events due at one instant by priority, then by when each was scheduled. A failure
+    arrival waits on one of these so that at a tie it comes first whatever was scheduled earlier:
+    the order is part of the model (module docstring), not an accident of scheduling. It is
+    `simpy.Timeout` with `URGENT` instead of `NORMAL`.
+    """
+
+    def __init__(self, env: simpy.Environment, delay_s: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.events.URGENT, delay_s)
+
+
 class Run:
     """One simulated run: the trainer loop, the churn and the deadline. Policies never see it: they
     get its `RunContext` (sim/run_context.py), the state and services they share with the trainer."""
@@ -360,6 +380,7 @@ class Run:
             if self.per_microbatch_everywhere:
                 context.iteration_time_s = simulate_iteration(context.pipeline_state).time_s
             iteration_time_s = context.iteration_time_s
+            state = context.pipeline_state  # the state trained in, whatever it is when this is booked
             start_s = self.env.now
             self._training = True
             try:
@@ -371,14 +392,14 @@ class Run:
                 goal -= self._credit(elapsed_s, iteration_time_s, goal)
                 if goal == 0:
                     self._fraction_done = self._in_flight_s = 0.0
-                self._book_training(start_s, iteration_time_s)
+                self._book_training(start_s, iteration_time_s, state)
                 if self.pending_failures or self._deadline_hit:
                     context.ledger.interrupted_iterations += self._fraction_done
                     self._fraction_done = self._in_flight_s = 0.0
                     raise
                 continue  # a state change: go on at the new iteration time
             self._training = False
-            self._book_training(start_s, iteration_time_s)
+            self._book_training(start_s, iteration_time_s, state)
             self._complete(goal)
             self._fraction_done = self._in_flight_s = 0.0
             goal = 0
@@ -402,13 +423,14 @@ class Run:
         context.ledger.iterations_executed += iterations
         context.trajectory.extend((self.env.now, context.progress))
 
-    def _book_training(self, start_s: float, iteration_time_s: float) -> None:
-        """Book the time since `start_s`, trained at `iteration_time_s` (the state's before any change)."""
+    def _book_training(self, start_s: float, iteration_time_s: float, state: PipelineState) -> None:
+        """Book the time since `start_s`, trained in `state` at `iteration_time_s` (a state change
+        that stopped it has already replaced the context's state)."""
         context = self.context
         elapsed_s = self.env.now - start_s
         context.ledger.book_training(elapsed_s, iteration_time_s)
         if elapsed_s > 0:
-            degraded = context.pipeline_state is not context.healthy_state and context.pipeline_state != context.healthy_state
+            degraded = state is not context.healthy_state and state != context.healthy_state
             context.span("degraded training" if degraded else "train", "degraded" if degraded else "train", start_s)
 
     def _churn(self) -> Generator:
@@ -416,7 +438,7 @@ class Run:
             if event.time_s >= self.scenario.target.max_wall_clock_s:
                 return
             if event.time_s > self.env.now:
-                yield self.env.timeout(event.time_s - self.env.now)
+                yield _UrgentTimeout(self.env, event.time_s - self.env.now)
             self._arrive(event)
 
     def _arrive(self, event: FailureEvent) -> None:

@@ -230,7 +230,11 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         return acquired_s
 
     # ------------------------------------------------------------ durable instants
-    def _advance_flushes(self, run: ClosedFormRun, until_s: float) -> None:
+    def _advance_flushes(self, run: ClosedFormRun, until_s: float, *, before_failure: bool = False) -> None:
+        """Book the durable instants up to `until_s`; before a failure at `until_s`, only those before
+        it: a flush ending as the failure strikes comes after it (sim/run.py, coinciding instants)."""
+        if before_failure:
+            until_s = math.nextafter(until_s, -math.inf)
         pending = self._pending_first
         while pending and pending[0].durable_s <= until_s:
             snapshot = pending.popleft()
@@ -338,7 +342,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         return transfers, self.read_labels[level]
 
     def on_failures(self, run: ClosedFormRun, failures) -> None:
-        self._advance_flushes(run, run.now)
+        self._advance_flushes(run, run.now, before_failure=True)
         self.policy._epoch += 1
         self._reset_epoch()
         restore_progress = 0.0 if self.restore is None else self.restore[0].progress

@@ -41,14 +41,16 @@ simulated again in the event model (`sim/run.py`), so the answer never depends o
 
 Exactness: the results equal the event model's to floating-point rounding (the differential test
 `tests/sim/test_closed_form_equivalence.py` asserts 1e-9 relative): chunks, waits and uncontended
-transfers to the bit (unequal parts on one link: to a few units in the last place, `IdleDuration`); transfers on a link that other flows share (`FluidLink`) to rounding. Instants that coincide exactly (a failure at the very
-end of a wait, two background completions at one instant) are ordered as the event model usually
-orders them (a failure arrival first, the deadline first, sim/closed_form/async_checkpoint.py for
-flush rounds), where the event model orders them by when SimPy scheduled each event (a chunk
-that ends exactly at the deadline: the event model may complete it and start the boundary's work
-first, which changes only the counters of work started at that instant); with continuous failure
-times, generic bandwidths and a deadline that is no exact multiple of the iteration they do not occur. Spans that end at the same
-instant may be listed in another order.
+transfers to the bit (unequal parts on one link: to a few units in the last place, `IdleDuration`); transfers on a link that other flows share (`FluidLink`) to rounding.
+Instants that coincide exactly follow the model's rule (sim/run.py, "Coinciding instants"): a
+failure arrival comes before a background completion, a chunk end or a transfer end at its instant,
+and training is labelled by the state it ran in, so a state change at a chunk's end may come either
+side of it. Other ties are ordered as the event model usually orders them (the deadline first,
+sim/closed_form/async_checkpoint.py for flush rounds); the event model orders those by when SimPy
+scheduled each event (a chunk that ends exactly at the deadline: the event model may complete it
+and start the boundary's work first, which changes only the counters of work started at that
+instant); with a deadline that is no exact multiple of the iteration and generic bandwidths they do
+not occur. Spans that end at the same instant may be listed in another order.
 """
 
 from __future__ import annotations
@@ -447,6 +449,7 @@ class ClosedFormRun:
         goal = num_iterations
         while goal > 0:
             iteration_time_s = self.iteration_time_s
+            state = self._state  # the state trained in, whatever it is when this is booked
             start_s = self.now
             end_s = start_s + (goal - self._fraction_done) * iteration_time_s
             if end_s < self._next_stop_s:
@@ -457,7 +460,7 @@ class ClosedFormRun:
                 self._training = False
             if stopped_s is None:
                 self.now = end_s
-                self._book_training(start_s, iteration_time_s)
+                self._book_training(start_s, iteration_time_s, state)
                 self._complete(goal)
                 self._fraction_done = 0.0
                 return True
@@ -473,7 +476,7 @@ class ClosedFormRun:
             goal -= whole
             if goal == 0:
                 self._fraction_done = 0.0
-            self._book_training(start_s, iteration_time_s)
+            self._book_training(start_s, iteration_time_s, state)
             if self.pending or self.deadline_hit:
                 self.interrupted_iterations += self._fraction_done
                 self._fraction_done = 0.0
@@ -486,17 +489,17 @@ class ClosedFormRun:
         self.iterations_executed += iterations
         self.trajectory.extend((self.now, self.progress))
 
-    def _book_training(self, start_s: float, iteration_time_s: float) -> None:
+    def _book_training(self, start_s: float, iteration_time_s: float, state: PipelineState) -> None:
         elapsed_s = self.now - start_s
         by_time = self.training_s_by_iteration_time
         by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + elapsed_s
         if elapsed_s > 0:
-            if self._state is self.healthy_state:
+            if state is self.healthy_state:
                 degraded = False
             else:
-                known = self._degraded_label.get(id(self._state))
+                known = self._degraded_label.get(id(state))
                 if known is None:
-                    known = self._degraded_label[id(self._state)] = self._state != self.healthy_state
+                    known = self._degraded_label[id(state)] = state != self.healthy_state
                 degraded = known
             if degraded:
                 self.timeline.extend(("degraded training", "degraded", -1, start_s, self.now, None))
@@ -517,7 +520,7 @@ class ClosedFormRun:
         while True:
             arrival_s = self._arrival_s
             background_s = self._background_s
-            if background_s <= arrival_s:
+            if background_s < arrival_s:  # a failure at the same instant comes first (sim/run.py)
                 if background_s > end_s or background_s >= deadline_s:
                     break
                 _, _, callback = heapq.heappop(self._background)

@@ -40,13 +40,13 @@ class RedundantTwin(ClosedFormPolicy):
         self.awaiting_replica = []  # nothing reads them after the run; each holds the run
 
     def _replicas_arrived(self, run: ClosedFormRun) -> None:
-        """The successor replicas that have arrived by now: no longer missing, unless their
+        """The successor replicas that arrived before now: no longer missing, unless their
         replacement went stale first (a failure since, which came through here before it changed that)."""
         still_awaited = []
         for replacement in self.awaiting_replica:
             replica = replacement.replica
             assert replica is not None  # only a replacement with a successor awaits its replica
-            if replica.end_s <= run.now:
+            if replica.end_s < run.now:  # one arriving as the failure strikes comes after it
                 if not replacement.stale():
                     self.policy.replica_missing.discard(replacement.stage + 1)
             else:
