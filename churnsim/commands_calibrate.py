@@ -25,9 +25,24 @@ STORAGE_FILE = "storage.csv"
 """name, num_bytes, write_s, read_s: one row per repeat of the storage measurement."""
 
 
+def _require_device(device: str) -> None:
+    """Refuse in one line a CUDA calibration on a machine without CUDA (before anything is written)."""
+    if device == "cuda":
+        import torch
+
+        from churnsim.calibration.errors import InputError
+
+        if not torch.cuda.is_available():
+            raise InputError(
+                "device cuda (from --device, the scenario's training.device or the records): CUDA is not available on this machine; pass --device cpu"
+            )
+
+
 def _measure_link(device: str):
     require_torch("measuring the link profile (no link_profile.csv beside the run records)")
     from churnsim.real.calibration_suite import measure_link_profile
+
+    _require_device(device)
 
     stderr_console().print("measuring the point-to-point link (1 KiB … 16 MiB ping-pong) ...")
     return measure_link_profile(device=device)
@@ -70,7 +85,11 @@ def _tier_bandwidths(storage):
 @app.command("calibrate")
 def calibrate_command(
     out: Path = typer.Option(..., "--out", help="Calibration JSON file to write."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda (this flag decides; a scenario's training.device is not read)."),
+    device: Optional[str] = typer.Option(
+        None,
+        "--device",
+        help="cpu or cuda (default: the scenario's training.device with --preset, --scenario or --set; the records' device with --runs; else cpu).",
+    ),
     quick: bool = typer.Option(
         False, "--quick", help="The short suite (the tiny model: at most 5 minutes on 2 CPU cores; another model as long as its runs take)."
     ),
@@ -103,7 +122,7 @@ def calibrate_command(
     from churnsim.sim.validate import run_record_directories
 
     console = stderr_console()
-    if device not in ("cpu", "cuda"):
+    if device not in (None, "cpu", "cuda"):
         raise InputError(f"--device {device!r}: use cpu or cuda")
     from churnsim.out_directory import check_writable_file
 
@@ -114,7 +133,7 @@ def calibrate_command(
             raise InputError("--convergence runs the convergence lab on --base: drop --runs, --quick, --method, --preset, --scenario and --set")
         calibrate_convergence(
             out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points, table=setback_table,
-            device=device,
+            device=device or "cpu",
         )
         return
     started = time.perf_counter()
@@ -124,6 +143,8 @@ def calibrate_command(
                 "--runs fits existing records: drop --quick, --runs-out, --method, --preset, --scenario and --set (they configure the suite)"
             )
         directories = run_record_directories(runs)
+        records = [read_run_record(directory) for directory in directories]
+        device = device or _records_device(records)
         link_file = _find_measurement([Path(path) for path in runs], LINK_PROFILE_FILE)
         link_points = pd.read_csv(link_file) if link_file is not None else _measure_link(device)
         storage_file = _find_measurement([Path(path) for path in runs], STORAGE_FILE)
@@ -134,7 +155,9 @@ def calibrate_command(
 
         suite_settings = quick_settings() if quick else full_settings()
         if configures_the_suite:
-            suite_settings = _scenario_suite_settings(scenario_path, preset_name, settings, suite_settings, device=device)
+            suite_settings, device = _scenario_suite_settings(scenario_path, preset_name, settings, suite_settings, device=device)
+        device = device or "cpu"
+        _require_device(device)
         runs_out = runs_out if runs_out is not None else out.parent / f"{out.stem}-runs"
         runs_out.mkdir(parents=True, exist_ok=True)
         link_points = _measure_link(device)
@@ -151,7 +174,7 @@ def calibrate_command(
             console.print(f"  {run.run_id}: {seconds:.1f} s")
 
         directories = run_suite(plan, runs_out, on_run_done=done)
-    records = [read_run_record(directory) for directory in directories]
+        records = [read_run_record(directory) for directory in directories]
     settings = records[0].manifest.real_settings
     if settings is None:
         raise InputError(f"{directories[0]}: manifest.json field 'real_settings' is missing; calibrate from real run records")
@@ -178,9 +201,20 @@ def calibrate_command(
     )
 
 
-def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optional[str], settings: list[str], base, *, device: str):
+def _records_device(records) -> str:
+    """The device the records ran on (--runs without --device); cpu for records that do not say."""
+    from churnsim.calibration.errors import InputError
+
+    devices = sorted({record.manifest.real_settings.device for record in records if record.manifest.real_settings is not None})
+    if len(devices) > 1:
+        raise InputError(f"--runs: the records ran on {' and '.join(devices)}; calibrate one device at a time, or say which with --device")
+    return devices[0] if devices else "cpu"
+
+
+def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optional[str], settings: list[str], base, *, device: Optional[str]):
     """The suite's sizes on the model and pipeline of the scenario named (cpu-tiny's when only --set
-    is given), refused in one line where this machine cannot run it."""
+    is given), refused in one line where this machine cannot run it; and the device it runs on
+    (`device`, else the scenario's training.device)."""
     from churnsim.calibration.presets import configured_scenario
     from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
     from churnsim.commands_sim import load_scenario_argument
@@ -192,10 +226,11 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     # Only the model, pipeline and training are calibrated; the suite picks its own methods (--method).
     scenario = configured_scenario(load_scenario_argument(scenario_path, preset_name), preset_name, parse_settings(settings), methods=("none",))
     suite_settings = scenario_suite_settings(scenario, base)
+    device = device or scenario.training.device
     # The longest run of the suite, on the device it will use: the same check as `real run`'s.
     longest = apply_settings(scenario, {"target.loss": None, "target.iterations": suite_settings.num_iterations, "training.device": device})
     check_fits_machine(longest)
-    return suite_settings
+    return suite_settings, device
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

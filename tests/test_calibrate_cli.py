@@ -57,7 +57,7 @@ SHAPES = (
 
 def _record(
     directory: Path, *, method: str, seed: int, failures=(), pipeline: PipelineSpec = CALIBRATED_PIPELINE, run_id: str | None = None, speed: float = 1.0,
-    overhead_per_stage_microbatch_s: float = 0.0,
+    overhead_per_stage_microbatch_s: float = 0.0, device: str = "cpu",
 ) -> Path:
     """A real-run record on a machine whose hops cost TRUE_COSTS: each step takes the simulator's
     iteration of that compute plus a fixed overhead and `overhead_per_stage_microbatch_s` per
@@ -103,16 +103,19 @@ def _record(
         num_iterations=NUM_ITERATIONS,
         learning_rate=1e-3,
         eval_every_iterations=EVAL_EVERY,
+        device=device,
     )
     run_id = run_id or f"{method}-s{seed}"
     manifest = RunManifest(run_id=run_id, source="real", method=method, seed=seed, real_settings=settings)
     return write_run_record(make_run_record(manifest, metrics, spans, failure_rows), directory / run_id)
 
 
-def _calibrate(root: Path, *, speeds: tuple[float, float, float] = (1.0, 1.0, 1.0), overhead_per_stage_microbatch_s: float = 0.0) -> Path:
+def _calibrate(
+    root: Path, *, speeds: tuple[float, float, float] = (1.0, 1.0, 1.0), overhead_per_stage_microbatch_s: float = 0.0, device: str = "cpu",
+) -> Path:
     """`churnsim calibrate --runs` on the calibrated setup's three runs, at `speeds`, and the shapes."""
     fit = root / "fit"
-    overhead = {"overhead_per_stage_microbatch_s": overhead_per_stage_microbatch_s}
+    overhead = {"overhead_per_stage_microbatch_s": overhead_per_stage_microbatch_s, "device": device}
     for seed in (0, 1):
         _record(fit, method="none", seed=seed, speed=speeds[seed], **overhead)
     _record(fit, method="checkfree", seed=0, failures=FAILURES, speed=speeds[2], **overhead)
@@ -146,6 +149,22 @@ def test_calibrate_from_existing_records_writes_a_loadable_calibration(calibrate
     assert calibration.convergence.calibrated
     assert calibration.convergence.setbacks["checkfree"].interior.num_samples == 1
     assert "checkfree" in calibration.recovery
+
+
+def test_calibrate_from_records_takes_their_device_unless_told(tmp_path, assert_one_line_error):
+    out = _calibrate(tmp_path / "gpu", device="cuda")  # link and storage files beside them: nothing measured here
+    assert load_calibration(str(out)).device == "cuda"
+    overridden = tmp_path / "as-cpu.json"
+    main(["calibrate", "--runs", str(tmp_path / "gpu" / "fit"), "--device", "cpu", "--out", str(overridden)])
+    assert load_calibration(str(overridden)).device == "cpu"
+    _record(tmp_path / "gpu" / "fit", method="none", seed=5, run_id="a-cpu-run", device="cpu")
+    mixed = tmp_path / "mixed.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "calibrate", "--runs", str(tmp_path / "gpu" / "fit"), "--out", str(mixed)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert_one_line_error(result, "the records ran on cpu and cuda", "--device")
+    assert not mixed.exists()
 
 
 def test_validate_replays_held_out_real_records_close_to_measured(calibrated, capsys):

@@ -131,3 +131,19 @@ def test_the_torchrun_entry_point_refuses_a_bad_scenario_in_one_line(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "give --method" in result.stderr
+
+
+def test_calibrate_runs_the_suite_on_the_scenario_s_device(tmp_path, assert_one_line_error):
+    """Without --device, the suite takes the scenario's training.device: on a machine without CUDA
+    a cuda scenario is refused in one line before anything is measured or written."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the suite would run")
+    out = tmp_path / "gpu.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "calibrate", "--quick", "--set", "training.device=cuda", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert_one_line_error(result, "device cuda", "CUDA is not available", "--device cpu")
+    assert list(tmp_path.iterdir()) == []
