@@ -19,6 +19,15 @@ iterations at the curve's batch B_ref: nearly B / B_ref well below the critical 
 no more than 1 + B_noise / B_ref far above it. Approximation: B_noise grows as the loss falls (Kaplan
 et al. 2020, B_crit(L) = B* / L^(1/α_B)); one value is taken for the whole run, the presets' at
 their target loss (`critical_batch_tokens_at_loss`).
+
+What model size? When the spec names the size of the model whose curve it is (`baseline_parameters`)
+and a scenario trains another, `at_model_size` moves the curve's floor by the parameter term of
+Hoffmann et al.'s parametric fit, L(N, D) = E + A / N^α + B / D^β ("Training Compute-Optimal Large
+Language Models", arXiv 2203.15556, approach 3: A = 406.4, α = 0.34, N counting every parameter):
+L(N₁, D) − L(N₀, D) = A·(N₁^−α − N₀^−α) for every D, so the curve shifts by that much at every
+iteration. Approximation: the fit is of MassiveText with its tokenizer, on 70M–16B parameters
+trained near compute-optimally; a larger model is taken to learn as fast per token as the fit says,
+and its setbacks stay as many iterations.
 """
 
 import math
@@ -32,6 +41,18 @@ from .methods import METHOD_CONFIGS, METHOD_NAMES
 
 StagePosition = Literal["interior", "edge"]
 SetbackSource = Literal["measured", "paper_fitted", "default"]
+
+
+# Hoffmann et al. 2022 (arXiv 2203.15556), approach 3: the parameter term A / N^α of their loss fit.
+CHINCHILLA_PARAMETER_COEFFICIENT = 406.4
+CHINCHILLA_PARAMETER_EXPONENT = 0.34
+FIT_PARAMETER_RANGE = (70e6, 16e9)
+"""The model sizes the fit was made on ("from 70 million to over 16 billion parameters")."""
+
+
+def parameter_loss_term(num_parameters: float) -> float:
+    """The loss, in nats per token, that a model of `num_parameters` keeps for lack of size (A / N^α)."""
+    return CHINCHILLA_PARAMETER_COEFFICIENT * num_parameters ** (-CHINCHILLA_PARAMETER_EXPONENT)
 
 
 class PowerLawLossCurve(StrictModel):
@@ -52,6 +73,13 @@ class PowerLawLossCurve(StrictModel):
         """The same curve against iterations that are each worth `worth` of this curve's:
         floor + scale · (worth · i + offset)^(−exponent) = floor + scale · worth^(−exponent) · (i + offset / worth)^(−exponent)."""
         return self.model_copy(update={"scale": self.scale * worth ** (-self.exponent), "offset_iterations": self.offset_iterations / worth})
+
+    def with_floor_moved(self, change: float) -> "PowerLawLossCurve":
+        """The same curve shifted by `change` at every iteration (its floor moved)."""
+        floor = self.floor_loss + change
+        if floor < 0:
+            raise InputError(f"the loss curve's floor {self.floor_loss:.4g} moved by {change:.4g} falls below 0; check convergence.baseline")
+        return self.model_copy(update={"floor_loss": floor})
 
     def progress_for_loss(self, target_loss: float) -> float:
         """Effective iterations at which the baseline first reaches `target_loss`."""
@@ -155,6 +183,13 @@ class ConvergenceSpec(StrictModel):
     batch_carried_from_tokens_per_iteration: float | None = Field(None, gt=0)
     """Set by `at_batch`: the batch the curve was given for, before it was carried to this one (the
     outputs say so); None when it was not carried."""
+    baseline_parameters: float | None = Field(None, gt=0)
+    """The size, in parameters, of the model whose training `baseline` is. A scenario of another size
+    carries the curve to its own (`at_model_size`, module docstring) and names its own size here.
+    None: the curve holds as it is whatever the model."""
+    model_carried_from_parameters: float | None = Field(None, gt=0)
+    """Set by `at_model_size`: the size the curve was given for, before it was carried to this one
+    (the outputs say so); None when it was not carried."""
     stale_reload_costs_progress: bool = True
     """A stage reloaded from an older checkpoint while the others keep going (checkpoint with
     rollback "stage", CheckFree's edge checkpoints) costs the run Δ/S iterations of progress, the
@@ -214,6 +249,43 @@ class ConvergenceSpec(StrictModel):
                 "batch_carried_from_tokens_per_iteration": None if tokens_per_iteration == given else given,
             }
         )
+
+    def at_model_size(self, num_parameters: float) -> "ConvergenceSpec":
+        """This spec with the curve moved to a model of `num_parameters` (itself when it names no
+        size or that one); the setbacks stay as many iterations."""
+        if self.baseline_parameters is None or num_parameters == self.baseline_parameters:
+            return self
+        change = parameter_loss_term(num_parameters) - parameter_loss_term(self.baseline_parameters)
+        given = self.model_carried_from_parameters or self.baseline_parameters
+        return self.model_copy(
+            update={
+                "baseline": self.baseline.with_floor_moved(change),
+                "baseline_parameters": float(num_parameters),
+                "model_carried_from_parameters": None if num_parameters == given else given,
+            }
+        )
+
+    def model_size_note(self, target_loss: float | None = None) -> str | None:
+        """In words, how the curve was carried to this model size, and what that does to the
+        iterations to `target_loss` when it is given; None when it was not carried."""
+        given, size = self.model_carried_from_parameters, self.baseline_parameters
+        if given is None or size is None:
+            return None
+        change = parameter_loss_term(size) - parameter_loss_term(given)
+        note = (
+            f"the loss curve is given for a model of {_parameters(given)} parameters and carried to this scenario's {_parameters(size)} "
+            f"by the parameter term of Hoffmann et al.'s loss fit (arXiv 2203.15556, {CHINCHILLA_PARAMETER_COEFFICIENT} / N^{CHINCHILLA_PARAMETER_EXPONENT}): "
+            f"every loss on it moves by {change:+.3f}"
+        )
+        if target_loss is not None and target_loss > self.baseline.floor_loss:
+            original = self.baseline.with_floor_moved(-change)
+            if target_loss > original.floor_loss:
+                ratio = self.baseline.progress_for_loss(target_loss) / max(original.progress_for_loss(target_loss), 1e-12)
+                note += f", so the target loss {target_loss:g} takes {ratio:.2f}× the iterations"
+        outside = [_parameters(count) for count in (given, size) if not FIT_PARAMETER_RANGE[0] <= count <= FIT_PARAMETER_RANGE[1]]
+        if outside:
+            note += f" ({' and '.join(outside)} outside the fit's {_parameters(FIT_PARAMETER_RANGE[0])}–{_parameters(FIT_PARAMETER_RANGE[1])}: extrapolated)"
+        return note
 
     def batch_note(self) -> str | None:
         """In words, how the curve was carried to this batch; None when it was not."""
@@ -281,3 +353,8 @@ def stage_position(stage: int, num_stages: int) -> StagePosition:
 def iterations_for_target(curve: PowerLawLossCurve, target_loss: float) -> int:
     """Whole iterations of baseline progress needed to reach `target_loss`."""
     return max(1, math.ceil(curve.progress_for_loss(target_loss) - 1e-9))
+
+
+def _parameters(count: float) -> str:
+    """A parameter count in words: 468M, 1.74B."""
+    return f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M"

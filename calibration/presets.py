@@ -80,14 +80,17 @@ EMBEDDING_NODE_TAG = "-embedding-node"
 (de)embedding node), e.g. `checkfree-500m-embedding-node-geo-10pct`."""
 
 
-def batch_of_the_curve(model: ModelSpec, pipeline: PipelineSpec, target_loss: float) -> dict[str, float]:
+def batch_and_size_of_the_curve(model: ModelSpec, pipeline: PipelineSpec, target_loss: float) -> dict[str, float]:
     """The convergence fields that make a preset's loss curve count iterations of its own global
-    batch, so that a --set of the batch (microbatches, their size, data-parallel replicas) carries
-    the curve to the new one; B_noise from Kaplan et al.'s critical batch at the target loss, for
-    models trained on web text as theirs were (calibration/convergence.py states the approximation)."""
+    batch and belong to its own model size, so that a --set of the batch (microbatches, their size,
+    data-parallel replicas) or of the model (layers, width) carries the curve to the new one; B_noise
+    from Kaplan et al.'s critical batch at the target loss and the size term from Hoffmann et al.'s
+    fit, for models trained on web text as theirs were (calibration/convergence.py states the
+    approximations)."""
     return {
         "baseline_tokens_per_iteration": float(tokens_per_iteration(model, pipeline)),
         "critical_batch_tokens": critical_batch_tokens_at_loss(target_loss),
+        "baseline_parameters": float(model.num_parameters),
     }
 
 
@@ -151,7 +154,7 @@ def _checkfree_geo(
         # iterations unchanged (calibration/paper_setbacks.py states the assumptions).
         convergence=ConvergenceSpec(
             baseline=curve, setbacks=paper_fitted_setbacks(), setback_source="paper_fitted", source=PAPER_FIT_SOURCE,
-            **(batch_of_the_curve(model, pipeline, target_loss) if web_text else {}),
+            **(batch_and_size_of_the_curve(model, pipeline, target_loss) if web_text else {}),
         ),
         target=TargetSpec(loss=target_loss),
         seed=0,
@@ -232,7 +235,7 @@ def spot_p3_trace() -> Scenario:
         methods=default_methods(checkpoint={"interval_iterations": 100}),
         convergence=ConvergenceSpec(
             baseline=PowerLawLossCurve(floor_loss=2.3, scale=20.0, exponent=0.35, offset_iterations=100.0),
-            **batch_of_the_curve(model, pipeline, 3.0),
+            **batch_and_size_of_the_curve(model, pipeline, 3.0),
         ),
         target=TargetSpec(loss=3.0),
         seed=0,

@@ -347,14 +347,22 @@ class Scenario(StrictModel):
         return tokens_per_iteration(self.model, self.pipeline)
 
     @model_validator(mode="after")
-    def _convergence_at_own_batch(self) -> "Scenario":
+    def _convergence_at_own_batch_and_size(self) -> "Scenario":
         # A curve counted in iterations of another batch is carried to this scenario's once, here,
         # where every way of making a scenario (a file, --set, a sweep's grid point) passes, so that
         # every reader of `convergence` sees iterations of this scenario's batch (ConvergenceSpec.at_batch).
         # The model is frozen: the validated value is set in place, as a field assignment would.
-        at_own_batch = self.convergence.at_batch(self.tokens_per_iteration)
-        if at_own_batch is not self.convergence:
-            self.__dict__["convergence"] = at_own_batch
+        # A curve given for a model of another size is moved to this model's (ConvergenceSpec.at_model_size).
+        carried = self.convergence.at_batch(self.tokens_per_iteration).at_model_size(self.model.num_parameters)
+        if carried is not self.convergence:
+            target = self.target.loss
+            if carried.model_carried_from_parameters is not None and target is not None and target <= carried.baseline.floor_loss:
+                raise ValueError(
+                    f"target.loss {target:g} is at or below the loss floor {carried.baseline.floor_loss:.4g} of the curve carried to this "
+                    f"model's {self.model.num_parameters:,} parameters (from {carried.model_carried_from_parameters:,.0f}): a model this "
+                    "small never reaches it; raise target.loss or the model's size"
+                )
+            self.__dict__["convergence"] = carried
         return self
 
     @model_validator(mode="after")

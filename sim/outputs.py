@@ -27,14 +27,15 @@ from .route_notes import swapped_route_notes
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     """Caveats every output of this scenario must carry; the first names where its convergence
     setbacks come from (measured, paper-fitted or default) when a method uses them; then the machine
-    speed's spread, compute carried from another setup, a loss curve carried to another batch, and
+    speed's spread, compute carried from another setup, a loss curve carried to another batch or model size, and
     CheckFree+'s swapped routes."""
     uses_setbacks = any(method.uses_setbacks for method in scenario.methods)
     setbacks = (setback_source_note(scenario.convergence),) if uses_setbacks else ()
     speed = speed_spread_note(scenario)
     carried = compute_carry_note(scenario)
     batch = scenario.convergence.batch_note()
-    return setbacks + tuple(note for note in (speed, carried, batch) if note is not None) + swapped_route_notes(scenario)
+    size = scenario.convergence.model_size_note(scenario.target.loss)
+    return setbacks + tuple(note for note in (speed, carried, batch, size) if note is not None) + swapped_route_notes(scenario)
 
 
 PIPELINE_TRACK = "pipeline (training, stalls, recoveries)"

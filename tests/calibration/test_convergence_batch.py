@@ -94,3 +94,60 @@ def test_the_outputs_say_when_the_curve_was_carried_to_another_batch():
     assert back.convergence.batch_carried_from_tokens_per_iteration is None and back.convergence.batch_note() is None
     halved = apply_settings(scenario, {"pipeline.num_microbatches": 2})
     assert "× more iterations" in halved.convergence.batch_note()
+
+
+# ------------------------------------------------------------------ model size (Hoffmann et al.'s parameter term)
+def test_a_larger_model_moves_every_loss_by_the_parameter_term_and_reads_back():
+    from churnsim.calibration.convergence import parameter_loss_term
+
+    scenario = preset("checkfree-500m-geo-10pct")
+    assert scenario.convergence.baseline_parameters == scenario.model.num_parameters
+    wider = apply_settings(scenario, {"model.hidden_size": 2048})
+    change = 406.4 * (wider.model.num_parameters ** -0.34 - scenario.model.num_parameters ** -0.34)
+    assert parameter_loss_term(wider.model.num_parameters) - parameter_loss_term(scenario.model.num_parameters) == pytest.approx(change, rel=1e-12)
+    assert change < 0
+    for progress in (0.0, 1e3, 1e5):
+        assert wider.convergence.baseline.loss(progress) == pytest.approx(scenario.convergence.baseline.loss(progress) + change, rel=1e-12)
+    target = scenario.target.loss
+    assert wider.convergence.baseline.progress_for_loss(target) < scenario.convergence.baseline.progress_for_loss(target)
+    # Only the floor moves; the setbacks stay as many iterations; carried once, it reads back unchanged.
+    assert wider.convergence.setbacks == scenario.convergence.setbacks
+    assert wider.convergence.model_carried_from_parameters == scenario.model.num_parameters
+    assert Scenario.model_validate(json.loads(wider.model_dump_json())) == wider
+    back = apply_settings(wider, {"model.hidden_size": 1024})
+    assert back.convergence.baseline.floor_loss == pytest.approx(scenario.convergence.baseline.floor_loss, rel=1e-12)
+    assert back.convergence.model_carried_from_parameters is None and back.convergence.model_size_note(target) is None
+
+
+def test_the_outputs_say_when_the_curve_was_carried_to_another_model_size():
+    from churnsim.sim.outputs import scenario_notes
+
+    scenario = preset("checkfree-500m-geo-10pct")
+    deeper = apply_settings(scenario, {"model.num_layers": 48})
+    target = scenario.target.loss
+    ratio = deeper.convergence.baseline.progress_for_loss(target) / scenario.convergence.baseline.progress_for_loss(target)
+    (note,) = [note for note in scenario_notes(deeper) if "model of" in note]
+    assert "given for a model of 468M parameters and carried to this scenario's 871M" in note
+    assert f"takes {ratio:.2f}× the iterations" in note and ratio < 1 and "extrapolated" not in note
+    assert not any("model of" in note for note in scenario_notes(scenario))
+    narrow = apply_settings(scenario, {"model.hidden_size": 256})  # 41.6M: below the fit's 70M
+    assert "41.6M outside the fit's 70M–16B: extrapolated" in narrow.convergence.model_size_note(target)
+
+
+def test_a_curve_that_names_no_size_holds_for_every_model():
+    scenario = preset("checkfree-124m-geo-10pct")  # TinyStories: outside the web-text fit
+    assert scenario.convergence.baseline_parameters is None
+    assert apply_settings(scenario, {"model.num_layers": 24}).convergence.baseline == scenario.convergence.baseline
+
+
+def test_a_model_too_small_for_the_target_is_refused_in_one_line(tmp_path, assert_one_line_error):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "simulate", "--preset", "checkfree-500m-geo-10pct", "--set", "model.hidden_size=64", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert_one_line_error(result, "target.loss 2.9 is at or below the loss floor", "never reaches it", "raise target.loss")
+    assert not out.exists()
