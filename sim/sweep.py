@@ -65,11 +65,35 @@ class SweepResult:
     trajectories: pd.DataFrame
     grid_columns: tuple[str, ...] = ()
     """The swept fields (dotted paths): one column each in runs, summary and trajectories, after `scenario`."""
+    notes: tuple[str, ...] | None = None
+    """Caveats of the grid's points (`point_notes`); None: the base scenario's."""
 
 
 def swept_fields(tasks: Sequence[SweepTask]) -> tuple[str, ...]:
     """Every field any task sets, in the order the grid names them."""
     return tuple(dict.fromkeys(path for task in tasks for path in task.settings))
+
+
+def point_notes(tasks: Sequence[SweepTask]) -> tuple[str, ...]:
+    """Caveats of every point of a grid: one every point carries, once; one only some carry, once
+    per point, after the point's settings (a curve carried to another batch or model size, compute
+    carried to another setup)."""
+    notes_of_points: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {}
+    for sweep_task in tasks:
+        key = repr(sorted(sweep_task.settings.items()))
+        if key not in notes_of_points:
+            notes_of_points[key] = (sweep_task.settings, scenario_notes(sweep_task.task.scenario))
+    if not notes_of_points:
+        return ()
+    everywhere = set.intersection(*(set(notes) for _, notes in notes_of_points.values()))
+    common = [note for note in dict.fromkeys(note for _, notes in notes_of_points.values() for note in notes) if note in everywhere]
+    specific = [
+        f"{', '.join(f'{path} = {value}' for path, value in settings.items())}: {note}"
+        for settings, notes in notes_of_points.values()
+        for note in notes
+        if note not in everywhere
+    ]
+    return tuple(common + specific)
 
 
 def _grid_first(frame: pd.DataFrame, grid_columns: Sequence[str]) -> pd.DataFrame:
@@ -179,12 +203,15 @@ def run_sweep(
     runs = _grid_first(pd.concat([runs for runs, _ in outcomes], ignore_index=True), grid_columns)
     trajectory_frames = [frame for _, frame in outcomes if not frame.empty]
     trajectories = _grid_first(pd.concat(trajectory_frames, ignore_index=True), grid_columns) if trajectory_frames else pd.DataFrame()
-    return SweepResult(runs=runs, summary=summary_table(runs, grid_columns), trajectories=trajectories, grid_columns=grid_columns)
+    return SweepResult(
+        runs=runs, summary=summary_table(runs, grid_columns), trajectories=trajectories, grid_columns=grid_columns, notes=point_notes(tasks)
+    )
 
 
 def sweep_verdict(result: SweepResult, scenario: Scenario) -> Verdict:
     """The answer at every grid point and failure rate of a sweep of `scenario`."""
-    return verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=scenario_notes(scenario), runs=result.runs)
+    notes = scenario_notes(scenario) if result.notes is None else result.notes
+    return verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=notes, runs=result.runs)
 
 
 def write_sweep(

@@ -63,3 +63,18 @@ def test_the_api_returns_dataframes_without_writing_files(tmp_path, monkeypatch)
     assert sorted(whatif.summary["failure_probability_per_stage_hour"].unique()) == [0.0, 0.33]
     assert [point.failure_probability_per_stage_hour for point in whatif.verdict.points] == [0.0, 0.33]
     assert not any(tmp_path.iterdir())
+
+
+def test_a_sweep_states_each_point_s_own_caveats_after_its_settings(tmp_path):
+    """A curve carried to another model size at some points only: said for those points, after their
+    settings; the setback source, which every point shares, once."""
+    import json
+
+    out = tmp_path / "out"
+    main(["sweep", "--preset", "checkfree-500m-geo-10pct", "--set", "model.num_layers=24,48", "--method", "checkfree",
+          "--replications", "1", "--workers", "1", "--out", str(out)])  # fmt: skip
+    notes = json.loads((out / "manifest.json").read_text())["notes"]
+    sized = [note for note in notes if "model of 468M parameters" in note]
+    assert len(sized) == 1 and sized[0].startswith("model.num_layers = 48: the loss curve is given for a model of 468M")
+    assert sum("convergence setbacks" in note for note in notes) == 1
+    assert not any(note.startswith("model.num_layers = 24") for note in notes)
