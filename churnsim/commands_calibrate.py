@@ -498,10 +498,15 @@ def print_validation(report) -> None:
     out.print(summary)
     speed = machine_speed(report.table)
     if speed is not None:
+        if speed.num_runs == 1:
+            measured = f"the real run's steady step was {speed.median_factor:.2f}× the calibration's prediction"
+        else:
+            measured = (
+                f"the {speed.num_runs} real runs' steady steps were {speed.lowest_factor:.2f}–{speed.highest_factor:.2f}× the calibration's "
+                f"prediction (median {speed.median_factor:.2f}×, a single run {100 * speed.scatter:.1f} % from it in the median)"
+            )
         out.print(
-            f"machine speed: the {speed.num_runs} real runs' steady steps were {speed.lowest_factor:.2f}–{speed.highest_factor:.2f}× "
-            f"the calibration's prediction (median {speed.median_factor:.2f}×, a single run {100 * speed.scatter:.1f} % from it "
-            "in the median); the absolute errors include this, the load-normalised ones rescale each run's compute by its own factor"
+            f"machine speed: {measured}; the absolute errors include this, the load-normalised ones rescale each run's compute by its own factor"
         )
         if math.isfinite(speed.log_standard_deviation):
             out.print(
@@ -517,8 +522,9 @@ def print_validation(report) -> None:
         )
     coverage = interval_coverage(report.table)
     if coverage is not None:
+        runs_possessive = "run's" if coverage.num_runs == 1 else "runs'"
         out.print(
-            f"{coverage.num_inside} of {coverage.num_runs} real runs' total wall-clock fell inside the prediction's 95 % interval of the "
+            f"{coverage.num_inside} of {coverage.num_runs} real {runs_possessive} total wall-clock fell inside the prediction's 95 % interval of the "
             f"calibrated machine's run-to-run speed ({coverage.num_slower} slower, {coverage.num_faster} faster): columns "
             "predicted_ci95_low/high; a machine that drifted further since calibrating lies outside"
         )
