@@ -20,7 +20,7 @@ from .churn import NoChurn, PoissonChurn, StageHourlyChurn, TraceChurn
 from .convergence import ConvergenceSpec, PowerLawLossCurve, critical_batch_tokens_at_loss
 from .paper_setbacks import PAPER_FIT_SOURCE, paper_fitted_setbacks
 from .errors import InputError
-from .scenario_overrides import apply_settings
+from .scenario_overrides import apply_settings, methods_that_fit
 from .methods import METHOD_NAMES, MethodConfig, method_from_name
 from .network import CHECKFREE_EMULATOR_SITES
 from .scenario import (
@@ -577,8 +577,12 @@ def configured_scenario(
     A calibrated preset (`calibrated_for_settings`) is built again with the settings before its
     calibration, so that another setup gets the calibration's compute model, where the calibrated
     setup's per-stage times would not fit. A `calibration` is applied last (calibration.apply,
-    `calibration_mode`), and a setting of a section it writes after it again (`_calibrated`)."""
+    `calibration_mode`), and a setting of a section it writes after it again (`_calibrated`).
+    Without `methods`, the methods the settings' pipeline cannot take (CheckFree+ at 3 stages) are
+    left out, and the outputs say so (`scenario_overrides.methods_that_fit`)."""
     full = calibration is not None and calibration_mode == "full"
+    if not methods and settings:
+        methods = methods_that_fit(scenario, dict(settings))  # none chosen: leave out those the new pipeline cannot take
     if preset_name is not None and calibrated_for_settings(preset_name) and (settings or full):
         # Built again before its calibration: with the settings, and on the machine given (full) in
         # place of its built-in one.

@@ -82,6 +82,20 @@ def stage_layer_counts(model: ModelSpec, pipeline: "PipelineSpec") -> tuple[int,
     return (model.num_layers // pipeline.num_stages,) * pipeline.num_stages
 
 
+def method_pipeline_problem(method: MethodConfig, model: ModelSpec, pipeline: "PipelineSpec") -> tuple[str, str] | None:
+    """Why `method` cannot run on this pipeline and how to fix that (each to follow the method's
+    name); None if it can."""
+    if pipeline.num_stages < method.minimum_stages:
+        return f"needs at least {method.minimum_stages} pipeline stages, got {pipeline.num_stages}", "add stages or drop the method"
+    counts = stage_layer_counts(model, pipeline)
+    if method.family == "rebuild" and len(set(counts)) > 1:
+        return (
+            f"rebuilds a stage from its neighbours' blocks, which needs equal stages, but pipeline.layers_per_stage {list(counts)} is unequal",
+            "split the layers equally or drop the method",
+        )
+    return None
+
+
 EmbeddingPlacement = Literal["edge_stages", "separate_node"]
 CheckpointSharding = Literal["whole_stage", "data_parallel"]
 
@@ -405,16 +419,9 @@ class Scenario(StrictModel):
             for tier in method.tiers_used:
                 if tier not in tier_names:
                     raise ValueError(f"method {method.name!r} uses storage tier {tier!r}, which is not in storage {tier_names}; add it")
-            if stages < method.minimum_stages:
-                raise ValueError(
-                    f"method {method.name!r} needs at least {method.minimum_stages} pipeline stages, got {stages}; "
-                    "add stages or drop the method"
-                )
-            if method.family == "rebuild" and len(set(self.stage_layer_counts)) > 1:
-                raise ValueError(
-                    f"pipeline.layers_per_stage {list(self.stage_layer_counts)} is unequal, but method {method.name!r} rebuilds "
-                    "a stage from its neighbours' blocks, which needs equal stages; split the layers equally or drop the method"
-                )
+            problem = method_pipeline_problem(method, self.model, self.pipeline)
+            if problem is not None:
+                raise ValueError(f"method {method.name!r} {problem[0]}; {problem[1]}")
         if self.target.loss is not None:
             iterations_for_target(self.convergence.baseline, self.target.loss)
         return self

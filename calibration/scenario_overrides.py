@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 from .base import validate_model
 from .errors import InputError
-from .scenario import Scenario
+from .scenario import ModelSpec, PipelineSpec, Scenario, method_pipeline_problem
 
 GridSetting = tuple[str, tuple[Any, ...]]
 
@@ -71,6 +73,26 @@ def apply_settings(scenario: Scenario, settings: dict[str, Any]) -> Scenario:
     if settings:
         data["name"] = f"{scenario.name}[" + ",".join(f"{path}={value}" for path, value in settings.items()) + "]"
     return validate_model(Scenario, data, f"scenario {scenario.name} with {settings}")
+
+
+def methods_that_fit(scenario: Scenario, settings: dict[str, Any]) -> tuple[str, ...]:
+    """The names of `scenario`'s methods that can run on the model and pipeline `settings` make of
+    its own (`scenario.method_pipeline_problem`: CheckFree+ needs 4 stages, rebuilds equal stages),
+    when some cannot; () when every one can, or the settings' model or pipeline is itself invalid
+    (the scenario's validation then says why). The commands narrow an unchosen method list to these,
+    and the outputs say which were left out (sim/outputs.py)."""
+    shape = {path: value for path, value in settings.items() if path.split(".", 1)[0] in ("model", "pipeline")}
+    if not shape:
+        return ()
+    data = {"model": scenario.model.model_dump(mode="json"), "pipeline": scenario.pipeline.model_dump(mode="json")}
+    try:
+        for path, value in shape.items():
+            _assign(data, path, value)
+        model, pipeline = ModelSpec.model_validate(data["model"]), PipelineSpec.model_validate(data["pipeline"])
+    except (InputError, ValidationError):
+        return ()
+    fitting = tuple(method.name for method in scenario.methods if method_pipeline_problem(method, model, pipeline) is None)
+    return fitting if 0 < len(fitting) < len(scenario.methods) else ()
 
 
 def parse_settings(texts: list[str] | tuple[str, ...]) -> dict[str, Any]:

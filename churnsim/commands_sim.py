@@ -347,14 +347,12 @@ def sweep_command(
     base = overrides(load_scenario_argument(scenario_path, preset_name))
     # Every grid point is made from the base as loaded, then calibrated once (a calibration applied
     # twice would count its measured write latency twice).
-    scenario = with_settings(base, preset_name, {}, overrides=overrides, calibration=calibration, calibration_mode=calibration_mode)
+    configure = dict(methods=methods or (), overrides=overrides, calibration=calibration, calibration_mode=calibration_mode)
+    scenario = with_settings(base, preset_name, {}, **configure)
     grid = [parse_grid_setting(text) for text in settings]
     from churnsim.sim.sweep import grid_points
 
-    points = [
-        with_settings(base, preset_name, point, overrides=overrides, calibration=calibration, calibration_mode=calibration_mode)
-        for point in grid_points(grid)
-    ]
+    points = [with_settings(base, preset_name, point, **configure) for point in grid_points(grid)]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
     tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)

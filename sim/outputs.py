@@ -13,8 +13,9 @@ import pandas as pd
 from churnsim.calibration.base import atomic_write_text, strict_json_dumps
 from churnsim.calibration.compute_cost import compute_carry_note
 from churnsim.calibration.failures import ScheduledFailure
+from churnsim.calibration.methods import METHOD_NAMES, method_from_name
 from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
-from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.scenario import Scenario, method_pipeline_problem
 from churnsim.calibration.setback_uncertainty import setback_source_note
 from churnsim.calibration.speed_uncertainty import speed_spread_note
 from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
@@ -27,15 +28,28 @@ from .route_notes import swapped_route_notes
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     """Caveats every output of this scenario must carry; the first names where its convergence
     setbacks come from (measured, paper-fitted or default) when a method uses them; then the machine
-    speed's spread, compute carried from another setup, a loss curve carried to another batch or model size, and
-    CheckFree+'s swapped routes."""
+    speed's spread, compute carried from another setup, a loss curve carried to another batch or model size,
+    methods the pipeline cannot take, and CheckFree+'s swapped routes."""
     uses_setbacks = any(method.uses_setbacks for method in scenario.methods)
     setbacks = (setback_source_note(scenario.convergence),) if uses_setbacks else ()
     speed = speed_spread_note(scenario)
     carried = compute_carry_note(scenario)
     batch = scenario.convergence.batch_note()
     size = scenario.convergence.model_size_note(scenario.target.loss)
-    return setbacks + tuple(note for note in (speed, carried, batch, size) if note is not None) + swapped_route_notes(scenario)
+    notes = tuple(note for note in (speed, carried, batch, size) if note is not None)
+    return setbacks + notes + left_out_method_notes(scenario) + swapped_route_notes(scenario)
+
+
+def left_out_method_notes(scenario: Scenario) -> tuple[str, ...]:
+    """A note for each built-in method the scenario does not compare because its pipeline cannot
+    take it (`scenario.method_pipeline_problem`), so that an absent method is never a mystery."""
+    present = {method.name for method in scenario.methods}
+    notes = []
+    for name in METHOD_NAMES:
+        problem = None if name in present else method_pipeline_problem(method_from_name(name), scenario.model, scenario.pipeline)
+        if problem is not None:
+            notes.append(f"{name} is not compared: it {problem[0]}")
+    return tuple(notes)
 
 
 PIPELINE_TRACK = "pipeline (training, stalls, recoveries)"

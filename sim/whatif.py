@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.churn import StageHourlyChurn
+from churnsim.calibration.churn import PoissonChurn, StageHourlyChurn
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
@@ -128,6 +128,32 @@ def interval_table(plan: WhatIfPlan, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
 
 
+FEW_FAILURES_PER_RUN = 0.5
+"""Below this many failures per run at the highest rate, the rates do not reach the runs' scale."""
+
+
+def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
+    """A caveat when even the highest rate leaves most runs without a failure: a run far shorter than
+    an hour (a tiny calibrated model) sees almost none at a few per cent per stage-hour, and the
+    comparison is then of failure-free overheads alone. It says how to ask at the run's own scale."""
+    if runs.empty or "num_failures" not in runs:
+        return None
+    highest = runs["failure_probability_per_stage_hour"].max()
+    failures_per_run = float(runs.loc[runs["failure_probability_per_stage_hour"] == highest, "num_failures"].mean())
+    if not highest > 0 or failures_per_run >= FEW_FAILURES_PER_RUN:
+        return None
+    churn = scenario.churn
+    if isinstance(churn, PoissonChurn) and churn.failures_per_node_hour > 0:
+        rate = churn.failures_per_node_hour
+        own = f"sweep the scenario's own churn instead: `churnsim sweep ... --set churn.failures_per_node_hour=0,{rate / 2:g},{rate:g},{2 * rate:g}`"
+    else:
+        own = "give --rates up to 0.99, or sweep a churn of this scale with `churnsim sweep`"
+    return (
+        f"even at {100 * highest:g} %/h per stage a run saw {failures_per_run:.2g} failures on average: at these rates the methods "
+        f"differ by their failure-free costs alone; to ask at the scale of this run, {own}"
+    )
+
+
 @dataclass(frozen=True)
 class WhatIfResult:
     sweep: SweepResult
@@ -157,7 +183,8 @@ def compute_whatif(
     sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=trajectories)
     intervals = interval_table(plan, runs[is_study])
     notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
-    verdict = verdict_from_summary(sweep.summary, notes=notes, runs=sweep.runs)
+    few = few_failures_note(plan.scenario, main_runs)
+    verdict = verdict_from_summary(sweep.summary, notes=notes + ((few,) if few else ()), runs=sweep.runs)
     return WhatIfResult(sweep=sweep, intervals=intervals, notes=verdict.caveats, verdict=verdict)
 
 

@@ -51,6 +51,25 @@ def test_whatif_takes_set_overrides_and_methods_that_fit_the_setup(tmp_path):
     assert manifest["scenario"]["pipeline"]["num_stages"] == 3
 
 
+def test_a_setup_some_methods_cannot_take_leaves_them_out_and_says_so(tmp_path, assert_one_line_error):
+    """No --method at 3 stages: every method but CheckFree+ (4 stages or more) is compared, and the
+    caveats say why it is missing; rates far below a 10-second run's scale say how to reach it."""
+    three = ["--preset", "cpu-tiny", "--set", "pipeline.num_stages=3", "--set", "model.num_layers=6"]
+    main(["whatif", "--quick", *three, "--rates", "0,0.33", "--workers", "1", "--no-figures", "--out", str(tmp_path / "whatif")])
+    manifest = json.loads((tmp_path / "whatif" / "manifest.json").read_text())
+    assert "checkfree_plus" not in manifest["methods"] and {"checkpoint", "checkfree", "redundant"} <= set(manifest["methods"])
+    assert "checkfree_plus is not compared: it needs at least 4 pipeline stages, got 3" in manifest["notes"]
+    (few,) = [note for note in manifest["notes"] if note.startswith("even at 33 %/h per stage a run saw")]
+    assert "--set churn.failures_per_node_hour=0,120,240,480" in few  # cpu-tiny's own churn: 240 per node-hour
+    main(["sweep", *three, "--set", "churn.failures_per_node_hour=0,240", "--replications", "1", "--workers", "1", "--out", str(tmp_path / "sweep")])
+    summary = pd.read_csv(tmp_path / "sweep" / "summary.csv")
+    assert "checkfree_plus" not in set(summary["method"]) and len(set(summary["method"])) == 8
+    # Named, it is refused as before.
+    result = subprocess.run([sys.executable, "-m", "churnsim", "simulate", *three, "--method", "checkfree_plus", "--out", str(tmp_path / "refused")],
+                            capture_output=True, text=True, timeout=120)
+    assert_one_line_error(result, "method 'checkfree_plus' needs at least 4 pipeline stages, got 3")
+
+
 def test_simulate_writes_one_record_per_run_and_a_perfetto_timeline(tmp_path):
     out = tmp_path / "sim"
     main(["simulate", "--preset", "checkfree-124m-geo-16pct", "--method", "checkpoint", "--method", "checkfree", "--replications", "2", "--out", str(out)])

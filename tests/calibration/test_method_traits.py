@@ -128,3 +128,16 @@ def test_an_incomplete_rule_book_is_a_programming_error():
             label = "broken"
 
     assert "broken" not in METHOD_CONFIGS
+
+
+def test_methods_that_fit_a_setting_s_pipeline_leave_out_only_those_it_cannot_take():
+    from churnsim.calibration.scenario_overrides import methods_that_fit
+
+    scenario = preset("checkfree-124m-geo-10pct")  # 12 layers in 4 stages, every method
+    every = [method.name for method in scenario.methods]
+    assert methods_that_fit(scenario, {"pipeline.num_stages": 3}) == tuple(name for name in every if name != "checkfree_plus")
+    unequal = methods_that_fit(scenario, {"pipeline.layers_per_stage": [2, 4, 4, 2]})
+    assert unequal and not {"checkfree", "checkfree_plus", "copy", "uniform", "random"} & set(unequal)
+    assert methods_that_fit(scenario, {"pipeline.num_stages": 6}) == ()  # every method fits: nothing to narrow
+    assert methods_that_fit(scenario, {"recovery.restart_s": 1.0}) == ()  # not the pipeline
+    assert methods_that_fit(scenario, {"pipeline.num_stages": -1}) == ()  # invalid: the scenario's validation says why
