@@ -89,7 +89,7 @@ def plot_badput_breakdown(
     if as_fraction:
         ax.set_ylim(0, 1.0)
     what = "Share of the wall-clock" if as_fraction else "Hours of wall-clock"
-    ax.set_title(f"{what}{rate_title_suffix(probability)}")
+    ax.set_title(f"{what}{rate_title_suffix(probability, rows)}")
     style_axes(ax)
     ax.grid(False, axis="x")
     if legend:

@@ -3,7 +3,8 @@
 A sweep writes one column per swept field (a dotted scenario path such as
 `pipeline.num_microbatches`) beside the columns `calibration/tables.py` names; every other column
 is known. The failure rate is every figure's x axis, so a swept rate
-(`churn.failure_probability_per_stage_hour`) does not split figures: its points share one.
+(`churn.failure_probability_per_stage_hour`, or another churn model's such as
+`churn.failures_per_node_hour`: `selection.rate_axis`) does not split figures: its points share one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .selection import SWEPT_RATE_COLUMNS
+
 RATE_SETTING = "churn.failure_probability_per_stage_hour"
+RATE_SETTINGS = frozenset({RATE_SETTING, *SWEPT_RATE_COLUMNS})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,8 +30,8 @@ class GridPoint:
 
 
 def grid_columns(frame: pd.DataFrame, known_columns: tuple[str, ...]) -> list[str]:
-    """Swept fields of `frame`: its columns that the table's schema does not name, the rate aside."""
-    return [column for column in frame.columns if column not in known_columns and column != RATE_SETTING]
+    """Swept fields of `frame`: its columns that the table's schema does not name, the rates aside."""
+    return [column for column in frame.columns if column not in known_columns and column not in RATE_SETTINGS]
 
 
 def _slug(text: str) -> str:
@@ -45,7 +49,7 @@ def grid_points(frame: pd.DataFrame, known_columns: tuple[str, ...]) -> list[Gri
             (", ".join(f"{column} = {value}" for column, value in zip(swept, key if isinstance(key, tuple) else (key,))), rows)
             for key, rows in frame.groupby(swept, sort=False, dropna=False)
         ]
-    elif RATE_SETTING in frame.columns:
+    elif RATE_SETTINGS & set(frame.columns):
         groups = [("", frame)]  # only the rate was swept: one figure with every rate on its x axis
     else:
         groups = [(str(name), rows) for name, rows in frame.groupby("scenario", sort=False)]

@@ -12,13 +12,13 @@ from matplotlib.axes import Axes
 from churnsim.calibration.tables import TRAJECTORY_COLUMNS
 
 from .selection import (
-    SECONDS_PER_HOUR,
     require_columns,
     require_rows,
     rate_title_suffix,
     select_failure_probability,
     select_methods,
     select_scenario,
+    time_unit,
 )
 from .style import NOT_REACHED_TEXT, legend_outside, method_color, method_style, ordered_methods, style_axes
 
@@ -37,7 +37,8 @@ def plot_loss_vs_wallclock(
     target_loss: float | None = None,
     methods: Sequence[str] | None = None,
 ) -> dict[str, list[Artist]]:
-    """Draw training loss against wall-clock hours for each method of one replication.
+    """Draw training loss against wall-clock time (hours, or minutes or seconds for runs that short)
+    for each method of one replication.
 
     How to read it: the line that reaches the dashed target-loss line furthest to the left reaches
     the target first; flat or rising stretches are time lost to failures (rollbacks, recovery,
@@ -59,6 +60,7 @@ def plot_loss_vs_wallclock(
     rows = select_methods(rows, methods)
     require_rows(rows, f"the loss figure (replication {replication})")
 
+    seconds_per_unit, unit = time_unit(rows["time_s"])
     lines = []
     not_reached = []
     final_progress = rows.groupby("method")["progress_iterations"].max()
@@ -70,20 +72,20 @@ def plot_loss_vs_wallclock(
             method_rows["loss"].to_numpy(dtype=float),
             curve,
         )
-        (line,) = ax.plot(time_s / SECONDS_PER_HOUR, loss, markevery=_marker_positions(time_s), **method_style(method))
+        (line,) = ax.plot(time_s / seconds_per_unit, loss, markevery=_marker_positions(time_s), **method_style(method))
         lines.append(line)
         if not _reached(method_rows, target_loss, final_progress.max()):
-            not_reached.append((method, time_s[-1] / SECONDS_PER_HOUR, loss[-1]))
+            not_reached.append((method, time_s[-1] / seconds_per_unit, loss[-1]))
     target = []
     if target_loss is not None and np.isfinite(target_loss):
         target.append(
             ax.axhline(target_loss, color="#444444", linestyle="--", linewidth=1.0, label=f"target loss {target_loss:g}")
         )
     # Marked once every line is drawn, so the words go to the side of the end with room.
-    not_reached = [_mark_end(ax, hours, end_loss, method) for method, hours, end_loss in not_reached]
-    ax.set_xlabel("wall-clock time (hours)")
+    not_reached = [_mark_end(ax, end_time, end_loss, method) for method, end_time, end_loss in not_reached]
+    ax.set_xlabel(f"wall-clock time ({unit})")
     ax.set_ylabel("training loss (nats/token)")
-    ax.set_title(f"Loss vs wall-clock{rate_title_suffix(probability)}")
+    ax.set_title(f"Loss vs wall-clock{rate_title_suffix(probability, rows)}")
     style_axes(ax)
     legend_outside(ax)
     return {"lines": lines, "target": target, "not_reached": not_reached}
@@ -98,16 +100,16 @@ def _reached(method_rows: pd.DataFrame, target_loss: float | None, most_progress
     return float(last["progress_iterations"]) >= most_progress - 1e-9
 
 
-def _mark_end(ax: Axes, hours: float, loss: float, method: str) -> Artist:
+def _mark_end(ax: Axes, end_time: float, loss: float, method: str) -> Artist:
     """× at the end of a run that gave up before the target, and the words saying so."""
     (mark,) = ax.plot(
-        [hours], [loss], linestyle="none", marker="x", markersize=10, markeredgewidth=2.5, color=method_color(method),
+        [end_time], [loss], linestyle="none", marker="x", markersize=10, markeredgewidth=2.5, color=method_color(method),
         gid=f"not_reached:{method}", label="_not_reached", zorder=4, clip_on=False,
     )  # fmt: skip
     low, high = ax.get_xlim()
-    right_half = hours > low + 0.5 * (high - low)
+    right_half = end_time > low + 0.5 * (high - low)
     ax.annotate(
-        NOT_REACHED_TEXT, (hours, loss), xytext=(-8 if right_half else 8, 8), textcoords="offset points",
+        NOT_REACHED_TEXT, (end_time, loss), xytext=(-8 if right_half else 8, 8), textcoords="offset points",
         ha="right" if right_half else "left", va="bottom",
         fontsize=8.5, color=method_color(method), bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
     )  # fmt: skip

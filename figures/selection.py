@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -12,6 +13,47 @@ from churnsim.calibration.errors import InputError
 
 RATE_COLUMN = "failure_probability_per_stage_hour"
 SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class RateAxis:
+    """A failure rate the figures put on their x axis: a table column, the factor from its values to
+    the axis's, the axis label and how a title names one value."""
+
+    column: str
+    scale: float
+    label: str
+    title_format: str
+
+    def title_suffix(self, value: float) -> str:
+        return "" if not math.isfinite(value) else self.title_format.format(self.scale * value)
+
+
+HOURLY_RATE_AXIS = RateAxis(RATE_COLUMN, 100.0, "failure probability per stage (%/h)", " at {:.3g} %/h per stage")
+SWEPT_RATE_AXES = (RateAxis("churn.failures_per_node_hour", 1.0, "failures per node-hour", " at {:g} failures per node-hour"),)
+"""Rates of other churn models, when a sweep varied them (`churnsim sweep --set churn.failures_per_node_hour=0,120,240`)."""
+SWEPT_RATE_COLUMNS = frozenset(axis.column for axis in SWEPT_RATE_AXES)
+
+
+def rate_axis(frame: pd.DataFrame) -> RateAxis:
+    """The table's failure rate: the hourly probability per stage where it has one (the paper's
+    churn, `whatif`), else a swept rate of another churn model, else the hourly one (all NaN)."""
+    for axis in (HOURLY_RATE_AXIS, *SWEPT_RATE_AXES):
+        if axis.column in frame.columns and np.isfinite(frame[axis.column].astype(float)).any():
+            return axis
+    return HOURLY_RATE_AXIS
+
+
+def time_unit(seconds: pd.Series | np.ndarray) -> tuple[float, str]:
+    """The unit wall-clock times read best in, as (seconds per unit, name): hours from 2 h up, minutes
+    from 2 min, else seconds (a calibrated tiny model reaches its target in seconds)."""
+    values = np.abs(np.asarray(seconds, dtype=float))
+    largest = float(values[np.isfinite(values)].max()) if np.isfinite(values).any() else 0.0
+    if largest >= 2 * SECONDS_PER_HOUR:
+        return SECONDS_PER_HOUR, "hours"
+    if largest >= 120.0:
+        return 60.0, "minutes"
+    return 1.0, "seconds"
 
 
 class NothingToPlot(InputError):
@@ -53,13 +95,14 @@ def select_methods(frame: pd.DataFrame, methods: Sequence[str] | None) -> pd.Dat
 
 
 def select_failure_probability(frame: pd.DataFrame, probability: float | None) -> tuple[pd.DataFrame, float]:
-    """Rows at `probability` (default: the highest rate in the table, where methods differ most).
-
-    Tables of non-hourly churn models carry NaN rates; those rows are kept as they are and NaN returned.
-    """
-    if RATE_COLUMN not in frame.columns or frame.empty:
+    """Rows at failure rate `probability` (default: the highest rate in the table, where methods
+    differ most), in the table's own rate (`rate_axis`: the hourly probability, or a swept rate of
+    another churn model). A table of another churn model without a swept rate carries NaN rates:
+    its rows are kept as they are and NaN returned. `rate_title_suffix(rows, value)` names it."""
+    column = rate_axis(frame).column
+    if column not in frame.columns or frame.empty:
         return frame, math.nan
-    rates = frame[RATE_COLUMN].astype(float)
+    rates = frame[column].astype(float)
     finite = sorted(set(rates[np.isfinite(rates)]))
     if not finite:
         return frame, math.nan
@@ -68,12 +111,14 @@ def select_failure_probability(frame: pd.DataFrame, probability: float | None) -
     matches = np.isclose(rates, probability, rtol=1e-9, atol=1e-12)
     if not matches.any():
         raise InputError(
-            f"failure_probability = {probability} is not in the table; use one of {', '.join(f'{r:g}' for r in finite)}"
+            f"failure_probability = {probability} is not in the table's {column}; use one of {', '.join(f'{r:g}' for r in finite)}"
         )
     return frame[matches], float(probability)
 
 
-def rate_title_suffix(probability: float) -> str:
-    return "" if not math.isfinite(probability) else f" at {100.0 * probability:.3g} %/h per stage"
+def rate_title_suffix(probability: float, rows: pd.DataFrame | None = None) -> str:
+    """" at 33 %/h per stage": how a title names a failure rate (of `rows`' own rate when given)."""
+    axis = HOURLY_RATE_AXIS if rows is None else rate_axis(rows)
+    return axis.title_suffix(probability)
 
 

@@ -15,13 +15,13 @@ from churnsim.calibration.methods import speedup_baselines
 from churnsim.calibration.tables import SUMMARY_COLUMNS, speedup_columns
 
 from .selection import (
-    RATE_COLUMN,
-    SECONDS_PER_HOUR,
     NothingToPlot,
+    rate_axis,
     require_columns,
     require_rows,
     select_methods,
     select_scenario,
+    time_unit,
 )
 from .style import (
     add_not_reached_key,
@@ -35,13 +35,11 @@ from .style import (
     style_axes,
 )
 
-RATE_LABEL = "failure probability per stage (%/h)"
-
-
 def plot_time_to_target(
     ax: Axes, summary: pd.DataFrame, *, scenario: str | None = None, methods: Sequence[str] | None = None
 ) -> dict[str, list[Artist]]:
-    """Draw mean wall-clock hours to the target loss against the failure rate, one line per method.
+    """Draw the mean wall-clock to the target loss against the failure rate, one line per method (in
+    hours, or minutes or seconds for runs that short: `selection.time_unit`).
 
     How to read it: lower is better; the shaded band is the 95 % confidence interval over
     replications, so where two bands do not overlap the difference is not noise. A method whose
@@ -54,17 +52,18 @@ def plot_time_to_target(
     require_columns(summary, SUMMARY_COLUMNS, "summary")
     rows, _ = select_scenario(summary, scenario)
     rows = select_methods(rows, methods)
+    seconds_per_unit, unit = time_unit(rows["time_to_target_ci95_high_s"].where(rows["time_to_target_ci95_high_s"].notna(), rows["time_to_target_mean_s"]))
     drawn = _lines_against_rate(
         ax,
         rows,
         mean_column="time_to_target_mean_s",
         low_column="time_to_target_ci95_low_s",
         high_column="time_to_target_ci95_high_s",
-        scale=1.0 / SECONDS_PER_HOUR,
+        scale=1.0 / seconds_per_unit,
         methods=ordered_methods(rows["method"]),
         what="the time-to-target figure",
     )
-    ax.set_ylabel("time to target loss (hours)")
+    ax.set_ylabel(f"time to target loss ({unit})")
     ax.set_title("Time to target vs failure rate")
     legend_outside(ax)
     return drawn
@@ -125,7 +124,8 @@ def _lines_against_rate(
     methods: list[str],
     what: str,
 ) -> dict[str, list[Artist]]:
-    rows = rows[np.isfinite(rows[RATE_COLUMN].astype(float)) & rows["method"].isin(methods)]
+    axis = rate_axis(rows)
+    rows = rows[np.isfinite(rows[axis.column].astype(float)) & rows["method"].isin(methods)]
     reached = np.isfinite(rows[mean_column].astype(float))
     require_rows(rows[reached], what)
     lines: list[Artist] = []
@@ -134,38 +134,40 @@ def _lines_against_rate(
     for method in methods:
         missing = rows[(rows["method"] == method) & ~reached]
         # A rate at which no replication reached the target has no mean: an × at the top says so.
-        not_reached += mark_not_reached(ax, 100.0 * missing[RATE_COLUMN].to_numpy(dtype=float), method, row=len(not_reached))
-        method_rows = rows[(rows["method"] == method) & reached].sort_values(RATE_COLUMN)
+        not_reached += mark_not_reached(ax, axis.scale * missing[axis.column].to_numpy(dtype=float), method, row=len(not_reached))
+        method_rows = rows[(rows["method"] == method) & reached].sort_values(axis.column)
         if method_rows.empty:
             continue
-        rate_percent = 100.0 * method_rows[RATE_COLUMN].to_numpy(dtype=float)
+        rate_on_axis = axis.scale * method_rows[axis.column].to_numpy(dtype=float)
         mean = scale * method_rows[mean_column].to_numpy(dtype=float)
         # A missing interval (one replication) collapses to the mean rather than hiding the point.
         low = np.where(np.isfinite(method_rows[low_column]), scale * method_rows[low_column].to_numpy(dtype=float), mean)
         high = np.where(np.isfinite(method_rows[high_column]), scale * method_rows[high_column].to_numpy(dtype=float), mean)
-        (line,) = ax.plot(rate_percent, mean, **method_style(method))
+        (line,) = ax.plot(rate_on_axis, mean, **method_style(method))
         lines.append(line)
-        if len(rate_percent) > 1:
-            band = ax.fill_between(rate_percent, low, high, color=method_color(method), alpha=0.2, linewidth=0)
+        if len(rate_on_axis) > 1:
+            band = ax.fill_between(rate_on_axis, low, high, color=method_color(method), alpha=0.2, linewidth=0)
         else:
             band = ax.errorbar(
-                rate_percent, mean, yerr=[mean - low, high - mean], fmt="none", ecolor=method_color(method), capsize=3
+                rate_on_axis, mean, yerr=[mean - low, high - mean], fmt="none", ecolor=method_color(method), capsize=3
             )
         for artist in band.get_children() if isinstance(band, Container) else [band]:
             artist.set_gid(method)
         bands.append(band)
     if not lines:
         raise NothingToPlot(f"no rows to plot for {what}")
-    _label_partial_reach(ax, rows, mean_column, scale, methods)
+    _label_partial_reach(ax, rows, mean_column, scale, methods, axis.column, axis.scale)
     if not_reached:
         make_room_for_not_reached(ax, len(not_reached))
         add_not_reached_key(ax)
-    ax.set_xlabel(RATE_LABEL)
+    ax.set_xlabel(axis.label)
     style_axes(ax)
     return {"lines": lines, "bands": bands, "not_reached": not_reached}
 
 
-def _label_partial_reach(ax: Axes, rows: pd.DataFrame, mean_column: str, scale: float, methods: list[str]) -> None:
+def _label_partial_reach(
+    ax: Axes, rows: pd.DataFrame, mean_column: str, scale: float, methods: list[str], rate_column: str, rate_scale: float
+) -> None:
     """'7/10' beside each point whose mean covers only the replications that reached the target;
     labels at one failure rate are spread apart vertically so they never overlap."""
     if "fraction_reached" not in rows or "num_replications" not in rows:
@@ -173,7 +175,7 @@ def _label_partial_reach(ax: Axes, rows: pd.DataFrame, mean_column: str, scale: 
     partial = rows[(rows["fraction_reached"].astype(float) < 1.0) & np.isfinite(rows[mean_column].astype(float))]
     low, high = ax.get_ylim()
     spacing = 0.05 * (high - low)
-    for rate, at_rate in partial.groupby(RATE_COLUMN):
+    for rate, at_rate in partial.groupby(rate_column):
         placed = -np.inf
         for _, row in at_rate.assign(y=scale * at_rate[mean_column].astype(float)).sort_values("y").iterrows():
             if row["method"] not in methods:
@@ -182,6 +184,6 @@ def _label_partial_reach(ax: Axes, rows: pd.DataFrame, mean_column: str, scale: 
             placed = y
             total = float(row["num_replications"])
             ax.annotate(
-                f"{round(float(row['fraction_reached']) * total):.0f}/{total:.0f}", (100.0 * float(rate), y),
+                f"{round(float(row['fraction_reached']) * total):.0f}/{total:.0f}", (rate_scale * float(rate), y),
                 xytext=(8, 0), textcoords="offset points", fontsize=7.5, color=method_color(str(row["method"])), va="center",
             )  # fmt: skip

@@ -337,10 +337,12 @@ def test_loss_between_two_rows_follows_the_loss_curve_not_a_straight_line():
     dense = [("tiny", 0.1, "checkfree", 0, 10.0 * p, p, curve(p)) for p in range(0, 101, 5)]
     sparse = [("tiny", 0.1, "none", 0, 0.0, 0, curve(0)), ("tiny", 0.1, "none", 0, 800.0, 100, curve(100))]
     trajectories = pd.DataFrame(dense + sparse, columns=list(TRAJECTORY_COLUMNS))
-    drawn = plot_loss_vs_wallclock(_axes(), trajectories, methods=["none"])
+    ax = _axes()
+    drawn = plot_loss_vs_wallclock(ax, trajectories, methods=["none"])
     (line,) = drawn["lines"]
-    hours, loss = line.get_xdata(), line.get_ydata()
-    halfway = np.argmin(np.abs(hours - 400.0 / 3600))
+    assert ax.get_xlabel() == "wall-clock time (minutes)"  # 800 s: minutes read best
+    minutes, loss = line.get_xdata(), line.get_ydata()
+    halfway = np.argmin(np.abs(minutes - 400.0 / 60))
     assert loss[halfway] == pytest.approx(curve(50), rel=0.02)  # a straight line would give ≈ 3.27
     assert (loss[0], loss[-1]) == (curve(0), curve(100))
 

@@ -78,3 +78,29 @@ def test_a_sweep_states_each_point_s_own_caveats_after_its_settings(tmp_path):
     assert len(sized) == 1 and sized[0].startswith("model.num_layers = 48: the loss curve is given for a model of 468M")
     assert sum("convergence setbacks" in note for note in notes) == 1
     assert not any(note.startswith("model.num_layers = 24") for note in notes)
+
+
+def test_a_sweep_of_a_poisson_churn_s_rate_puts_it_on_the_x_axis_in_seconds(tmp_path):
+    """A tiny model's runs take seconds at hundreds of failures per node-hour: the figures put that
+    rate on their x axis (one figure, not one per rate) and time in seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from churnsim.calibration.tables import SUMMARY_COLUMNS
+    from churnsim.figures.grid import grid_points
+    from churnsim.figures.time_to_target import plot_time_to_target
+
+    out = tmp_path / "out"
+    main(["sweep", "--preset", "cpu-tiny", "--set", "churn.failures_per_node_hour=0,240,480", "--method", "checkpoint", "--method", "checkfree",
+          "--replications", "2", "--workers", "1", "--out", str(out)])  # fmt: skip
+    main(["plot", str(out)])
+    figures = sorted(path.name for path in (out / "figures").iterdir())
+    assert "time_to_target.png" in figures and not any((out / "figures" / name).is_dir() for name in figures)
+    _, ax = plt.subplots()
+    (point,) = grid_points(pd.read_csv(out / "summary.csv"), SUMMARY_COLUMNS)  # what `plot` draws: every rate in one figure
+    drawn = plot_time_to_target(ax, point.rows)
+    assert ax.get_xlabel() == "failures per node-hour" and ax.get_ylabel() == "time to target loss (seconds)"
+    assert sorted(drawn["lines"][0].get_xdata()) == [0.0, 240.0, 480.0]
+    plt.close("all")
