@@ -13,13 +13,13 @@ from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, TIME_CATEGORIES
 
 from .selection import (
-    SECONDS_PER_HOUR,
     rate_title_suffix,
     require_columns,
     require_rows,
     select_failure_probability,
     select_methods,
     select_scenario,
+    time_unit,
 )
 from .style import CATEGORY_COLORS, CATEGORY_DISPLAY_NAMES, method_label, ordered_methods, style_axes
 
@@ -42,7 +42,7 @@ def plot_badput_breakdown(
     confidence interval of the goodput share over replications.
 
     Segments are means over replications of each run's share of its wall-clock (`as_fraction=True`,
-    bars sum to 1) or of hours (`as_fraction=False`). Defaults: first scenario, highest failure rate.
+    bars sum to 1) or of wall-clock time in hours, minutes or seconds (`as_fraction=False`). Defaults: first scenario, highest failure rate.
     `legend=False` leaves the legend to the caller (two panels, one legend).
 
     Returns {"bars": one BarContainer per category in `calibration.tables.TIME_CATEGORIES` order, each holding
@@ -56,7 +56,8 @@ def plot_badput_breakdown(
     require_rows(rows, "the badput figure")
 
     methods = ordered_methods(rows["method"])
-    divisor = rows["wall_clock_s"].astype(float) if as_fraction else SECONDS_PER_HOUR
+    seconds_per_unit, unit = time_unit(rows["wall_clock_s"])
+    divisor = rows["wall_clock_s"].astype(float) if as_fraction else seconds_per_unit
     shares = {category: rows[category].astype(float) / divisor for category in TIME_CATEGORIES}
     positions = np.arange(len(methods), dtype=float)
     bottom = np.zeros(len(methods))
@@ -85,10 +86,10 @@ def plot_badput_breakdown(
         positions, mean, yerr=[mean - low, high - mean], fmt="none", ecolor="black", capsize=3, linewidth=1.0
     )
     ax.set_xticks(positions, [method_label(method) for method in methods], rotation=30, ha="right", rotation_mode="anchor")
-    ax.set_ylabel("share of wall-clock time (fraction)" if as_fraction else "wall-clock time (hours)")
+    ax.set_ylabel("share of wall-clock time (fraction)" if as_fraction else f"wall-clock time ({unit})")
     if as_fraction:
         ax.set_ylim(0, 1.0)
-    what = "Share of the wall-clock" if as_fraction else "Hours of wall-clock"
+    what = "Share of the wall-clock" if as_fraction else f"{unit.capitalize()} of wall-clock"
     ax.set_title(f"{what}{rate_title_suffix(probability, rows)}")
     style_axes(ax)
     ax.grid(False, axis="x")

@@ -12,7 +12,7 @@ from matplotlib.ticker import NullFormatter
 
 from churnsim.calibration.tables import INTERVAL_COLUMNS
 
-from .selection import SECONDS_PER_HOUR, rate_title_suffix, require_columns, require_rows
+from .selection import rate_title_suffix, require_columns, require_rows, time_unit
 from .style import (
     add_not_reached_key,
     legend_outside,
@@ -116,12 +116,13 @@ def plot_optimal_interval(
         # An interval at which no replication reached the target (within the wall-clock limit): ×.
         missing = simulated[~reached & (simulated["method"] == method)]
         not_reached += mark_not_reached(ax, missing["interval_iterations"].to_numpy(dtype=float), method, row=len(not_reached))
+    seconds_per_unit, unit = time_unit(rows["time_to_target_mean_s"])
     for method in ordered_methods(rows["method"]):
         method_rows = rows[rows["method"] == method].sort_values("interval_iterations")
         interval = method_rows["interval_iterations"].to_numpy(dtype=float)
-        mean = method_rows["time_to_target_mean_s"].to_numpy(dtype=float) / SECONDS_PER_HOUR
-        low = method_rows["time_to_target_ci95_low_s"].to_numpy(dtype=float) / SECONDS_PER_HOUR
-        high = method_rows["time_to_target_ci95_high_s"].to_numpy(dtype=float) / SECONDS_PER_HOUR
+        mean = method_rows["time_to_target_mean_s"].to_numpy(dtype=float) / seconds_per_unit
+        low = method_rows["time_to_target_ci95_low_s"].to_numpy(dtype=float) / seconds_per_unit
+        high = method_rows["time_to_target_ci95_high_s"].to_numpy(dtype=float) / seconds_per_unit
         low, high = np.where(np.isfinite(low), low, mean), np.where(np.isfinite(high), high, mean)
         (line,) = ax.plot(interval, mean, **method_style(method))
         band = ax.fill_between(interval, low, high, color=method_color(method), alpha=0.2, linewidth=0)
@@ -143,7 +144,7 @@ def plot_optimal_interval(
         make_room_for_not_reached(ax, len(not_reached))
         add_not_reached_key(ax)
     ax.set_xlabel(INTERVAL_LABEL)
-    ax.set_ylabel("time to target loss (hours)")
+    ax.set_ylabel(f"time to target loss ({unit})")
     ax.set_title(f"Time to target vs checkpoint interval{rate_title_suffix(failure_probability)}")
     style_axes(ax)
     legend_outside(ax)

@@ -15,7 +15,6 @@ from churnsim.calibration.tables import CROSSOVER_COLUMNS, SENSITIVITY_COLUMNS
 
 from .selection import (
     RATE_COLUMN,
-    SECONDS_PER_HOUR,
     NothingToPlot,
     rate_title_suffix,
     require_columns,
@@ -23,6 +22,7 @@ from .selection import (
     select_failure_probability,
     select_methods,
     select_scenario,
+    time_unit,
 )
 from .style import legend_outside, method_color, method_style, ordered_methods, style_axes
 
@@ -37,7 +37,7 @@ def plot_setback_sensitivity(
     methods: Sequence[str] | None = None,
     legend: bool = True,
 ) -> dict[str, list[Artist]]:
-    """Draw hours to the target loss against the setback scale, one line per method, at one failure rate.
+    """Draw the time to the target loss (hours, or minutes or seconds for runs that short) against the setback scale, one line per method, at one failure rate.
 
     How to read it: at scale 1 the setbacks are the scenario's own (measured, paper-fitted or
     default); at 2 every rebuild costs twice as much. Lines of methods without setbacks are flat.
@@ -57,12 +57,13 @@ def plot_setback_sensitivity(
     rows = rows[np.isfinite(rows["time_to_target_mean_s"].astype(float))]
     require_rows(rows, "the setback-sensitivity figure (no method reached the target)")
     drawn: dict[str, list[Artist]] = {"lines": [], "bands": [], "winners": [], "crossovers": []}
+    seconds_per_unit, unit = time_unit(rows["time_to_target_mean_s"])
     for method in ordered_methods(rows["method"].astype(str)):
         method_rows = rows[rows["method"] == method].sort_values("setback_scale")
         scale = method_rows["setback_scale"].to_numpy(dtype=float)
-        mean = method_rows["time_to_target_mean_s"].to_numpy(dtype=float) / SECONDS_PER_HOUR
-        low = np.where(np.isfinite(method_rows["time_to_target_ci95_low_s"]), method_rows["time_to_target_ci95_low_s"] / SECONDS_PER_HOUR, mean)
-        high = np.where(np.isfinite(method_rows["time_to_target_ci95_high_s"]), method_rows["time_to_target_ci95_high_s"] / SECONDS_PER_HOUR, mean)
+        mean = method_rows["time_to_target_mean_s"].to_numpy(dtype=float) / seconds_per_unit
+        low = np.where(np.isfinite(method_rows["time_to_target_ci95_low_s"]), method_rows["time_to_target_ci95_low_s"] / seconds_per_unit, mean)
+        high = np.where(np.isfinite(method_rows["time_to_target_ci95_high_s"]), method_rows["time_to_target_ci95_high_s"] / seconds_per_unit, mean)
         (line,) = ax.plot(scale, mean, **method_style(method))
         line.set_gid(method)
         band = ax.fill_between(scale, low, high, color=method_color(method), alpha=0.2, linewidth=0)
@@ -72,14 +73,14 @@ def plot_setback_sensitivity(
     winners = rows[rows["winner"].astype(bool)]
     if not winners.empty:
         drawn["winners"].append(
-            ax.scatter(winners["setback_scale"], winners["time_to_target_mean_s"] / SECONDS_PER_HOUR, s=160,
+            ax.scatter(winners["setback_scale"], winners["time_to_target_mean_s"] / seconds_per_unit, s=160,
                        facecolors="none", edgecolors="#222222", linewidths=1.5, zorder=5, label="winner")
         )
     for crossover in _crossovers_at(crossovers, scenario, probability):
         drawn["crossovers"].append(ax.axvline(crossover, color="#444444", linestyle="--", linewidth=1.0))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("setback scale (× every rebuild's setback)")
-    ax.set_ylabel("time to target loss (hours)")
+    ax.set_ylabel(f"time to target loss ({unit})")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
     ax.set_title("Time to target vs setback scale\n" + rate_title_suffix(probability).strip())
     style_axes(ax)

@@ -276,7 +276,7 @@ def test_a_method_has_the_same_colour_in_every_figure(tables):
         (lambda ax, t: plot_speedup(ax, t["summary"]), "(%/h)", "(×)"),
         (lambda ax, t: plot_badput_breakdown(ax, t["runs"]), "", "(fraction)"),
         (lambda ax, t: plot_checkpoint_interval(ax, t["checkpoint_intervals"]), "(iterations)", "(% of wall-clock)"),
-        (lambda ax, t: plot_optimal_interval(ax, t["checkpoint_intervals"]), "(iterations)", "(hours)"),
+        (lambda ax, t: plot_optimal_interval(ax, t["checkpoint_intervals"]), "(iterations)", "(minutes)"),  # its runs take minutes
         (lambda ax, t: plot_validation(ax, t["validation"], quantity="steady_iteration_s"), "(s)", "(s)"),
         (lambda ax, t: plot_pipeline_gantt(ax, t["iteration_spans"]), "(s)", ""),
     ],
