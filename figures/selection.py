@@ -117,7 +117,7 @@ def select_failure_probability(frame: pd.DataFrame, probability: float | None) -
 
 
 def rate_title_suffix(probability: float, rows: pd.DataFrame | None = None) -> str:
-    """" at 33 %/h per stage": how a title names a failure rate (of `rows`' own rate when given)."""
+    """How a title names a failure rate, e.g. " at 33 %/h per stage" (in `rows`' own rate when given)."""
     axis = HOURLY_RATE_AXIS if rows is None else rate_axis(rows)
     return axis.title_suffix(probability)
 
