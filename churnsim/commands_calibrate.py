@@ -25,24 +25,18 @@ STORAGE_FILE = "storage.csv"
 """name, num_bytes, write_s, read_s: one row per repeat of the storage measurement."""
 
 
-def _require_device(device: str) -> None:
-    """Refuse in one line a CUDA calibration on a machine without CUDA (before anything is written)."""
-    if device == "cuda":
-        import torch
-
-        from churnsim.calibration.errors import InputError
-
-        if not torch.cuda.is_available():
-            raise InputError(
-                "device cuda (from --device, the scenario's training.device or the records): CUDA is not available on this machine; pass --device cpu"
-            )
-
-
 def _measure_link(device: str):
+    """The ping-pong link profile on `device`; a CUDA device on a machine without CUDA is refused in one line."""
     require_torch("measuring the link profile (no link_profile.csv beside the run records)")
+    import torch
+
+    from churnsim.calibration.errors import InputError
     from churnsim.real.calibration_suite import measure_link_profile
 
-    _require_device(device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            "device cuda (from --device, the scenario's training.device or the records): CUDA is not available on this machine; pass --device cpu"
+        )
 
     stderr_console().print("measuring the point-to-point link (1 KiB … 16 MiB ping-pong) ...")
     return measure_link_profile(device=device)
@@ -157,10 +151,9 @@ def calibrate_command(
         if configures_the_suite:
             suite_settings, device = _scenario_suite_settings(scenario_path, preset_name, settings, suite_settings, device=device)
         device = device or "cpu"
-        _require_device(device)
+        link_points = _measure_link(device)  # first: it refuses a device this machine lacks before anything is written
         runs_out = runs_out if runs_out is not None else out.parent / f"{out.stem}-runs"
         runs_out.mkdir(parents=True, exist_ok=True)
-        link_points = _measure_link(device)
         link_points.to_csv(runs_out / LINK_PROFILE_FILE, index=False)
         tiers = {"local_disk": runs_out}
         if remote_dir is not None:

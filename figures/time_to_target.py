@@ -52,7 +52,7 @@ def plot_time_to_target(
     require_columns(summary, SUMMARY_COLUMNS, "summary")
     rows, _ = select_scenario(summary, scenario)
     rows = select_methods(rows, methods)
-    seconds_per_unit, unit = time_unit(rows["time_to_target_ci95_high_s"].where(rows["time_to_target_ci95_high_s"].notna(), rows["time_to_target_mean_s"]))
+    seconds_per_unit, unit = time_unit(rows["time_to_target_mean_s"])
     drawn = _lines_against_rate(
         ax,
         rows,
