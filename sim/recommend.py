@@ -9,7 +9,10 @@
    `INTERVAL_GRID_FACTORS`, plus Young's, Daly's and the scenario's own; around the scenario's own
    interval where there is no δ or no failure). The grid point with the
    lowest mean time to target is the simulated optimum; a fit W(K) = a + b/K + c·K to the grid's
-   means gives a smooth estimate beside it.
+   means gives a smooth estimate beside it. Where the best point is the grid's smallest or largest,
+   the grid grows past it (half the smallest, twice the largest interval) and runs again, up to
+   `MAX_GRID_EXTENSIONS` times, until the best point has a neighbour on each side, the smallest is
+   1 iteration, or the largest exceeds the iterations a run executes (no checkpoint is taken then).
 3. The winner is the best variant of each method compared by `sim/verdict.py`'s rule (methods that
    reached the target in every replication first, then the lowest mean time to target).
 4. Robustness: each method's best variant (knobs fixed) runs again with every setback scaled (0.5×,
@@ -43,6 +46,8 @@ from .verdict import Estimate, _json_safe, finite_or_none
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 """Multiples of Daly's interval (Young's where Daly's is missing) in the interval grid."""
+MAX_GRID_EXTENSIONS = 4
+"""Passes that grow an interval grid past its edge: from the edge, at most 16× smaller or larger."""
 EDGE_FALLBACKS: tuple[str, ...] = ("checkpoint", "copy")
 SETBACK_SCALES: tuple[float, ...] = (0.5, 2.0)
 RATE_FACTORS: tuple[float, ...] = (0.5, 2.0)
@@ -75,6 +80,8 @@ class IntervalStudy:
     scenario_interval_iterations: int
     best_interval_iterations: int | None
     """The grid point with the lowest mean time to target (the simulated optimum on the grid)."""
+    grid_extensions: int
+    """Points added past the first grid's edges while the best point lay on one."""
     fitted_optimum_iterations: float | None
     """√(b/c) of a fit a + b/K + c·K to the grid's mean times; None where the fit has no minimum."""
     grid: tuple[Candidate, ...]
@@ -177,6 +184,19 @@ def _interval_grid(center: float | None, extra: Sequence[float | None], factors:
     return sorted({max(1, round(value)) for value in values})
 
 
+def interval_beyond_edge(grid: Sequence[int], best_interval: int, iterations_executed: float) -> int | None:
+    """The next interval past the grid's edge where the best one lies on it: half the smallest (not
+    below 1), twice the largest (while a run still takes a checkpoint at it); None where the best
+    point has neighbours on both sides or the grid cannot grow that way."""
+    if len(grid) < 2:
+        return None
+    if best_interval == min(grid) and best_interval > 1:
+        return max(1, best_interval // 2)
+    if best_interval == max(grid) and best_interval < iterations_executed:
+        return 2 * best_interval
+    return None
+
+
 def recommend(
     scenario: Scenario,
     *,
@@ -243,11 +263,39 @@ def recommend(
         runs = pd.concat([runs, run_sweep(_tasks(scenario, grid_variants, "base", replications), workers=workers).runs], ignore_index=True)
         if on_pass_done:
             on_pass_done("intervals")
+
+    def grid_rows(method: MethodConfig, interval_field: str, grid: Sequence[int]) -> list[Candidate]:
+        base = _candidates(runs, knobs, "base")
+        return [next(c for c in base.values() if c.method == method.name and c.knobs.get(interval_field) == interval) for interval in grid]
+
+    # The grids grow past an edge the best point lies on, one point a pass, all methods together.
+    extensions = {method.name: 0 for method, *_ in studies_in}
+    for _ in range(MAX_GRID_EXTENSIONS):
+        added: dict[str, MethodConfig] = {}
+        for method, interval_field, *_, grid in studies_in:
+            best = min(grid_rows(method, interval_field, grid), key=_sort_key)
+            if best.time_to_target_s.mean is None:
+                continue
+            own = runs[(runs[CASE] == "base") & (runs["method"] == method.name)]
+            beyond = interval_beyond_edge(grid, int(best.knobs[interval_field]), float(own["iterations_executed"].max()))
+            if beyond is None or beyond in grid:
+                continue
+            grid.append(beyond)
+            grid.sort()
+            extensions[method.name] += 1
+            key = _variant_key(method.name, {interval_field: beyond})
+            added[key], knobs[key] = method.model_copy(update={interval_field: beyond}), {interval_field: beyond}
+        if not added:
+            break
+        grid_variants.update(added)
+        runs = pd.concat([runs, run_sweep(_tasks(scenario, added, "base", replications), workers=workers).runs], ignore_index=True)
+        if on_pass_done:
+            on_pass_done("interval grid grown past its edge")
     base = _candidates(runs, knobs, "base")
 
     studies = []
     for method, interval_field, delta_s, iteration_s, young, daly, grid in studies_in:
-        rows = [next(c for c in base.values() if c.method == method.name and c.knobs.get(interval_field) == interval) for interval in grid]
+        rows = grid_rows(method, interval_field, grid)
         best = min(rows, key=_sort_key)
         studies.append(
             IntervalStudy(
@@ -256,16 +304,19 @@ def recommend(
                 young_interval_iterations=young, daly_interval_iterations=daly,
                 scenario_interval_iterations=int(getattr(method, interval_field)),
                 best_interval_iterations=int(best.knobs[interval_field]) if best.time_to_target_s.mean is not None else None,
+                grid_extensions=extensions[method.name],
                 fitted_optimum_iterations=_fitted_optimum(grid, [c.time_to_target_s.mean for c in rows]),
                 grid=tuple(rows),
             )
         )
     for study in studies:
         grid_intervals = [c.knobs[study.interval_field] for c in study.grid]
-        if len(grid_intervals) > 1 and study.best_interval_iterations in (min(grid_intervals), max(grid_intervals)):
+        best_interval = study.best_interval_iterations
+        if len(grid_intervals) > 1 and best_interval in (min(grid_intervals), max(grid_intervals)) and best_interval != 1:
+            grown = f" after {study.grid_extensions} point(s) added past it" if study.grid_extensions else ""
             caveats.append(
-                f"{study.method}: the best {study.interval_field} ({study.best_interval_iterations}) is at the edge of the grid "
-                f"{grid_intervals}; the optimum may lie beyond it"
+                f"{study.method}: the best {study.interval_field} ({best_interval}) is at the edge of the grid "
+                f"{grid_intervals}{grown}; the optimum may lie beyond it"
             )
     edge = tuple(sorted((c for c in base.values() if "edge_fallback" in c.knobs), key=_sort_key))
     ranked = _best_per_method(list(base.values()))

@@ -15,9 +15,10 @@ import sys
 import pytest
 
 from churnsim.calibration.base import strict_json_loads
-from churnsim.sim.recommend import recommend
+from churnsim.calibration.methods import method_from_name
+from churnsim.sim.recommend import interval_beyond_edge, recommend
 
-from test_analytic import CHECKPOINT_S, one_stage_scenario
+from test_analytic import CHECKPOINT_S, ITERATION_S, one_stage_scenario
 
 MTBF_S = 2000.0
 
@@ -50,6 +51,40 @@ def test_recommend_picks_the_grid_interval_at_the_young_daly_optimum():
     assert result.winner_knobs == {"interval_iterations": study.best_interval_iterations}
     assert result.winner_time_to_target_s.ci95_low <= result.winner_time_to_target_s.mean <= result.winner_time_to_target_s.ci95_high
     assert result.robustness == ()
+
+
+def test_an_interval_grid_grows_past_the_edge_the_best_point_lies_on():
+    # The lazy asynchronous checkpoint blocks nothing (no δ, so no Young/Daly point): its grid is
+    # 20, 40, 80 around the scenario's 40. Its flush to the one remote tier takes CHECKPOINT_S = 10
+    # iterations, so shorter intervals lose less work per failure down to 10 and below it the host
+    # buffer backs up and training waits: the grid must grow below its edge to 10, then to 5 (worse), and stop.
+    scenario = young_daly_scenario(20_000)
+    lazy = method_from_name("async_checkpoint", interval_iterations=40, levels=("remote",))
+    result = recommend(scenario.model_copy(update={"methods": (lazy,)}), replications=10, setback_scales=(), rate_factors=(), workers=1)
+    (study,) = result.interval_studies
+    assert study.young_interval_iterations is None and study.daly_interval_iterations is None
+    means = {c.knobs["interval_iterations"]: c.time_to_target_s.mean for c in study.grid}
+    assert sorted(means) == [5, 10, 20, 40, 80]
+    assert study.grid_extensions == 2
+    assert study.best_interval_iterations == round(CHECKPOINT_S / ITERATION_S) == 10
+    assert means[5] > means[10] < means[20]
+    assert result.winner_knobs == {"interval_iterations": 10}
+    assert not any("edge of the grid" in caveat for caveat in result.caveats)
+
+
+@pytest.mark.parametrize(
+    ("grid", "best", "iterations_executed", "beyond"),
+    [
+        ([5, 10, 20], 10, 1000, None),  # neighbours on both sides
+        ([5, 10, 20], 5, 1000, 2),  # half the smallest
+        ([1, 2, 5], 1, 1000, None),  # nothing below one iteration
+        ([5, 10, 20], 20, 1000, 40),  # twice the largest
+        ([5, 10, 20], 20, 20, None),  # a run of 20 iterations takes no checkpoint at 40
+        ([7], 7, 1000, None),  # a single point has no edge to grow past
+    ],
+)
+def test_the_interval_past_the_grid_edge(grid, best, iterations_executed, beyond):
+    assert interval_beyond_edge(grid, best, iterations_executed) == beyond
 
 
 def test_recommend_json_is_strict_and_names_the_robustness_cases(tmp_path):
