@@ -36,9 +36,8 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
-from churnsim.calibration.statistics import mean_with_ci95
 
-from .analytic import daly_interval_s, young_interval_s
+from .analytic import interval_optimum_from_runs
 from .replicate import replication_tasks
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
@@ -140,12 +139,11 @@ def _tasks(scenario: Scenario, variants: dict[str, MethodConfig], case: str, rep
 def _candidates(runs: pd.DataFrame, knobs: dict[str, dict[str, Any]], case: str) -> dict[str, Candidate]:
     out = {}
     for key, group in runs[runs[CASE] == case].groupby(VARIANT, sort=False):
-        mean, low, high = mean_with_ci95(group["time_to_target_s"].tolist())
         out[str(key)] = Candidate(
             method=str(group["method"].iloc[0]),
             knobs=knobs[str(key)],
             fraction_reached=finite_or_none(group["reached_target"].mean()),
-            time_to_target_s=Estimate(mean=finite_or_none(mean), ci95_low=finite_or_none(low), ci95_high=finite_or_none(high)),
+            time_to_target_s=Estimate.of_values(group["time_to_target_s"].tolist()),
         )
     return out
 
@@ -243,13 +241,9 @@ def recommend(
             continue
         current = int(getattr(method, interval_field))
         own = runs[(runs[CASE] == "base") & (runs[VARIANT] == _variant_key(method.name, {}))]
-        taken = (own["iterations_executed"] / current).clip(lower=1)
-        delta_s = finite_or_none((own["checkpoint_stall_s"] / taken).median())
-        iteration_s = finite_or_none(own["healthy_iteration_time_s"].median())
-        young = daly = None
-        if delta_s and iteration_s and mtbf_s:
-            young = young_interval_s(delta_s, mtbf_s) / iteration_s
-            daly = daly_interval_s(delta_s, mtbf_s) / iteration_s
+        optimum = interval_optimum_from_runs(own, current, mtbf_s)
+        delta_s, iteration_s = optimum.checkpoint_cost_s, optimum.iteration_s
+        young, daly = optimum.young_interval_iterations, optimum.daly_interval_iterations
         # Without a blocking δ (a non-blocking method) or without failures, the grid is around the scenario's interval.
         center = daly if daly is not None else young if young is not None else float(current)
         grid = _interval_grid(center, [young, daly, current], interval_grid_factors)

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Literal, Sequence
 import pandas as pd
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
+from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import speedup_columns
 
 Role = Literal["method", "reference", "ablation"]
@@ -52,6 +53,12 @@ class Estimate:
     mean: float | None
     ci95_low: float | None
     ci95_high: float | None
+
+    @classmethod
+    def of_values(cls, values: Iterable[float]) -> "Estimate":
+        """The mean of the finite `values` and its Student-t 95 % interval."""
+        mean, low, high = mean_with_ci95(values)
+        return cls(mean=finite_or_none(mean), ci95_low=finite_or_none(low), ci95_high=finite_or_none(high))
 
     @classmethod
     def from_row(cls, row: pd.Series, mean: str, low: str, high: str) -> "Estimate":
@@ -245,6 +252,31 @@ def steady_overhead_caveats(runs: pd.DataFrame) -> list[str]:
                 "(method_overhead_s in runs.csv)"
             )
     return caveats
+
+
+def duration_unit(largest_s: float) -> tuple[str, float]:
+    """Hours from 3 h, minutes from 3 min, else seconds: (name, seconds per unit)."""
+    return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
+
+
+def format_duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:
+    """`12.3 [12.1, 12.5]`, the unit (when given as `suffix`) after the mean."""
+    name, seconds = unit
+    if estimate is None or estimate.mean is None:
+        return "—"
+    text = f"{estimate.mean / seconds:.1f}{suffix}"
+    if estimate.ci95_low is not None and estimate.ci95_high is not None and estimate.ci95_low != estimate.ci95_high:
+        text += f" [{estimate.ci95_low / seconds:.1f}, {estimate.ci95_high / seconds:.1f}]"
+    return text
+
+
+def format_ratio(estimate, *, suffix: str = "") -> str:
+    """`1.23 [1.20, 1.26]`, or the mean alone without an interval."""
+    if estimate is None or estimate.mean is None:
+        return "—"
+    if estimate.ci95_low is None or estimate.ci95_high is None or estimate.ci95_low == estimate.ci95_high:
+        return f"{estimate.mean:.2f}{suffix}"
+    return f"{estimate.mean:.2f}{suffix} [{estimate.ci95_low:.2f}, {estimate.ci95_high:.2f}]"
 
 
 def _plain(value: Any) -> Any:
