@@ -177,8 +177,9 @@ def sweep(
     base = configured(None)
     settings_grid = [(path, tuple(values)) for path, values in grid.items()]
     points = [configured(point) for point in grid_points(settings_grid)]
-    result = run_sweep(build_tasks(base, settings_grid, points=points), workers=workers)
-    verdict = sweep_verdict(result, base)
+    tasks = build_tasks(base, settings_grid, points=points)
+    result = run_sweep(tasks, workers=workers)
+    verdict = sweep_verdict(result, base, tasks=tasks, workers=workers)
     return Results(runs=result.runs, summary=result.summary, trajectories=result.trajectories, verdict=verdict, notes=verdict.caveats)
 
 

@@ -360,11 +360,11 @@ def sweep_command(
     try:
         with progress_bar(len(tasks), f"sweeping {scenario.name}") as advance:
             result = run_sweep(tasks, workers=workers, client=client, on_task_done=advance)
+        verdict = sweep_verdict(result, scenario, tasks=tasks, workers=workers, client=client)
     finally:
         if client is not None:
             client.close()
-    write_sweep(result, out, scenario=scenario, grid=grid, parquet=parquet)
-    verdict = sweep_verdict(result, scenario)
+    write_sweep(result, out, scenario=scenario, grid=grid, parquet=parquet, verdict=verdict)
     show_verdict(verdict, as_json=as_json, extra={"command": "sweep", "out": str(out)})
     finish(out, verdict.caveats if as_json else (), draw_figures=False)
 

@@ -17,6 +17,7 @@ from .methods import build_policy
 from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_manifest, write_simulated_run_records
 from .replicate import run_replications, runs_table, summary_table, trajectories_table
 from .results import RunResult
+from .untuned_intervals import rerun_untuned_intervals
 from .verdict import Verdict, verdict_from_summary
 
 
@@ -46,6 +47,8 @@ def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], Non
     runs = runs_table(scenario, results)
     summary = summary_table(runs)
     verdict = verdict_from_summary(summary, notes=scenario_notes(scenario), runs=runs)
+    # A blocking checkpoint far from Daly's interval runs again at Daly's, in this process as the rest.
+    verdict = rerun_untuned_intervals(verdict, [scenario], runs, workers=1)
     return SimulationOutput(
         runs=runs,
         summary=summary,

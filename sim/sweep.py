@@ -208,21 +208,37 @@ def run_sweep(
     )
 
 
-def sweep_verdict(result: SweepResult, scenario: Scenario) -> Verdict:
-    """The answer at every grid point and failure rate of a sweep of `scenario`."""
+def sweep_verdict(
+    result: SweepResult, scenario: Scenario, *, tasks: Sequence[SweepTask] | None = None, workers: int | None = None, client: Any = None
+) -> Verdict:
+    """The answer at every grid point and failure rate of a sweep of `scenario`. With the sweep's
+    `tasks`, a blocking checkpoint far from Daly's interval at a point runs again at Daly's, and the
+    point's caveats say what that changes (sim/untuned_intervals.py: a second, small sweep)."""
     notes = scenario_notes(scenario) if result.notes is None else result.notes
-    return verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=notes, runs=result.runs)
+    verdict = verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=notes, runs=result.runs)
+    if tasks is None:
+        return verdict
+    from .untuned_intervals import points_of_tasks, rerun_untuned_intervals  # they run their sweep with run_sweep here
+
+    return rerun_untuned_intervals(verdict, points_of_tasks(tasks), result.runs, workers=workers, client=client)
 
 
 def write_sweep(
-    result: SweepResult, out_directory: str | Path, *, scenario: Scenario, grid: Sequence[GridSetting], parquet: bool = False
+    result: SweepResult,
+    out_directory: str | Path,
+    *,
+    scenario: Scenario,
+    grid: Sequence[GridSetting],
+    parquet: bool = False,
+    verdict: Verdict | None = None,
 ) -> list[Path]:
-    """runs, summary and trajectories tables and a manifest (the base scenario and the grid) in `out_directory`."""
+    """runs, summary and trajectories tables and a manifest (the base scenario, the grid and the
+    answer: `verdict`, or `sweep_verdict` without reruns) in `out_directory`."""
     out_directory = Path(out_directory)
     files: list[Path] = []
     for name, frame in (("runs", result.runs), ("summary", result.summary), ("trajectories", result.trajectories)):
         files += write_table(frame, out_directory / f"{name}.csv", parquet=parquet)
-    verdict = sweep_verdict(result, scenario)
+    verdict = verdict if verdict is not None else sweep_verdict(result, scenario)
     files.append(
         write_manifest(
             out_directory,

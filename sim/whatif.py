@@ -28,7 +28,8 @@ from churnsim.calibration.statistics import mean_with_ci95
 
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
-from .verdict import Estimate, PointVerdict, Verdict, duration_unit, finite_or_none, format_duration, format_ratio, verdict_from_summary
+from .untuned_intervals import points_of_tasks, rerun_untuned_intervals
+from .verdict import Verdict, verdict_from_summary
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
 CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)
@@ -123,100 +124,6 @@ def interval_table(plan: WhatIfPlan, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
 
 
-UNTUNED_INTERVAL_RATIO = 1.5
-"""A blocking checkpoint's interval this many times Daly's optimum at a rate, or less than its
-1/1.5, is run again at Daly's there, so the answer can say what tuning it would change."""
-DALY_INTERVAL_SETTING = "daly_interval_iterations"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DalyRerun:
-    """A blocking checkpoint method at one failure rate, its scenario interval far from Daly's."""
-
-    rate: float
-    method: MethodConfig
-    interval_field: str
-    scenario_interval_iterations: int
-    daly_interval_iterations: int
-
-
-def daly_reruns(plan: WhatIfPlan, runs: pd.DataFrame) -> list[DalyRerun]:
-    """The (rate, method) pairs whose checkpoint interval is off Daly's optimum by `UNTUNED_INTERVAL_RATIO`.
-
-    δ is read off the rate's own runs (`interval_optimum_from_runs`), M is the whole pipeline's at
-    that rate; methods that block nothing (the lazy asynchronous checkpoint) have no δ and no Daly
-    point, and are left to `churnsim recommend`'s grid."""
-    num_stages = plan.scenario.pipeline.num_stages
-    reruns = []
-    for rate in plan.failure_rates:
-        rate_per_s = StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=rate).rate_per_stage_s * num_stages
-        if not rate_per_s > 0:
-            continue
-        for method in plan.chosen_methods():
-            traits = type(method)
-            if not traits.blocking_checkpoint or traits.checkpoint_interval_field is None:
-                continue
-            interval = int(getattr(method, traits.checkpoint_interval_field))
-            own = runs[(runs["failure_probability_per_stage_hour"] == rate) & (runs["method"] == method.name)]
-            daly = interval_optimum_from_runs(own, interval, 1.0 / rate_per_s).daly_interval_iterations
-            if daly is None:
-                continue
-            daly_interval = max(1, round(daly))
-            if max(interval / daly_interval, daly_interval / interval) < UNTUNED_INTERVAL_RATIO:
-                continue
-            reruns.append(DalyRerun(rate=rate, method=method, interval_field=traits.checkpoint_interval_field,
-                                    scenario_interval_iterations=interval, daly_interval_iterations=daly_interval))
-    return reruns
-
-
-def daly_rerun_tasks(plan: WhatIfPlan, reruns: Sequence[DalyRerun]) -> list[SweepTask]:
-    tasks = []
-    for rerun in reruns:
-        method = rerun.method.model_copy(update={rerun.interval_field: rerun.daly_interval_iterations})
-        scenario = Scenario.model_validate(at_rate(plan.scenario, rerun.rate, replications=plan.replications, methods=(method,)).model_dump())
-        for task in replication_tasks(scenario):
-            tasks.append(SweepTask(task=task, settings={RATE_SETTING: rerun.rate, DALY_INTERVAL_SETTING: rerun.daly_interval_iterations},
-                                   keep_trajectories=False))
-    return tasks
-
-
-def _times_by_replication(runs: pd.DataFrame) -> pd.Series:
-    return runs.set_index("replication")["time_to_target_s"]
-
-
-def daly_rerun_note(rerun: DalyRerun, point: PointVerdict, runs: pd.DataFrame, tuned_runs: pd.DataFrame) -> str | None:
-    """What checkpointing at Daly's interval would change at this rate, where it would be clearly
-    faster: its time to target, and the winner's paired speed-up over it (common random numbers:
-    replication r sees the same failures either way)."""
-    at_rate_runs = runs[runs["failure_probability_per_stage_hour"] == rerun.rate]
-    untuned = _times_by_replication(at_rate_runs[at_rate_runs["method"] == rerun.method.name])
-    tuned = _times_by_replication(tuned_runs)
-    tuned_estimate = Estimate.of_values(tuned.tolist())
-    untuned_low = mean_with_ci95(untuned.tolist())[1]
-    if tuned_estimate.mean is None or not (tuned_estimate.mean < untuned_low):
-        return None
-    unit = duration_unit(max(untuned.max(), tuned.max()))
-    name, field = rerun.method.name, rerun.interval_field
-    text = (
-        f"{name}'s {field} {rerun.scenario_interval_iterations} is {_how_far(rerun)} Daly's optimum at this rate: "
-        f"at {rerun.daly_interval_iterations} it reaches the target in {format_duration(tuned_estimate, unit, suffix=' ' + unit[0])}, "
-        f"not {format_duration(Estimate(mean=finite_or_none(untuned.mean()), ci95_low=None, ci95_high=None), unit, suffix=' ' + unit[0])}"
-    )
-    if point.winner is not None and point.winner != name:
-        winner = _times_by_replication(at_rate_runs[at_rate_runs["method"] == point.winner])
-        ratios = tuned / winner
-        speedup = Estimate.of_values(ratios.tolist())
-        if speedup.mean is not None:
-            faster = "" if speedup.mean >= 1 else f"; it would reach the target before {point.winner}"
-            text += f", and {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{faster}"
-    return text + " (`churnsim recommend` tunes every method's knobs)"
-
-
-def _how_far(rerun: DalyRerun) -> str:
-    ratio = rerun.scenario_interval_iterations / rerun.daly_interval_iterations
-    return f"{ratio:.1f}×" if ratio >= 1 else f"1/{1 / ratio:.1f} of"
-
-
 FEW_FAILURES_PER_RUN = 0.5
 """Below this many failures per run at the highest rate, the rates do not reach the runs' scale."""
 
@@ -274,18 +181,8 @@ def compute_whatif(
     notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
     few = few_failures_note(plan.scenario, main_runs)
     verdict = verdict_from_summary(sweep.summary, notes=notes + ((few,) if few else ()), runs=sweep.runs)
-    # A second pass, small: blocking checkpoints far from Daly's interval at a rate, run at Daly's.
-    reruns = daly_reruns(plan, main_runs)
-    if reruns:
-        tuned = run_sweep(daly_rerun_tasks(plan, reruns), workers=workers, client=client).runs
-        points = []
-        for point in verdict.points:
-            notes_here = [
-                daly_rerun_note(rerun, point, main_runs, tuned[(tuned[RATE_SETTING] == rerun.rate) & (tuned["method"] == rerun.method.name)])
-                for rerun in reruns if rerun.rate == point.failure_probability_per_stage_hour
-            ]
-            points.append(replace(point, caveats=point.caveats + tuple(note for note in notes_here if note)))
-        verdict = replace(verdict, points=tuple(points))
+    # A second, small pass: blocking checkpoints far from Daly's interval, run at Daly's.
+    verdict = rerun_untuned_intervals(verdict, points_of_tasks(main_tasks), main_runs, workers=workers, client=client)
     return WhatIfResult(sweep=sweep, intervals=intervals, notes=verdict.caveats, verdict=verdict)
 
 

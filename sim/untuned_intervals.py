@@ -1,0 +1,166 @@
+"""Blocking checkpoints far from Daly's optimum, run again at Daly's interval, and what that changes.
+
+An answer compares the methods as the scenario configures them: a preset's checkpoint interval is
+its paper's (the CheckFree replay's 20 iterations), which at a high failure rate is far longer than
+the optimum, so the speed-up over checkpointing would overstate what a user with a tuned interval
+gains. At every point of a what-if or a sweep where a method that blocks training to checkpoint
+has an interval `UNTUNED_INTERVAL_RATIO` or more away from Daly's optimum (δ read off the point's
+own runs, M the whole pipeline's at the point's churn: `analytic.interval_optimum_from_runs`), the
+method runs again at Daly's interval, with the same failures (common random numbers), and that
+point's caveats give its time to target and the winner's paired speed-up over it. Methods that
+block nothing (the lazy asynchronous checkpoint) have no Daly point; `churnsim recommend` searches
+their interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import pandas as pd
+
+from churnsim.calibration.churn import StageHourlyChurn
+from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
+from churnsim.calibration.scenario import Scenario
+
+from .analytic import interval_optimum_from_runs
+from .replicate import replication_tasks
+from .sweep import SweepTask, run_sweep
+from .verdict import Estimate, PointVerdict, Verdict, duration_unit, format_duration, format_ratio
+
+UNTUNED_INTERVAL_RATIO = 1.5
+"""An interval this many times Daly's, or less than 1/1.5 of it, is run again at Daly's."""
+DALY_INTERVAL_SETTING = "daly_interval_iterations"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DalyRerun:
+    """One method at one point of an answer, its configured interval far from Daly's optimum there."""
+
+    point: Scenario
+    """The point's scenario with only this method, at Daly's interval."""
+    method: str
+    interval_field: str
+    scenario_interval_iterations: int
+    daly_interval_iterations: int
+
+
+def _rate(scenario: Scenario) -> float | None:
+    churn = scenario.churn
+    return churn.failure_probability_per_stage_hour if isinstance(churn, StageHourlyChurn) else None
+
+
+def _point_key(scenario_name: str, rate: float | None) -> tuple[str, float | None]:
+    return scenario_name, None if rate is None or (isinstance(rate, float) and math.isnan(rate)) else float(rate)
+
+
+def _runs_of_point(runs: pd.DataFrame, key: tuple[str, float | None]) -> pd.DataFrame:
+    name, rate = key
+    rates = runs["failure_probability_per_stage_hour"]
+    same_rate = rates.isna() if rate is None else rates == rate
+    return runs[(runs["scenario"] == name) & same_rate]
+
+
+def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame) -> list[DalyRerun]:
+    """The (point, method) pairs whose blocking checkpoint interval is `UNTUNED_INTERVAL_RATIO` or
+    more away from Daly's optimum at that point; `runs` are the points' runs (runs.csv)."""
+    reruns = []
+    for point in points:
+        num_stages = point.pipeline.num_stages
+        rate_per_s = mean_stage_failure_rate_per_s(point.churn, num_stages=num_stages) * num_stages
+        if not rate_per_s > 0:
+            continue
+        point_runs = _runs_of_point(runs, _point_key(point.name, _rate(point)))
+        for method in point.methods:
+            traits = type(method)
+            if not traits.blocking_checkpoint or traits.checkpoint_interval_field is None:
+                continue
+            interval = int(getattr(method, traits.checkpoint_interval_field))
+            own = point_runs[point_runs["method"] == method.name]
+            daly = interval_optimum_from_runs(own, interval, 1.0 / rate_per_s).daly_interval_iterations
+            if daly is None:
+                continue
+            daly_interval = max(1, round(daly))
+            if max(interval / daly_interval, daly_interval / interval) < UNTUNED_INTERVAL_RATIO:
+                continue
+            tuned = method.model_copy(update={traits.checkpoint_interval_field: daly_interval})
+            reruns.append(
+                DalyRerun(
+                    point=Scenario.model_validate(point.model_copy(update={"methods": (tuned,)}).model_dump()),
+                    method=method.name, interval_field=traits.checkpoint_interval_field,
+                    scenario_interval_iterations=interval, daly_interval_iterations=daly_interval,
+                )
+            )
+    return reruns
+
+
+def _times_by_replication(runs: pd.DataFrame) -> pd.Series:
+    return runs.set_index("replication")["time_to_target_s"]
+
+
+def daly_rerun_note(rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFrame, tuned_runs: pd.DataFrame) -> str | None:
+    """What checkpointing at Daly's interval changes at this point, where it is clearly faster
+    (its mean below the configured interval's 95 % interval): its time to target, and the winner's
+    paired speed-up over it; None where it is not."""
+    untuned = Estimate.of_values(_times_by_replication(point_runs[point_runs["method"] == rerun.method]).tolist())
+    tuned_times = _times_by_replication(tuned_runs)
+    tuned = Estimate.of_values(tuned_times.tolist())
+    if tuned.mean is None or untuned.ci95_low is None or not tuned.mean < untuned.ci95_low:
+        return None
+    unit = duration_unit(max(value for value in (tuned.ci95_high, untuned.ci95_high, tuned.mean, untuned.mean) if value is not None))
+    ratio = rerun.scenario_interval_iterations / rerun.daly_interval_iterations
+    how_far = f"{ratio:.1f}×" if ratio >= 1 else f"1/{1 / ratio:.1f} of"
+    untuned_mean = Estimate(mean=untuned.mean, ci95_low=None, ci95_high=None)
+    text = (
+        f"{rerun.method}'s {rerun.interval_field} {rerun.scenario_interval_iterations} is {how_far} Daly's optimum here: "
+        f"at {rerun.daly_interval_iterations} it reaches the target in {format_duration(tuned, unit, suffix=' ' + unit[0])}, "
+        f"not {format_duration(untuned_mean, unit, suffix=' ' + unit[0])}"
+    )
+    if point.winner is not None and point.winner != rerun.method:
+        winner_times = _times_by_replication(point_runs[point_runs["method"] == point.winner])
+        speedup = Estimate.of_values((tuned_times / winner_times).tolist())
+        if speedup.mean is not None:
+            if speedup.ci95_low is not None and speedup.ci95_high is not None and speedup.ci95_low <= 1 <= speedup.ci95_high:
+                verdict_word = ": the two cannot be told apart"
+            elif speedup.mean < 1:
+                verdict_word = f": it would reach the target before {point.winner}"
+            else:
+                verdict_word = ""
+            text += f", and {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{verdict_word}"
+    return text + " (`churnsim recommend` tunes every method's knobs)"
+
+
+def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:
+    """The scenarios of a what-if's or a sweep's points, once each, from its tasks."""
+    return list({(task.task.scenario.name, _rate(task.task.scenario)): task.task.scenario for task in tasks}.values())
+
+
+def rerun_untuned_intervals(
+    verdict: Verdict, points: Sequence[Scenario], runs: pd.DataFrame, *, workers: int | None = None, client: Any = None
+) -> Verdict:
+    """`verdict` with a caveat at every point where a blocking checkpoint's interval is far from
+    Daly's and running it at Daly's is clearly faster. `points` (the scenarios the answer ran) and
+    `runs` are the answer's own; the reruns are a second, small sweep."""
+    reruns = daly_reruns(points, runs)
+    if not reruns:
+        return verdict
+    rerun_tasks = [
+        SweepTask(task=task, settings={DALY_INTERVAL_SETTING: rerun.daly_interval_iterations}, keep_trajectories=False)
+        for rerun in reruns
+        for task in replication_tasks(rerun.point)
+    ]
+    tuned_runs = run_sweep(rerun_tasks, workers=workers, client=client).runs
+    updated = []
+    for point in verdict.points:
+        key = _point_key(point.scenario, point.failure_probability_per_stage_hour)
+        notes = []
+        for rerun in reruns:
+            if _point_key(rerun.point.name, _rate(rerun.point)) != key:
+                continue
+            tuned = _runs_of_point(tuned_runs, key)
+            note = daly_rerun_note(rerun, point, _runs_of_point(runs, key), tuned[tuned["method"] == rerun.method])
+            if note:
+                notes.append(note)
+        updated.append(replace(point, caveats=point.caveats + tuple(notes)))
+    return replace(verdict, points=tuple(updated))
