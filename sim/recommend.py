@@ -2,12 +2,14 @@
 
 1. Every real method of the scenario (neither the no-failure reference nor an ablation) runs at its
    knobs; a method with an `edge_fallback` field (CheckFree) runs with `checkpoint` and `copy`.
-2. Each checkpoint-family method with a checkpoint interval gets an interval study: δ is its blocked
-   seconds per checkpoint read off the first pass's runs (stall / checkpoints taken), M the mean
-   time between failures of the whole pipeline (`mean_stage_failure_rate_per_s` × stages), Young's
-   √(2δM) and Daly's optimum in iterations, and a small grid of intervals around Daly's (factors
-   `INTERVAL_GRID_FACTORS`, plus Young's, Daly's and the scenario's own; around the scenario's own
-   interval where there is no δ or no failure). The grid point with the
+2. Each method with a checkpoint interval (redundant computation's is its fallback's) gets an
+   interval study. For the checkpoint family, δ is its blocked seconds per checkpoint read off the
+   first pass's runs (stall / checkpoints taken), M the mean time between failures of the whole
+   pipeline (`mean_stage_failure_rate_per_s` × stages), Young's √(2δM) and Daly's optimum in
+   iterations, and a small grid of intervals around Daly's (factors `INTERVAL_GRID_FACTORS`, plus
+   Young's, Daly's and the scenario's own). Where there is no δ, no failure or no such M (a
+   fallback read only after two adjacent losses), the grid is around the scenario's own
+   interval. The grid point with the
    lowest mean time to target is the simulated optimum; a fit W(K) = a + b/K + c·K to the grid's
    means gives a smooth estimate beside it. Where the best point is the grid's smallest or largest,
    the grid grows past it (half the smallest, twice the largest interval) and runs again, up to
@@ -237,11 +239,13 @@ def recommend(
     grid_variants: dict[str, MethodConfig] = {}
     for method in methods:
         interval_field = type(method).checkpoint_interval_field
-        if interval_field is None or type(method).family != "checkpoint":
+        if interval_field is None:
             continue
         current = int(getattr(method, interval_field))
         own = runs[(runs[CASE] == "base") & (runs[VARIANT] == _variant_key(method.name, {}))]
-        optimum = interval_optimum_from_runs(own, current, mtbf_s)
+        # Young and Daly take M between the failures a checkpoint is read after: every failure for
+        # the checkpoint family, only two adjacent losses for redundant computation's fallback.
+        optimum = interval_optimum_from_runs(own, current, mtbf_s if type(method).family == "checkpoint" else None)
         delta_s, iteration_s = optimum.checkpoint_cost_s, optimum.iteration_s
         young, daly = optimum.young_interval_iterations, optimum.daly_interval_iterations
         # Without a blocking δ (a non-blocking method) or without failures, the grid is around the scenario's interval.

@@ -132,3 +132,19 @@ def test_recommend_refuses_bad_replications_in_one_line(tmp_path):
     )
     assert result.returncode == 2
     assert "--replications 0" in result.stderr
+
+
+def test_redundant_computations_fallback_interval_is_studied_without_young_and_daly():
+    # Its fallback checkpoints are read only after two adjacent losses: the pipeline's M between
+    # failures is not theirs, so the grid is around the scenario's interval, with no Young/Daly point.
+    from churnsim.calibration.presets import preset
+
+    scenario = preset("checkfree-124m-geo-33pct")
+    redundant = method_from_name("redundant", fallback_interval_iterations=100)
+    result = recommend(scenario.model_copy(update={"methods": (redundant,)}), replications=3, setback_scales=(), rate_factors=(), workers=1)
+    (study,) = result.interval_studies
+    assert study.method == "redundant" and study.interval_field == "fallback_interval_iterations"
+    assert study.young_interval_iterations is None and study.daly_interval_iterations is None
+    intervals = [candidate.knobs["fallback_interval_iterations"] for candidate in study.grid]
+    assert {50, 100, 200} <= set(intervals)
+    assert result.winner == "redundant" and result.winner_knobs == {"fallback_interval_iterations": study.best_interval_iterations}
