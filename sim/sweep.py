@@ -220,7 +220,9 @@ def sweep_verdict(
         return verdict
     from .untuned_intervals import points_of_tasks, rerun_untuned_intervals  # they run their sweep with run_sweep here
 
-    return rerun_untuned_intervals(verdict, points_of_tasks(tasks), result.runs, workers=workers, client=client)
+    return rerun_untuned_intervals(
+        verdict, points_of_tasks(tasks), result.runs, swept_fields=swept_fields(tasks), workers=workers, client=client
+    )
 
 
 def write_sweep(

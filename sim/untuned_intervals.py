@@ -62,9 +62,10 @@ def _runs_of_point(runs: pd.DataFrame, key: tuple[str, float | None]) -> pd.Data
     return runs[(runs["scenario"] == name) & same_rate]
 
 
-def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame) -> list[DalyRerun]:
+def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame, *, swept_fields: Sequence[str] = ()) -> list[DalyRerun]:
     """The (point, method) pairs whose blocking checkpoint interval is `UNTUNED_INTERVAL_RATIO` or
-    more away from Daly's optimum at that point; `runs` are the points' runs (runs.csv)."""
+    more away from Daly's optimum at that point; `runs` are the points' runs (runs.csv). A method
+    whose interval is among a sweep's `swept_fields` is left alone: its grid already varies it."""
     reruns = []
     for point in points:
         num_stages = point.pipeline.num_stages
@@ -75,6 +76,8 @@ def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame) -> list[DalyReru
         for method in point.methods:
             traits = type(method)
             if not traits.blocking_checkpoint or traits.checkpoint_interval_field is None:
+                continue
+            if f"methods.{method.name}.{traits.checkpoint_interval_field}" in swept_fields:
                 continue
             interval = int(getattr(method, traits.checkpoint_interval_field))
             own = point_runs[point_runs["method"] == method.name]
@@ -137,12 +140,18 @@ def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:
 
 
 def rerun_untuned_intervals(
-    verdict: Verdict, points: Sequence[Scenario], runs: pd.DataFrame, *, workers: int | None = None, client: Any = None
+    verdict: Verdict,
+    points: Sequence[Scenario],
+    runs: pd.DataFrame,
+    *,
+    swept_fields: Sequence[str] = (),
+    workers: int | None = None,
+    client: Any = None,
 ) -> Verdict:
     """`verdict` with a caveat at every point where a blocking checkpoint's interval is far from
     Daly's and running it at Daly's is clearly faster. `points` (the scenarios the answer ran) and
-    `runs` are the answer's own; the reruns are a second, small sweep."""
-    reruns = daly_reruns(points, runs)
+    `runs` are the answer's own (`swept_fields` a sweep's); the reruns are a second, small sweep."""
+    reruns = daly_reruns(points, runs, swept_fields=swept_fields)
     if not reruns:
         return verdict
     rerun_tasks = [

@@ -97,3 +97,11 @@ def test_simulate_reruns_it_too():
     (point,) = simulate_tables(scenario_with_interval(1000)).verdict.points
     (standing,) = point.standings
     assert tuned_seconds(daly_note(point.caveats)) < standing.time_to_target_s.ci95_low
+
+
+def test_a_sweep_of_the_interval_itself_is_not_rerun():
+    base = scenario_with_interval(40)
+    tasks = build_tasks(base, [("methods.checkpoint.interval_iterations", (40, 1000))])
+    result = run_sweep(tasks, workers=1)
+    verdict = sweep_verdict(result, base, tasks=tasks, workers=1)
+    assert not any("Daly" in caveat for point in verdict.points for caveat in point.caveats)
