@@ -102,23 +102,41 @@ def _times_by_replication(runs: pd.DataFrame) -> pd.Series:
     return runs.set_index("replication")["time_to_target_s"]
 
 
+def _reached_share(runs: pd.DataFrame) -> float:
+    return float(runs["reached_target"].mean()) if len(runs) else 0.0
+
+
+def _in_share(share: float) -> str:
+    return "" if share >= 1.0 else f" in {share:.0%} of replications"
+
+
 def daly_rerun_note(rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFrame, tuned_runs: pd.DataFrame) -> str | None:
-    """What checkpointing at Daly's interval changes at this point, where it is clearly faster
-    (its mean below the configured interval's 95 % interval): its time to target, and the winner's
-    paired speed-up over it; None where it is not."""
-    untuned = Estimate.of_values(_times_by_replication(point_runs[point_runs["method"] == rerun.method]).tolist())
+    """What checkpointing at Daly's interval changes at this point, where it is clearly better: it
+    reaches the target in more replications, or its mean time lies below the configured interval's
+    95 % interval. Its time to target, and the winner's paired speed-up over it; None otherwise."""
+    untuned_runs = point_runs[point_runs["method"] == rerun.method]
+    untuned = Estimate.of_values(_times_by_replication(untuned_runs).tolist())
     tuned_times = _times_by_replication(tuned_runs)
     tuned = Estimate.of_values(tuned_times.tolist())
-    if tuned.mean is None or untuned.ci95_low is None or not tuned.mean < untuned.ci95_low:
+    untuned_share, tuned_share = _reached_share(untuned_runs), _reached_share(tuned_runs)
+    if tuned.mean is None:
+        return None
+    reaches_more_often = tuned_share > untuned_share
+    faster = untuned.ci95_low is not None and tuned.mean < untuned.ci95_low
+    if not (reaches_more_often or faster):
         return None
     unit = duration_unit(max(value for value in (tuned.ci95_high, untuned.ci95_high, tuned.mean, untuned.mean) if value is not None))
     ratio = rerun.scenario_interval_iterations / rerun.daly_interval_iterations
     how_far = f"{ratio:.1f}×" if ratio >= 1 else f"1/{1 / ratio:.1f} of"
-    untuned_mean = Estimate(mean=untuned.mean, ci95_low=None, ci95_high=None)
+    if untuned.mean is None:
+        before = f"where at {rerun.scenario_interval_iterations} it never did"
+    else:
+        untuned_mean = Estimate(mean=untuned.mean, ci95_low=None, ci95_high=None)
+        before = f"not {format_duration(untuned_mean, unit, suffix=' ' + unit[0])}{_in_share(untuned_share)}"
     text = (
         f"{rerun.method}'s {rerun.interval_field} {rerun.scenario_interval_iterations} is {how_far} Daly's optimum here: "
-        f"at {rerun.daly_interval_iterations} it reaches the target in {format_duration(tuned, unit, suffix=' ' + unit[0])}, "
-        f"not {format_duration(untuned_mean, unit, suffix=' ' + unit[0])}"
+        f"at {rerun.daly_interval_iterations} it reaches the target in {format_duration(tuned, unit, suffix=' ' + unit[0])}"
+        f"{_in_share(tuned_share)}, {before}"
     )
     if point.winner is not None and point.winner != rerun.method:
         winner_times = _times_by_replication(point_runs[point_runs["method"] == point.winner])
@@ -130,7 +148,7 @@ def daly_rerun_note(rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFr
                 verdict_word = f": it would reach the target before {point.winner}"
             else:
                 verdict_word = ""
-            text += f", and {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{verdict_word}"
+            text += f"; {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{verdict_word}"
     return text + " (`churnsim recommend` tunes every method's knobs)"
 
 
