@@ -3,7 +3,8 @@
 An answer compares the methods as the scenario configures them: a preset's checkpoint interval is
 its paper's (the CheckFree replay's 20 iterations), which at a high failure rate is far longer than
 the optimum, so the speed-up over checkpointing would overstate what a user with a tuned interval
-gains. At every point of a what-if or a sweep where a method that blocks training to checkpoint
+gains. At every point of a what-if or a sweep (and in the one scenario of `simulate`) where a
+method that blocks training to checkpoint
 has an interval `UNTUNED_INTERVAL_RATIO` or more away from Daly's optimum (δ read off the point's
 own runs, M the whole pipeline's at the point's churn: `analytic.interval_optimum_from_runs`), the
 method runs again at Daly's interval, with the same failures (common random numbers), and that
