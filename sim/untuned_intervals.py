@@ -28,7 +28,7 @@ from churnsim.calibration.scenario import Scenario
 from .analytic import interval_optimum_from_runs
 from .replicate import replication_tasks
 from .sweep import SweepTask, run_sweep
-from .verdict import Estimate, PointVerdict, Verdict, duration_unit, format_duration, format_ratio
+from .verdict import Estimate, IntervalRerun, PointVerdict, Verdict, duration_unit, format_duration, format_ratio
 
 UNTUNED_INTERVAL_RATIO = 1.5
 """An interval this many times Daly's, or less than 1/1.5 of it, is run again at Daly's."""
@@ -111,10 +111,13 @@ def _in_share(share: float) -> str:
     return "" if share >= 1.0 else f" in {share:.0%} of replications"
 
 
-def daly_rerun_note(rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFrame, tuned_runs: pd.DataFrame) -> str | None:
+def daly_rerun_result(
+    rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFrame, tuned_runs: pd.DataFrame
+) -> tuple[IntervalRerun, str] | None:
     """What checkpointing at Daly's interval changes at this point, where it is clearly better: it
     reaches the target in more replications, or its mean time lies below the configured interval's
-    95 % interval. Its time to target, and the winner's paired speed-up over it; None otherwise."""
+    95 % interval. Its result, with the winner's paired speed-up over it, and the caveat saying so;
+    None otherwise."""
     untuned_runs = point_runs[point_runs["method"] == rerun.method]
     untuned = Estimate.of_values(_times_by_replication(untuned_runs).tolist())
     tuned_times = _times_by_replication(tuned_runs)
@@ -139,18 +142,25 @@ def daly_rerun_note(rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFr
         f"at {rerun.daly_interval_iterations} it reaches the target in {format_duration(tuned, unit, suffix=' ' + unit[0])}"
         f"{_in_share(tuned_share)}, {before}"
     )
+    speedup: Estimate | None = None
     if point.winner is not None and point.winner != rerun.method:
         winner_times = _times_by_replication(point_runs[point_runs["method"] == point.winner])
-        speedup = Estimate.of_values((tuned_times / winner_times).tolist())
-        if speedup.mean is not None:
-            if speedup.ci95_low is not None and speedup.ci95_high is not None and speedup.ci95_low <= 1 <= speedup.ci95_high:
-                verdict_word = ": the two cannot be told apart"
-            elif speedup.mean < 1:
-                verdict_word = f": it would reach the target before {point.winner}"
-            else:
-                verdict_word = ""
-            text += f"; {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{verdict_word}"
-    return text + " (`churnsim recommend` tunes every method's knobs)"
+        paired = Estimate.of_values((tuned_times / winner_times).tolist())
+        speedup = paired if paired.mean is not None else None
+    if speedup is not None and speedup.mean is not None:
+        if speedup.ci95_low is not None and speedup.ci95_high is not None and speedup.ci95_low <= 1 <= speedup.ci95_high:
+            verdict_word = ": the two cannot be told apart"
+        elif speedup.mean < 1:
+            verdict_word = f": it would reach the target before {point.winner}"
+        else:
+            verdict_word = ""
+        text += f"; {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{verdict_word}"
+    result = IntervalRerun(
+        method=rerun.method, interval_field=rerun.interval_field, configured_interval_iterations=rerun.scenario_interval_iterations,
+        daly_interval_iterations=rerun.daly_interval_iterations, fraction_reached=tuned_share, time_to_target_s=tuned,
+        winner_speedup=speedup,
+    )
+    return result, text + " (`churnsim recommend` tunes every method's knobs)"
 
 
 def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:
@@ -182,13 +192,17 @@ def rerun_untuned_intervals(
     updated = []
     for point in verdict.points:
         key = _point_key(point.scenario, point.failure_probability_per_stage_hour)
-        notes = []
+        found = []
         for rerun in reruns:
             if _point_key(rerun.point.name, _rate(rerun.point)) != key:
                 continue
             tuned = _runs_of_point(tuned_runs, key)
-            note = daly_rerun_note(rerun, point, _runs_of_point(runs, key), tuned[tuned["method"] == rerun.method])
-            if note:
-                notes.append(note)
-        updated.append(replace(point, caveats=point.caveats + tuple(notes)))
+            outcome = daly_rerun_result(rerun, point, _runs_of_point(runs, key), tuned[tuned["method"] == rerun.method])
+            if outcome is not None:
+                found.append(outcome)
+        updated.append(replace(
+            point,
+            caveats=point.caveats + tuple(note for _, note in found),
+            interval_reruns=point.interval_reruns + tuple(result for result, _ in found),
+        ))
     return replace(verdict, points=tuple(updated))

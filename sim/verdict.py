@@ -86,6 +86,21 @@ class MethodStanding:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IntervalRerun:
+    """A blocking checkpoint run again at Daly's interval at one point (sim/untuned_intervals.py)."""
+
+    method: str
+    interval_field: str
+    configured_interval_iterations: int
+    daly_interval_iterations: int
+    fraction_reached: float
+    time_to_target_s: Estimate
+    """At Daly's interval: the mean over the replications that reached the target."""
+    winner_speedup: Estimate | None
+    """The point's winner's paired speed-up over it; None where the method is the winner or none reached."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class PointVerdict:
     """The answer at one failure rate of one scenario (one grid point of a sweep)."""
 
@@ -103,6 +118,9 @@ class PointVerdict:
     standings: tuple[MethodStanding, ...]
     """Real methods by mean time to target, then the reference, then the ablations."""
     caveats: tuple[str, ...]
+    interval_reruns: tuple[IntervalRerun, ...] = ()
+    """Blocking checkpoints whose interval was far from Daly's here, run again at Daly's where that
+    was clearly better; each also has a caveat."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,6 +60,13 @@ def test_whatif_reruns_an_interval_five_times_dalys_at_dalys_and_says_what_it_ga
     # Tuned, it beats the configured interval, which the table still reports.
     (standing,) = [s for s in failing.standings if s.method == "checkpoint"]
     assert tuned_seconds(note) < standing.time_to_target_s.ci95_low
+    # The same, structured, for --json.
+    (structured,) = failing.interval_reruns
+    assert (structured.method, structured.configured_interval_iterations) == ("checkpoint", 1000)
+    assert structured.daly_interval_iterations == rerun.daly_interval_iterations and structured.fraction_reached == 1.0
+    assert structured.time_to_target_s.mean < standing.time_to_target_s.ci95_low
+    assert structured.winner_speedup is None  # checkpoint is the only method, the winner
+    assert no_failures.interval_reruns == ()
 
 
 def test_an_interval_near_dalys_is_not_rerun():
