@@ -54,7 +54,10 @@ def recommendation_lines(recommendation) -> list[str]:
             lines.append(f"robustness, {name}{case.factor:g}: not run ({case.note})")
         else:
             verdict = f"winner changes to {case.winner}" if case.winner_changes else "winner unchanged"
-            lines.append(f"robustness, {name}{case.factor:g}: {verdict} ({case.winner} {format_duration(case.winner_time_to_target_s, unit)})")
+            retuned = f"; {case.note}" if case.note else ""
+            lines.append(
+                f"robustness, {name}{case.factor:g}: {verdict} ({case.winner} {format_duration(case.winner_time_to_target_s, unit)}{retuned})"
+            )
     lines += [f"note: {caveat}" for caveat in recommendation.caveats]
     return lines
 

@@ -18,7 +18,9 @@
 3. The winner is the best variant of each method compared by `sim/verdict.py`'s rule (methods that
    reached the target in every replication first, then the lowest mean time to target).
 4. Robustness: each method's best variant (knobs fixed) runs again with every setback scaled (0.5×,
-   2×) and the failure rate scaled (×0.5, ×2); each case says whether the winner changes.
+   2×) and the failure rate scaled (×0.5, ×2); each case says whether the winner changes. At a
+   scaled failure rate a blocking checkpoint whose kept interval is far from Daly's there also runs
+   at Daly's (`sim/untuned_intervals.py`), and the case takes the better of the two.
 
 Common random numbers throughout: every variant and case of replication r sees the same failure
 path (for the same churn) and the same setback draws.
@@ -43,6 +45,7 @@ from .analytic import interval_optimum_from_runs
 from .replicate import replication_tasks
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
+from .untuned_intervals import daly_reruns
 from .verdict import Estimate, _json_safe, finite_or_none
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -166,6 +169,10 @@ def scaled_churn(scenario: Scenario, factor: float):
     if isinstance(churn, PoissonChurn):
         return churn.model_copy(update={"failures_per_node_hour": churn.failures_per_node_hour * factor})
     return None
+
+
+def _knob_text(knobs: dict[str, Any]) -> str:
+    return ", ".join(f"{name} = {value}" for name, value in knobs.items())
 
 
 def _fitted_optimum(intervals: Sequence[int], means: Sequence[float]) -> float | None:
@@ -346,23 +353,44 @@ def recommend(
         runs = pd.concat([runs, run_sweep(tasks, workers=workers).runs], ignore_index=True)
         if on_pass_done:
             on_pass_done("robustness")
+    # At another failure rate a blocking checkpoint's best interval moves: where the kept one is far
+    # from Daly's at the new rate, it runs at Daly's too, and the case takes the better of the two.
+    retuned: dict[str, list[str]] = {}
+    retune_tasks = []
+    for name, factor, case_scenario, case_variants in cases:
+        case = f"{name}×{factor:g}"
+        if name != "failure_rate" or case_scenario is None:
+            continue
+        point = case_scenario.model_copy(update={"methods": tuple(case_variants.values())})
+        for rerun in daly_reruns([point], runs[runs[CASE] == case]):
+            key = _variant_key(rerun.method, {rerun.interval_field: rerun.daly_interval_iterations})
+            knobs[key] = {rerun.interval_field: rerun.daly_interval_iterations}
+            retuned.setdefault(case, []).append(key)
+            retune_tasks += _tasks(case_scenario, {key: rerun.point.methods[0]}, case, replications)
+    if retune_tasks:
+        runs = pd.concat([runs, run_sweep(retune_tasks, workers=workers).runs], ignore_index=True)
+        if on_pass_done:
+            on_pass_done("checkpoint intervals re-tuned at the scaled failure rates")
     robustness = []
     for name, factor, case_scenario, case_variants in cases:
         if case_scenario is None:
             robustness.append(RobustnessCase(uncertain_input=name, factor=factor, winner=None, winner_time_to_target_s=None,
                                              winner_changes=None, note=f"churn kind {scenario.churn.kind!r} has no single rate to scale"))
             continue
-        scaled = _candidates(runs, knobs, f"{name}×{factor:g}")
+        case = f"{name}×{factor:g}"
+        scaled = _candidates(runs, knobs, case)
         # Methods the case does not touch (no setbacks under a setback scale) keep their base result.
-        pool = [scaled.get(key, base[key]) for key in best_configs]
+        pool = [scaled.get(key, base[key]) for key in best_configs] + [scaled[key] for key in retuned.get(case, []) if key in scaled]
         case_best = _best_per_method(pool)
         case_winner = case_best[0] if case_best and case_best[0].time_to_target_s.mean is not None else None
+        moved = [c for c in case_best if any(c is scaled.get(key) for key in retuned.get(case, []))]
         robustness.append(
             RobustnessCase(
                 uncertain_input=name, factor=factor,
                 winner=case_winner.method if case_winner else None,
                 winner_time_to_target_s=case_winner.time_to_target_s if case_winner else None,
                 winner_changes=(case_winner.method if case_winner else None) != (winner.method if winner else None),
+                note="; ".join(f"{c.method} at {_knob_text(c.knobs)}, Daly's interval at this rate" for c in moved) or None,
             )
         )
     if scenario.convergence.setback_source != "measured" and any(c.uses_setbacks for c in methods):
