@@ -41,7 +41,7 @@ from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
-from .analytic import interval_optimum_from_runs
+from .analytic import IntervalOptimum, interval_optimum_from_runs
 from .replicate import replication_tasks
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
@@ -204,6 +204,199 @@ def interval_beyond_edge(grid: Sequence[int], best_interval: int, iterations_exe
     return None
 
 
+@dataclass
+class _Ledger:
+    """Every variant run so far, by key ("method knob=value ..."), its config and knobs, and their runs.
+    Each pass adds variants and runs them in one sweep."""
+
+    scenario: Scenario
+    replications: int
+    workers: int | None
+    on_pass_done: Callable[[str], None] | None
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    configs: dict[str, MethodConfig] = field(default_factory=dict)
+    knobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def variant(self, method: MethodConfig, knobs: dict[str, Any], *, key_knobs: dict[str, Any] | None = None) -> str:
+        """Register `method` with `knobs` set (the knobs it is shown with); its key names `key_knobs`
+        (default: `knobs`). Returns the key."""
+        key = _variant_key(method.name, knobs if key_knobs is None else key_knobs)
+        self.configs[key], self.knobs[key] = method.model_copy(update=knobs), dict(knobs)
+        return key
+
+    def run(self, keys_by_case: Sequence[tuple[str, Scenario, Sequence[str]]], pass_name: str) -> None:
+        """Run the variants `keys` of each (case, scenario of the case, keys) in one sweep."""
+        tasks = [task for case, scenario, keys in keys_by_case for task in _tasks(
+            scenario, {key: self.configs[key] for key in keys}, case, self.replications)]
+        if not tasks:
+            return
+        new = run_sweep(tasks, workers=self.workers).runs
+        self.runs = new if self.runs.empty else pd.concat([self.runs, new], ignore_index=True)
+        if self.on_pass_done:
+            self.on_pass_done(pass_name)
+
+    def candidates(self, case: str) -> dict[str, Candidate]:
+        return _candidates(self.runs, self.knobs, case)
+
+    def runs_of(self, case: str, method: str) -> pd.DataFrame:
+        return self.runs[(self.runs[CASE] == case) & (self.runs["method"] == method)]
+
+
+def _run_methods(ledger: _Ledger, methods: Sequence[MethodConfig]) -> None:
+    """Pass 1: every method as given, and CheckFree's other edge fallbacks."""
+    keys = []
+    for method in methods:
+        given = {"edge_fallback": getattr(method, "edge_fallback")} if "edge_fallback" in type(method).model_fields else {}
+        keys.append(ledger.variant(method, given, key_knobs={}))
+        for fallback in EDGE_FALLBACKS if given else ():
+            if fallback != given["edge_fallback"]:
+                keys.append(ledger.variant(method, {"edge_fallback": fallback}))
+    ledger.run([("base", ledger.scenario, keys)], "methods")
+
+
+def _interval_studies(ledger: _Ledger, methods: Sequence[MethodConfig], grid_factors: Sequence[float]) -> list[IntervalStudy]:
+    """Pass 2: each method's checkpoint interval on a grid, grown past an edge its best point lies on."""
+    scenario = ledger.scenario
+    num_stages = scenario.pipeline.num_stages
+    pipeline_rate_per_s = mean_stage_failure_rate_per_s(scenario.churn, num_stages=num_stages) * num_stages
+    mtbf_s = 1.0 / pipeline_rate_per_s if pipeline_rate_per_s > 0 else None
+    plans: list[tuple[MethodConfig, str, IntervalOptimum, list[int]]] = []
+    new_keys = []
+    for method in methods:
+        interval_field = type(method).checkpoint_interval_field
+        if interval_field is None:
+            continue
+        current = int(getattr(method, interval_field))
+        ledger.knobs[_variant_key(method.name, {})] = {interval_field: current}
+        # Young and Daly take M between the failures a checkpoint is read after: every failure for
+        # the checkpoint family, only two adjacent losses for redundant computation's fallback.
+        optimum = interval_optimum_from_runs(
+            ledger.runs_of("base", method.name), current, mtbf_s if type(method).family == "checkpoint" else None
+        )
+        young, daly = optimum.young_interval_iterations, optimum.daly_interval_iterations
+        # Without a blocking δ (a non-blocking method) or without failures, the grid is around the scenario's interval.
+        center = daly if daly is not None else young if young is not None else float(current)
+        grid = _interval_grid(center, [young, daly, current], grid_factors)
+        plans.append((method, interval_field, optimum, grid))
+        new_keys += [ledger.variant(method, {interval_field: interval}) for interval in grid if interval != current]
+    ledger.run([("base", scenario, new_keys)], "intervals")
+
+    def grid_rows(method: MethodConfig, interval_field: str, grid: Sequence[int]) -> list[Candidate]:
+        base = ledger.candidates("base")
+        return [next(c for c in base.values() if c.method == method.name and c.knobs.get(interval_field) == interval) for interval in grid]
+
+    # The grids grow past an edge the best point lies on, one point a pass, all methods together.
+    extensions = {method.name: 0 for method, *_ in plans}
+    for _ in range(MAX_GRID_EXTENSIONS):
+        added = []
+        for method, interval_field, _optimum, grid in plans:
+            best = min(grid_rows(method, interval_field, grid), key=_sort_key)
+            if best.time_to_target_s.mean is None:
+                continue
+            executed = float(ledger.runs_of("base", method.name)["iterations_executed"].max())
+            beyond = interval_beyond_edge(grid, int(best.knobs[interval_field]), executed)
+            if beyond is None or beyond in grid:
+                continue
+            grid.append(beyond)
+            grid.sort()
+            extensions[method.name] += 1
+            added.append(ledger.variant(method, {interval_field: beyond}))
+        if not added:
+            break
+        ledger.run([("base", scenario, added)], "interval grid grown past its edge")
+
+    studies = []
+    for method, interval_field, optimum, grid in plans:
+        rows = grid_rows(method, interval_field, grid)
+        best = min(rows, key=_sort_key)
+        studies.append(
+            IntervalStudy(
+                method=method.name, interval_field=interval_field, checkpoint_cost_s=optimum.checkpoint_cost_s,
+                mean_time_between_failures_s=mtbf_s, iteration_s=optimum.iteration_s,
+                young_interval_iterations=optimum.young_interval_iterations, daly_interval_iterations=optimum.daly_interval_iterations,
+                scenario_interval_iterations=int(getattr(method, interval_field)),
+                best_interval_iterations=int(best.knobs[interval_field]) if best.time_to_target_s.mean is not None else None,
+                grid_extensions=extensions[method.name],
+                fitted_optimum_iterations=_fitted_optimum(grid, [c.time_to_target_s.mean for c in rows]),
+                grid=tuple(rows),
+            )
+        )
+    return studies
+
+
+def _grid_edge_caveats(studies: Sequence[IntervalStudy]) -> list[str]:
+    caveats = []
+    for study in studies:
+        grid_intervals = [c.knobs[study.interval_field] for c in study.grid]
+        best_interval = study.best_interval_iterations
+        if len(grid_intervals) > 1 and best_interval in (min(grid_intervals), max(grid_intervals)) and best_interval != 1:
+            grown = f" after {study.grid_extensions} point(s) added past it" if study.grid_extensions else ""
+            caveats.append(
+                f"{study.method}: the best {study.interval_field} ({best_interval}) is at the edge of the grid "
+                f"{grid_intervals}{grown}; the optimum may lie beyond it"
+            )
+    return caveats
+
+
+def _robustness(
+    ledger: _Ledger, ranked: Sequence[Candidate], winner: Candidate | None, setback_scales: Sequence[float], rate_factors: Sequence[float]
+) -> list[RobustnessCase]:
+    """Pass 3: each method's best variant (knobs fixed) with every setback scaled and with the
+    failure rate scaled; at a scaled rate a blocking checkpoint far from Daly's interval there also
+    runs at Daly's, and the case takes the better of the two."""
+    scenario = ledger.scenario
+    best_keys = [next(k for k, config in ledger.configs.items() if config.name == c.method and ledger.knobs[k] == c.knobs) for c in ranked]
+    cases: list[tuple[str, float, Scenario | None, list[str]]] = []
+    if any(ledger.configs[key].uses_setbacks for key in best_keys):
+        for scale in setback_scales:
+            convergence = scenario.convergence.model_copy(update={"setback_scale": scenario.convergence.setback_scale * scale})
+            cases.append(("setback_scale", scale, scenario.model_copy(update={"convergence": convergence}),
+                          [key for key in best_keys if ledger.configs[key].uses_setbacks]))
+    for factor in rate_factors:
+        churn = scaled_churn(scenario, factor)
+        cases.append(("failure_rate", factor, scenario.model_copy(update={"churn": churn}) if churn is not None else None, best_keys))
+    ledger.run([(f"{name}×{factor:g}", case_scenario, keys) for name, factor, case_scenario, keys in cases if case_scenario is not None],
+               "robustness")
+
+    # At another failure rate a blocking checkpoint's best interval moves.
+    retuned: dict[str, list[str]] = {}
+    for name, factor, case_scenario, keys in cases:
+        case = f"{name}×{factor:g}"
+        if name != "failure_rate" or case_scenario is None:
+            continue
+        point = case_scenario.model_copy(update={"methods": tuple(ledger.configs[key] for key in keys)})
+        for rerun in daly_reruns([point], ledger.runs[ledger.runs[CASE] == case]):
+            method = next(ledger.configs[key] for key in keys if ledger.configs[key].name == rerun.method)
+            retuned.setdefault(case, []).append(ledger.variant(method, {rerun.interval_field: rerun.daly_interval_iterations}))
+    ledger.run([(case, next(c for n, f, c, _ in cases if f"{n}×{f:g}" == case), keys) for case, keys in retuned.items()],
+               "checkpoint intervals re-tuned at the scaled failure rates")
+
+    base = ledger.candidates("base")
+    robustness = []
+    for name, factor, case_scenario, keys in cases:
+        if case_scenario is None:
+            robustness.append(RobustnessCase(uncertain_input=name, factor=factor, winner=None, winner_time_to_target_s=None,
+                                             winner_changes=None, note=f"churn kind {scenario.churn.kind!r} has no single rate to scale"))
+            continue
+        case = f"{name}×{factor:g}"
+        scaled = ledger.candidates(case)
+        # Methods the case does not touch (no setbacks under a setback scale) keep their base result.
+        pool = [scaled.get(key, base[key]) for key in best_keys] + [scaled[key] for key in retuned.get(case, []) if key in scaled]
+        case_best = _best_per_method(pool)
+        case_winner = case_best[0] if case_best and case_best[0].time_to_target_s.mean is not None else None
+        moved = [c for c in case_best if any(c is scaled.get(key) for key in retuned.get(case, []))]
+        robustness.append(
+            RobustnessCase(
+                uncertain_input=name, factor=factor,
+                winner=case_winner.method if case_winner else None,
+                winner_time_to_target_s=case_winner.time_to_target_s if case_winner else None,
+                winner_changes=(case_winner.method if case_winner else None) != (winner.method if winner else None),
+                note="; ".join(f"{c.method} at {_knob_text(c.knobs)}, Daly's interval at this rate" for c in moved) or None,
+            )
+        )
+    return robustness
+
+
 def recommend(
     scenario: Scenario,
     *,
@@ -221,178 +414,18 @@ def recommend(
     methods = sensitivity_methods(scenario)
     if not methods:
         raise InputError("the scenario has no method to recommend (only the no-failure reference or ablations)")
-    caveats: list[str] = []
-
-    # Pass 1: every method as given, and CheckFree's edge fallbacks.
-    variants: dict[str, MethodConfig] = {}
-    knobs: dict[str, dict[str, Any]] = {}
-    for method in methods:
-        variants[_variant_key(method.name, {})], knobs[_variant_key(method.name, {})] = method, {}
-        if "edge_fallback" in type(method).model_fields:
-            for fallback in EDGE_FALLBACKS:
-                if fallback != getattr(method, "edge_fallback"):
-                    key = _variant_key(method.name, {"edge_fallback": fallback})
-                    variants[key], knobs[key] = method.model_copy(update={"edge_fallback": fallback}), {"edge_fallback": fallback}
-                    knobs[_variant_key(method.name, {})] = {"edge_fallback": getattr(method, "edge_fallback")}
-    runs = run_sweep(_tasks(scenario, variants, "base", replications), workers=workers).runs
-    if on_pass_done:
-        on_pass_done("methods")
-
-    # Pass 2: the interval grids.
-    num_stages = scenario.pipeline.num_stages
-    pipeline_rate_per_s = mean_stage_failure_rate_per_s(scenario.churn, num_stages=num_stages) * num_stages
-    mtbf_s = 1.0 / pipeline_rate_per_s if pipeline_rate_per_s > 0 else None
-    studies_in: list[tuple[MethodConfig, str, float | None, float | None, float | None, float | None, list[int]]] = []
-    grid_variants: dict[str, MethodConfig] = {}
-    for method in methods:
-        interval_field = type(method).checkpoint_interval_field
-        if interval_field is None:
-            continue
-        current = int(getattr(method, interval_field))
-        own = runs[(runs[CASE] == "base") & (runs[VARIANT] == _variant_key(method.name, {}))]
-        # Young and Daly take M between the failures a checkpoint is read after: every failure for
-        # the checkpoint family, only two adjacent losses for redundant computation's fallback.
-        optimum = interval_optimum_from_runs(own, current, mtbf_s if type(method).family == "checkpoint" else None)
-        delta_s, iteration_s = optimum.checkpoint_cost_s, optimum.iteration_s
-        young, daly = optimum.young_interval_iterations, optimum.daly_interval_iterations
-        # Without a blocking δ (a non-blocking method) or without failures, the grid is around the scenario's interval.
-        center = daly if daly is not None else young if young is not None else float(current)
-        grid = _interval_grid(center, [young, daly, current], interval_grid_factors)
-        studies_in.append((method, interval_field, delta_s, iteration_s, young, daly, grid))
-        for interval in grid:
-            if interval != current:
-                key = _variant_key(method.name, {interval_field: interval})
-                grid_variants[key], knobs[key] = method.model_copy(update={interval_field: interval}), {interval_field: interval}
-        knobs[_variant_key(method.name, {})] = {interval_field: current}
-    if grid_variants:
-        runs = pd.concat([runs, run_sweep(_tasks(scenario, grid_variants, "base", replications), workers=workers).runs], ignore_index=True)
-        if on_pass_done:
-            on_pass_done("intervals")
-
-    def grid_rows(method: MethodConfig, interval_field: str, grid: Sequence[int]) -> list[Candidate]:
-        base = _candidates(runs, knobs, "base")
-        return [next(c for c in base.values() if c.method == method.name and c.knobs.get(interval_field) == interval) for interval in grid]
-
-    # The grids grow past an edge the best point lies on, one point a pass, all methods together.
-    extensions = {method.name: 0 for method, *_ in studies_in}
-    for _ in range(MAX_GRID_EXTENSIONS):
-        added: dict[str, MethodConfig] = {}
-        for method, interval_field, *_, grid in studies_in:
-            best = min(grid_rows(method, interval_field, grid), key=_sort_key)
-            if best.time_to_target_s.mean is None:
-                continue
-            own = runs[(runs[CASE] == "base") & (runs["method"] == method.name)]
-            beyond = interval_beyond_edge(grid, int(best.knobs[interval_field]), float(own["iterations_executed"].max()))
-            if beyond is None or beyond in grid:
-                continue
-            grid.append(beyond)
-            grid.sort()
-            extensions[method.name] += 1
-            key = _variant_key(method.name, {interval_field: beyond})
-            added[key], knobs[key] = method.model_copy(update={interval_field: beyond}), {interval_field: beyond}
-        if not added:
-            break
-        grid_variants.update(added)
-        runs = pd.concat([runs, run_sweep(_tasks(scenario, added, "base", replications), workers=workers).runs], ignore_index=True)
-        if on_pass_done:
-            on_pass_done("interval grid grown past its edge")
-    base = _candidates(runs, knobs, "base")
-
-    studies = []
-    for method, interval_field, delta_s, iteration_s, young, daly, grid in studies_in:
-        rows = grid_rows(method, interval_field, grid)
-        best = min(rows, key=_sort_key)
-        studies.append(
-            IntervalStudy(
-                method=method.name, interval_field=interval_field, checkpoint_cost_s=delta_s,
-                mean_time_between_failures_s=mtbf_s, iteration_s=iteration_s,
-                young_interval_iterations=young, daly_interval_iterations=daly,
-                scenario_interval_iterations=int(getattr(method, interval_field)),
-                best_interval_iterations=int(best.knobs[interval_field]) if best.time_to_target_s.mean is not None else None,
-                grid_extensions=extensions[method.name],
-                fitted_optimum_iterations=_fitted_optimum(grid, [c.time_to_target_s.mean for c in rows]),
-                grid=tuple(rows),
-            )
-        )
-    for study in studies:
-        grid_intervals = [c.knobs[study.interval_field] for c in study.grid]
-        best_interval = study.best_interval_iterations
-        if len(grid_intervals) > 1 and best_interval in (min(grid_intervals), max(grid_intervals)) and best_interval != 1:
-            grown = f" after {study.grid_extensions} point(s) added past it" if study.grid_extensions else ""
-            caveats.append(
-                f"{study.method}: the best {study.interval_field} ({best_interval}) is at the edge of the grid "
-                f"{grid_intervals}{grown}; the optimum may lie beyond it"
-            )
+    ledger = _Ledger(scenario=scenario, replications=replications, workers=workers, on_pass_done=on_pass_done)
+    _run_methods(ledger, methods)
+    studies = _interval_studies(ledger, methods, interval_grid_factors)
+    caveats = _grid_edge_caveats(studies)
+    base = ledger.candidates("base")
     edge = tuple(sorted((c for c in base.values() if "edge_fallback" in c.knobs), key=_sort_key))
     ranked = _best_per_method(list(base.values()))
     winner = ranked[0] if ranked and ranked[0].time_to_target_s.mean is not None else None
     tied = tuple(c.method for c in ranked[1:] if winner is not None and winner.time_to_target_s.overlaps(c.time_to_target_s))
     if winner is not None and winner.fraction_reached != 1.0:
         caveats.append(f"{winner.method} reached the target in {winner.fraction_reached:.0%} of replications; its mean is optimistic")
-
-    # Pass 3: robustness, each method's best variant with its knobs fixed.
-    configs = {**variants, **grid_variants}
-    best_configs: dict[str, MethodConfig] = {}
-    for candidate in ranked:
-        key = next(k for k, config in configs.items() if config.name == candidate.method and knobs[k] == candidate.knobs)
-        best_configs[key] = configs[key]
-    cases: list[tuple[str, float, Scenario | None, dict[str, MethodConfig]]] = []
-    if any(config.uses_setbacks for config in best_configs.values()):
-        for scale in setback_scales:
-            convergence = scenario.convergence.model_copy(update={"setback_scale": scenario.convergence.setback_scale * scale})
-            cases.append(("setback_scale", scale, scenario.model_copy(update={"convergence": convergence}),
-                          {k: v for k, v in best_configs.items() if v.uses_setbacks}))
-    for factor in rate_factors:
-        churn = scaled_churn(scenario, factor)
-        cases.append(("failure_rate", factor, scenario.model_copy(update={"churn": churn}) if churn is not None else None, best_configs))
-    tasks = []
-    for name, factor, case_scenario, case_variants in cases:
-        if case_scenario is not None:
-            tasks += _tasks(case_scenario, case_variants, f"{name}×{factor:g}", replications)
-    if tasks:
-        runs = pd.concat([runs, run_sweep(tasks, workers=workers).runs], ignore_index=True)
-        if on_pass_done:
-            on_pass_done("robustness")
-    # At another failure rate a blocking checkpoint's best interval moves: where the kept one is far
-    # from Daly's at the new rate, it runs at Daly's too, and the case takes the better of the two.
-    retuned: dict[str, list[str]] = {}
-    retune_tasks = []
-    for name, factor, case_scenario, case_variants in cases:
-        case = f"{name}×{factor:g}"
-        if name != "failure_rate" or case_scenario is None:
-            continue
-        point = case_scenario.model_copy(update={"methods": tuple(case_variants.values())})
-        for rerun in daly_reruns([point], runs[runs[CASE] == case]):
-            key = _variant_key(rerun.method, {rerun.interval_field: rerun.daly_interval_iterations})
-            knobs[key] = {rerun.interval_field: rerun.daly_interval_iterations}
-            retuned.setdefault(case, []).append(key)
-            retune_tasks += _tasks(case_scenario, {key: rerun.point.methods[0]}, case, replications)
-    if retune_tasks:
-        runs = pd.concat([runs, run_sweep(retune_tasks, workers=workers).runs], ignore_index=True)
-        if on_pass_done:
-            on_pass_done("checkpoint intervals re-tuned at the scaled failure rates")
-    robustness = []
-    for name, factor, case_scenario, case_variants in cases:
-        if case_scenario is None:
-            robustness.append(RobustnessCase(uncertain_input=name, factor=factor, winner=None, winner_time_to_target_s=None,
-                                             winner_changes=None, note=f"churn kind {scenario.churn.kind!r} has no single rate to scale"))
-            continue
-        case = f"{name}×{factor:g}"
-        scaled = _candidates(runs, knobs, case)
-        # Methods the case does not touch (no setbacks under a setback scale) keep their base result.
-        pool = [scaled.get(key, base[key]) for key in best_configs] + [scaled[key] for key in retuned.get(case, []) if key in scaled]
-        case_best = _best_per_method(pool)
-        case_winner = case_best[0] if case_best and case_best[0].time_to_target_s.mean is not None else None
-        moved = [c for c in case_best if any(c is scaled.get(key) for key in retuned.get(case, []))]
-        robustness.append(
-            RobustnessCase(
-                uncertain_input=name, factor=factor,
-                winner=case_winner.method if case_winner else None,
-                winner_time_to_target_s=case_winner.time_to_target_s if case_winner else None,
-                winner_changes=(case_winner.method if case_winner else None) != (winner.method if winner else None),
-                note="; ".join(f"{c.method} at {_knob_text(c.knobs)}, Daly's interval at this rate" for c in moved) or None,
-            )
-        )
+    robustness = _robustness(ledger, ranked, winner, setback_scales, rate_factors)
     if scenario.convergence.setback_source != "measured" and any(c.uses_setbacks for c in methods):
         caveats.append(f"setbacks are not measured on this model (source: {scenario.convergence.setback_source}); see the setback_scale cases")
     return Recommendation(
