@@ -32,9 +32,19 @@ def _named(method: str, label: str) -> str:
 
 def answer_line(point) -> str:
     """The one-line answer at one failure rate: winner, speed-ups with 95 % intervals, ties."""
-    lead = point_title(point) + ": "
+    return point_title(point) + ": " + answer_text(point)
+
+
+def tuned_answer_line(point) -> str | None:
+    """The answer again with the checkpoint intervals tuned at this point (sim/untuned_intervals.py), or None."""
+    tuned = getattr(point, "with_tuned_intervals", None)
+    return None if tuned is None else "  with checkpoint intervals tuned here (see the caveats): " + answer_text(tuned)
+
+
+def answer_text(point) -> str:
+    """`answer_line` without the point's title."""
     if point.winner is None:
-        return lead + "no method reached the target in any replication; raise target.max_wall_clock_s or lower the failure rate."
+        return "no method reached the target in any replication; raise target.max_wall_clock_s or lower the failure rate."
     unit = duration_unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
     text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {format_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
     labels = {standing.method: standing.label for standing in point.standings}
@@ -54,7 +64,7 @@ def answer_line(point) -> str:
     if point.cannot_be_told_apart_from:
         tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
         text += f"; cannot be told apart from {tied} (95 % intervals overlap)"
-    return lead + text + "."
+    return text + "."
 
 
 def print_point_table(point, console: Console) -> None:
@@ -94,12 +104,16 @@ def show_verdict(verdict, *, as_json: bool, extra: dict[str, Any] | None = None)
         data = verdict.to_json()
         for point, row in zip(verdict.points, data["points"]):
             row["answer"] = answer_line(point)
+            row["answer_with_tuned_intervals"] = tuned_answer_line(point) and answer_text(point.with_tuned_intervals)
         sys.stdout.write(strict_json_dumps({**(extra or {}), **data}) + "\n")
         return
     out = Console(width=max(Console().width, 110), highlight=False)
     out.print("[bold]Answer[/bold]")
     for point in verdict.points:
         out.print(escape(answer_line(point)), soft_wrap=True)
+        tuned = tuned_answer_line(point)
+        if tuned:
+            out.print(escape(tuned), soft_wrap=True)
     caveats = all_caveats(verdict)
     if caveats:
         out.print("[bold]Caveats[/bold]")
@@ -112,4 +126,4 @@ def all_caveats(verdict) -> list[str]:
     return list(verdict.caveats) + [f"{point_title(point)}: {caveat}" for point in verdict.points for caveat in point.caveats]
 
 
-__all__ = ["all_caveats", "answer_line", "point_title", "print_point_table", "show_verdict"]
+__all__ = ["all_caveats", "answer_line", "answer_text", "point_title", "print_point_table", "show_verdict", "tuned_answer_line"]

@@ -1,38 +1,53 @@
-"""Blocking checkpoints far from Daly's optimum, run again at Daly's interval, and what that changes.
+"""Checkpoint intervals far from their best at a point, run again there, and what that changes.
 
 An answer compares the methods as the scenario configures them: a preset's checkpoint interval is
 its paper's (the CheckFree replay's 20 iterations), which at a high failure rate is far longer than
 the optimum, so the speed-up over checkpointing would overstate what a user with a tuned interval
-gains. At every point of a what-if or a sweep (and in the one scenario of `simulate`) where a
-method that blocks training to checkpoint
-has an interval `UNTUNED_INTERVAL_RATIO` or more away from Daly's optimum (δ read off the point's
-own runs, M the whole pipeline's at the point's churn: `analytic.interval_optimum_from_runs`), the
-method runs again at Daly's interval, with the same failures (common random numbers), and that
-point's caveats give its time to target and the winner's paired speed-up over it. Methods that
-block nothing (the lazy asynchronous checkpoint) have no Daly point; `churnsim recommend` searches
-their interval.
+gains, and the lazy asynchronous checkpoint's 10 can decide which method comes first. So at every
+point with failures of a what-if or a sweep (and in the one scenario of `simulate`), each method
+with a checkpoint interval is tried at a better one, with the same failures (common random
+numbers):
+
+- a method that blocks training to checkpoint, at Daly's optimum where its interval is
+  `UNTUNED_INTERVAL_RATIO` or more away from it (δ read off the point's own runs, M the whole
+  pipeline's at the point's churn: `analytic.interval_optimum_from_runs`);
+- one that blocks nothing (the lazy asynchronous checkpoint, redundant computation's fallback,
+  which is read only after two adjacent losses), which has no Daly point, by a search: half and
+  twice its interval, then on in the better direction while that improves, up to
+  `MAX_SEARCH_STEPS` halvings or doublings.
+
+Where the tuned interval is clearly better (the 95 % interval of its mean log paired speed-up over
+the configured one above 0, or reaching the target in more replications) it replaces the configured one in a second answer for the
+point (`PointVerdict.with_tuned_intervals`: winner, paired speed-ups, ties, all with the tuned
+intervals; the commands print it under the point's answer), and a caveat lists the intervals. A
+tuned time is the best of the few tried on the same failures, so it is somewhat optimistic.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import pandas as pd
 
 from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
+from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
 from .analytic import interval_optimum_from_runs
-from .replicate import replication_tasks
+from .replicate import replication_tasks, summary_table
 from .sweep import SweepTask, run_sweep
-from .verdict import Estimate, IntervalRerun, PointVerdict, Verdict, duration_unit, format_duration, format_ratio
+from .verdict import Estimate, IntervalRerun, PointVerdict, Verdict, point_verdict
 
 UNTUNED_INTERVAL_RATIO = 1.5
-"""An interval this many times Daly's, or less than 1/1.5 of it, is run again at Daly's."""
-DALY_INTERVAL_SETTING = "daly_interval_iterations"
+"""A blocking checkpoint's interval this many times Daly's, or less than 1/1.5 of it, is run again at Daly's."""
+MAX_SEARCH_STEPS = 4
+"""Halvings or doublings a search goes past the first ones: from the configured interval, at most 32× either way."""
+TUNED_INTERVAL_SETTING = "tuned_interval_iterations"
+DALY_RULE = "daly"
+SEARCH_RULE = "search"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,24 +78,35 @@ def _runs_of_point(runs: pd.DataFrame, key: tuple[str, float | None]) -> pd.Data
     return runs[(runs["scenario"] == name) & same_rate]
 
 
+def _pipeline_failure_rate_per_s(point: Scenario) -> float:
+    num_stages = point.pipeline.num_stages
+    return mean_stage_failure_rate_per_s(point.churn, num_stages=num_stages) * num_stages
+
+
+def _interval_methods(point: Scenario, swept_fields: Sequence[str]) -> list[tuple[MethodConfig, str, int]]:
+    """The point's methods with a checkpoint interval a sweep's grid does not set: (method, field, interval)."""
+    out = []
+    for method in point.methods:
+        interval_field = type(method).checkpoint_interval_field
+        if interval_field is None or f"methods.{method.name}.{interval_field}" in swept_fields:
+            continue
+        out.append((method, interval_field, int(getattr(method, interval_field))))
+    return out
+
+
 def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame, *, swept_fields: Sequence[str] = ()) -> list[DalyRerun]:
     """The (point, method) pairs whose blocking checkpoint interval is `UNTUNED_INTERVAL_RATIO` or
     more away from Daly's optimum at that point; `runs` are the points' runs (runs.csv). A method
     whose interval is among a sweep's `swept_fields` is left alone: its grid already varies it."""
     reruns = []
     for point in points:
-        num_stages = point.pipeline.num_stages
-        rate_per_s = mean_stage_failure_rate_per_s(point.churn, num_stages=num_stages) * num_stages
+        rate_per_s = _pipeline_failure_rate_per_s(point)
         if not rate_per_s > 0:
             continue
         point_runs = _runs_of_point(runs, _point_key(point.name, _rate(point)))
-        for method in point.methods:
-            traits = type(method)
-            if not traits.blocking_checkpoint or traits.checkpoint_interval_field is None:
+        for method, interval_field, interval in _interval_methods(point, swept_fields):
+            if not type(method).blocking_checkpoint:
                 continue
-            if f"methods.{method.name}.{traits.checkpoint_interval_field}" in swept_fields:
-                continue
-            interval = int(getattr(method, traits.checkpoint_interval_field))
             own = point_runs[point_runs["method"] == method.name]
             daly = interval_optimum_from_runs(own, interval, 1.0 / rate_per_s).daly_interval_iterations
             if daly is None:
@@ -88,15 +114,98 @@ def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame, *, swept_fields:
             daly_interval = max(1, round(daly))
             if max(interval / daly_interval, daly_interval / interval) < UNTUNED_INTERVAL_RATIO:
                 continue
-            tuned = method.model_copy(update={traits.checkpoint_interval_field: daly_interval})
+            tuned = method.model_copy(update={interval_field: daly_interval})
             reruns.append(
                 DalyRerun(
                     point=Scenario.model_validate(point.model_copy(update={"methods": (tuned,)}).model_dump()),
-                    method=method.name, interval_field=traits.checkpoint_interval_field,
+                    method=method.name, interval_field=interval_field,
                     scenario_interval_iterations=interval, daly_interval_iterations=daly_interval,
                 )
             )
     return reruns
+
+
+@dataclass(kw_only=True)
+class _Tuning:
+    """The intervals tried for one method at one point, and their runs."""
+
+    point: Scenario
+    method: MethodConfig
+    interval_field: str
+    configured: int
+    rule: str
+    max_interval: float
+    """No checkpoint is taken at an interval beyond the iterations a run executes."""
+    tried: dict[int, pd.DataFrame] = field(default_factory=dict)
+    next_intervals: list[int] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, float | None]:
+        return _point_key(self.point.name, _rate(self.point))
+
+    def best(self) -> int:
+        return min(self.tried, key=lambda interval: _score(self.tried[interval]))
+
+    def plan_next_step(self) -> None:
+        """The search's next interval: past the best, in the direction it improved; none once it stops."""
+        self.next_intervals = []
+        if self.rule != SEARCH_RULE:
+            return
+        best = self.best()
+        tried = sorted(self.tried)
+        if best == tried[0] and best > 1:
+            beyond = max(1, best // 2)
+        elif best == tried[-1] and best != self.configured and 2 * best <= self.max_interval:
+            beyond = 2 * best
+        else:
+            return
+        if beyond not in self.tried and len(self.tried) < 2 + 1 + MAX_SEARCH_STEPS:
+            self.next_intervals = [beyond]
+
+
+def _score(runs: pd.DataFrame) -> tuple[float, float]:
+    """Reaching the target in more replications first, then the lower mean time to target."""
+    mean = Estimate.of_values(runs["time_to_target_s"].tolist()).mean
+    return (-_reached_share(runs), mean if mean is not None else math.inf)
+
+
+def _tunings(points: Sequence[Scenario], runs: pd.DataFrame, swept_fields: Sequence[str]) -> list[_Tuning]:
+    daly = {(rerun.point.name, _rate(rerun.point), rerun.method): rerun for rerun in daly_reruns(points, runs, swept_fields=swept_fields)}
+    tunings = []
+    for point in points:
+        if not _pipeline_failure_rate_per_s(point) > 0:
+            continue
+        point_runs = _runs_of_point(runs, _point_key(point.name, _rate(point)))
+        for method, interval_field, interval in _interval_methods(point, swept_fields):
+            own = point_runs[point_runs["method"] == method.name]
+            tuning = _Tuning(point=point, method=method, interval_field=interval_field, configured=interval,
+                             rule=SEARCH_RULE, max_interval=float(own["iterations_executed"].max()), tried={interval: own})
+            if type(method).blocking_checkpoint:
+                rerun = daly.get((point.name, _rate(point), method.name))
+                if rerun is None:
+                    continue
+                tuning.rule, tuning.next_intervals = DALY_RULE, [rerun.daly_interval_iterations]
+            else:
+                tuning.next_intervals = [value for value in (max(1, interval // 2), 2 * interval) if value != interval and value <= tuning.max_interval]
+            tunings.append(tuning)
+    return tunings
+
+
+def _run_steps(tunings: Sequence[_Tuning], *, workers: int | None, client: Any) -> None:
+    """Run every tuning's next intervals in one sweep a step, until no search goes on."""
+    while any(tuning.next_intervals for tuning in tunings):
+        tasks = []
+        for index, tuning in enumerate(tunings):
+            for interval in tuning.next_intervals:
+                method = tuning.method.model_copy(update={tuning.interval_field: interval})
+                point = Scenario.model_validate(tuning.point.model_copy(update={"methods": (method,)}).model_dump())
+                tasks += [SweepTask(task=task, settings={TUNED_INTERVAL_SETTING: interval, "tuning": index}, keep_trajectories=False)
+                          for task in replication_tasks(point)]
+        new = run_sweep(tasks, workers=workers, client=client).runs
+        for index, tuning in enumerate(tunings):
+            for interval in tuning.next_intervals:
+                tuning.tried[interval] = new[(new["tuning"] == index) & (new[TUNED_INTERVAL_SETTING] == interval)]
+            tuning.plan_next_step()
 
 
 def _times_by_replication(runs: pd.DataFrame) -> pd.Series:
@@ -107,60 +216,56 @@ def _reached_share(runs: pd.DataFrame) -> float:
     return float(runs["reached_target"].mean()) if len(runs) else 0.0
 
 
-def _in_share(share: float) -> str:
-    return "" if share >= 1.0 else f" in {share:.0%} of replications"
-
-
-def daly_rerun_result(
-    rerun: DalyRerun, point: PointVerdict, point_runs: pd.DataFrame, tuned_runs: pd.DataFrame
-) -> tuple[IntervalRerun, str] | None:
-    """What checkpointing at Daly's interval changes at this point, where it is clearly better: it
-    reaches the target in more replications, or its mean time lies below the configured interval's
-    95 % interval. Its result, with the winner's paired speed-up over it, and the caveat saying so;
-    None otherwise."""
-    untuned_runs = point_runs[point_runs["method"] == rerun.method]
-    untuned = Estimate.of_values(_times_by_replication(untuned_runs).tolist())
-    tuned_times = _times_by_replication(tuned_runs)
-    tuned = Estimate.of_values(tuned_times.tolist())
-    untuned_share, tuned_share = _reached_share(untuned_runs), _reached_share(tuned_runs)
+def _tuning_result(tuning: _Tuning) -> IntervalRerun | None:
+    """The tuned interval where it is clearly better than the configured one: it reaches the target
+    in more replications, or it is faster: the 95 % interval of the mean log of the paired
+    speed-up (configured time / tuned time, replication by replication: the same failures) above 0.
+    Logs, because one replication's large ratio would widen an interval of plain ratios most."""
+    best = tuning.best()
+    if best == tuning.configured:
+        return None
+    untuned_runs, tuned_runs = tuning.tried[tuning.configured], tuning.tried[best]
+    tuned = Estimate.of_values(tuned_runs["time_to_target_s"].tolist())
     if tuned.mean is None:
         return None
-    reaches_more_often = tuned_share > untuned_share
-    faster = untuned.ci95_low is not None and tuned.mean < untuned.ci95_low
+    reaches_more_often = _reached_share(tuned_runs) > _reached_share(untuned_runs)
+    ratios = (_times_by_replication(untuned_runs) / _times_by_replication(tuned_runs)).tolist()
+    paired = Estimate.of_values([math.log(ratio) for ratio in ratios if math.isfinite(ratio) and ratio > 0])
+    faster = paired.ci95_low is not None and paired.ci95_low > 0.0
     if not (reaches_more_often or faster):
         return None
-    unit = duration_unit(max(value for value in (tuned.ci95_high, untuned.ci95_high, tuned.mean, untuned.mean) if value is not None))
-    ratio = rerun.scenario_interval_iterations / rerun.daly_interval_iterations
-    how_far = f"{ratio:.1f}×" if ratio >= 1 else f"1/{1 / ratio:.1f} of"
-    if untuned.mean is None:
-        before = f"where at {rerun.scenario_interval_iterations} it never did"
-    else:
-        untuned_mean = Estimate(mean=untuned.mean, ci95_low=None, ci95_high=None)
-        before = f"not {format_duration(untuned_mean, unit, suffix=' ' + unit[0])}{_in_share(untuned_share)}"
-    text = (
-        f"{rerun.method}'s {rerun.interval_field} {rerun.scenario_interval_iterations} is {how_far} Daly's optimum here: "
-        f"at {rerun.daly_interval_iterations} it reaches the target in {format_duration(tuned, unit, suffix=' ' + unit[0])}"
-        f"{_in_share(tuned_share)}, {before}"
+    return IntervalRerun(
+        method=tuning.method.name, interval_field=tuning.interval_field, configured_interval_iterations=tuning.configured,
+        tuned_interval_iterations=best, tuned_by="Daly's optimum" if tuning.rule == DALY_RULE else "search",
+        intervals_tried=tuple(sorted(tuning.tried)), fraction_reached=_reached_share(tuned_runs), time_to_target_s=tuned,
     )
-    speedup: Estimate | None = None
-    if point.winner is not None and point.winner != rerun.method:
-        winner_times = _times_by_replication(point_runs[point_runs["method"] == point.winner])
-        paired = Estimate.of_values((tuned_times / winner_times).tolist())
-        speedup = paired if paired.mean is not None else None
-    if speedup is not None and speedup.mean is not None:
-        if speedup.ci95_low is not None and speedup.ci95_high is not None and speedup.ci95_low <= 1 <= speedup.ci95_high:
-            verdict_word = ": the two cannot be told apart"
-        elif speedup.mean < 1:
-            verdict_word = f": it would reach the target before {point.winner}"
-        else:
-            verdict_word = ""
-        text += f"; {point.winner}'s speed-up over it is {format_ratio(speedup, suffix='×')}{verdict_word}"
-    result = IntervalRerun(
-        method=rerun.method, interval_field=rerun.interval_field, configured_interval_iterations=rerun.scenario_interval_iterations,
-        daly_interval_iterations=rerun.daly_interval_iterations, fraction_reached=tuned_share, time_to_target_s=tuned,
-        winner_speedup=speedup,
+
+
+def _tuning_note(results: Sequence[IntervalRerun]) -> str:
+    """One caveat for a point: which intervals the answer with tuned intervals used."""
+    def one(result: IntervalRerun) -> str:
+        how = "Daly's optimum" if result.tuned_by == "Daly's optimum" else f"the best of {', '.join(map(str, result.intervals_tried))}"
+        return f"{result.method}'s {result.interval_field} {result.configured_interval_iterations} → {result.tuned_interval_iterations} ({how})"
+
+    return (
+        f"the answer with checkpoint intervals tuned here takes {'; '.join(one(result) for result in results)}; a tuned time is "
+        "the best of a few tried on the same failures, so somewhat optimistic (`churnsim recommend` tunes every method's knobs)"
     )
-    return result, text + " (`churnsim recommend` tunes every method's knobs)"
+
+
+def _tuned_point(point: PointVerdict, point_runs: pd.DataFrame, tunings: Sequence[_Tuning], results: Sequence[IntervalRerun]) -> PointVerdict:
+    """The point's answer with the tuned methods' runs in place of their configured ones."""
+    tuned_methods = {result.method: result.tuned_interval_iterations for result in results}
+    frames = [point_runs[~point_runs["method"].isin(list(tuned_methods))]]
+    for tuning in tunings:
+        if tuning.method.name in tuned_methods:
+            tuned = tuning.tried[tuned_methods[tuning.method.name]]
+            # A sweep's grid columns are constant at a point; the tuning sweep did not set them.
+            missing = {column: point_runs[column].iloc[0] for column in point_runs.columns if column not in tuned.columns}
+            frames.append(tuned.assign(**missing)[list(point_runs.columns)])
+    runs = pd.concat(frames, ignore_index=True)
+    grid_columns = [column for column in point.grid if column in runs.columns]
+    return point_verdict(summary_table(runs, grid_columns), grid_columns=grid_columns)
 
 
 def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:
@@ -177,32 +282,26 @@ def rerun_untuned_intervals(
     workers: int | None = None,
     client: Any = None,
 ) -> Verdict:
-    """`verdict` with a caveat at every point where a blocking checkpoint's interval is far from
-    Daly's and running it at Daly's is clearly faster. `points` (the scenarios the answer ran) and
-    `runs` are the answer's own (`swept_fields` a sweep's); the reruns are a second, small sweep."""
-    reruns = daly_reruns(points, runs, swept_fields=swept_fields)
-    if not reruns:
+    """`verdict` with a caveat at every point where a method's checkpoint interval, tuned there, is
+    clearly better. `points` (the scenarios the answer ran) and `runs` are the answer's own
+    (`swept_fields` a sweep's); the tuning runs are a few more, small sweeps."""
+    tunings = _tunings(points, runs, swept_fields)
+    if not tunings:
         return verdict
-    rerun_tasks = [
-        SweepTask(task=task, settings={DALY_INTERVAL_SETTING: rerun.daly_interval_iterations}, keep_trajectories=False)
-        for rerun in reruns
-        for task in replication_tasks(rerun.point)
-    ]
-    tuned_runs = run_sweep(rerun_tasks, workers=workers, client=client).runs
+    _run_steps(tunings, workers=workers, client=client)
     updated = []
     for point in verdict.points:
         key = _point_key(point.scenario, point.failure_probability_per_stage_hour)
-        found = []
-        for rerun in reruns:
-            if _point_key(rerun.point.name, _rate(rerun.point)) != key:
-                continue
-            tuned = _runs_of_point(tuned_runs, key)
-            outcome = daly_rerun_result(rerun, point, _runs_of_point(runs, key), tuned[tuned["method"] == rerun.method])
-            if outcome is not None:
-                found.append(outcome)
+        here = [tuning for tuning in tunings if tuning.key == key]
+        results = [result for tuning in here for result in [_tuning_result(tuning)] if result is not None]
+        if not results:
+            updated.append(point)
+            continue
+        tuned_point = _tuned_point(point, _runs_of_point(runs, key), here, results)
         updated.append(replace(
             point,
-            caveats=point.caveats + tuple(note for _, note in found),
-            interval_reruns=point.interval_reruns + tuple(result for result, _ in found),
+            caveats=point.caveats + (_tuning_note(results),),
+            interval_reruns=tuple(results),
+            with_tuned_intervals=tuned_point,
         ))
     return replace(verdict, points=tuple(updated))

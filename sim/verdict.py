@@ -87,17 +87,18 @@ class MethodStanding:
 
 @dataclass(frozen=True, kw_only=True)
 class IntervalRerun:
-    """A blocking checkpoint run again at Daly's interval at one point (sim/untuned_intervals.py)."""
+    """A method run again at a better checkpoint interval at one point (sim/untuned_intervals.py)."""
 
     method: str
     interval_field: str
     configured_interval_iterations: int
-    daly_interval_iterations: int
+    tuned_interval_iterations: int
+    tuned_by: str
+    """"Daly's optimum" (a method that blocks training to checkpoint) or "search" (one that does not)."""
+    intervals_tried: tuple[int, ...]
     fraction_reached: float
     time_to_target_s: Estimate
-    """At Daly's interval: the mean over the replications that reached the target."""
-    winner_speedup: Estimate | None
-    """The point's winner's paired speed-up over it; None where the method is the winner or none reached."""
+    """At the tuned interval: the mean over the replications that reached the target."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +120,9 @@ class PointVerdict:
     """Real methods by mean time to target, then the reference, then the ablations."""
     caveats: tuple[str, ...]
     interval_reruns: tuple[IntervalRerun, ...] = ()
-    """Blocking checkpoints whose interval was far from Daly's here, run again at Daly's where that
-    was clearly better; each also has a caveat."""
+    """Methods whose checkpoint interval, tuned here, was clearly better (a caveat lists them)."""
+    with_tuned_intervals: "PointVerdict | None" = None
+    """The answer again with those methods at their tuned intervals; None where none was."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 import subprocess
 import sys
@@ -68,8 +69,8 @@ def test_whatif_ends_with_one_answer_line_per_rate_and_the_caveats(tmp_path):
     result = run_cli([*quick_whatif(), "--out", "out"], tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    answers = lines[lines.index("Answer") + 1 : lines.index("Caveats")]
-    assert len(answers) == 3 and all("reaches the target first" in line for line in answers)
+    answers = [line for line in lines[lines.index("Answer") + 1 : lines.index("Caveats")] if not line.startswith("  with checkpoint intervals tuned")]
+    assert len(answers) == 3 and all(line.startswith("checkfree-124m-geo, at ") and "reaches the target first" in line for line in answers)
     assert any(line.startswith("- convergence setbacks") for line in lines[lines.index("Caveats") :])
 
 
@@ -102,3 +103,27 @@ def test_simulate_writes_a_manifest_and_its_json_answer(tmp_path):
     assert manifest["methods"] == ["checkpoint", "checkfree"] and manifest["git_revision"]
     assert answer["points"][0]["winner"] == manifest["verdict"]["points"][0]["winner"]
     json.dumps(manifest, allow_nan=False)
+
+
+def test_an_answer_with_tuned_intervals_follows_the_answer_and_is_in_the_json(tmp_path):
+    # One stage checkpointing every 1000 iterations with M = 2000 s between failures: Daly's
+    # interval (~190) is clearly faster, so the answer is given a second time with it.
+    sys.path.insert(0, str(Path(__file__).parent / "sim"))
+    from test_analytic import one_stage_scenario
+
+    scenario = one_stage_scenario(mean_time_between_failures_s=2000.0, target_iterations=20_000)
+    scenario = scenario.model_copy(update={
+        "target": scenario.target.model_copy(update={"max_wall_clock_s": 100_000.0}), "replications": 5,
+        "methods": (scenario.methods[0].model_copy(update={"interval_iterations": 1000}),),
+    })
+    (tmp_path / "scenario.json").write_text(scenario.model_dump_json())
+    text = run_cli(["simulate", "scenario.json", "--out", "text"], tmp_path)
+    assert text.returncode == 0, text.stderr
+    answer = text.stdout.split("Answer\n", 1)[1].splitlines()
+    assert answer[1].startswith("  with checkpoint intervals tuned here (see the caveats): checkpoint")
+    assert any("interval_iterations 1000 → " in line and "(Daly's optimum)" in line for line in answer)
+    as_json = run_cli(["simulate", "scenario.json", "--out", "json", "--json"], tmp_path)
+    (point,) = strict_json_loads(as_json.stdout)["points"]
+    assert point["answer_with_tuned_intervals"].startswith("checkpoint") and point["with_tuned_intervals"]["winner"] == "checkpoint"
+    (rerun,) = point["interval_reruns"]
+    assert rerun["configured_interval_iterations"] == 1000 and rerun["tuned_by"] == "Daly's optimum"
