@@ -19,8 +19,8 @@
    reached the target in every replication first, then the lowest mean time to target).
 4. Robustness: each method's best variant (knobs fixed) runs again with every setback scaled (0.5×,
    2×) and the failure rate scaled (×0.5, ×2); each case says whether the winner changes. At a
-   scaled failure rate a blocking checkpoint whose kept interval is far from Daly's there also runs
-   at Daly's (`sim/untuned_intervals.py`), and the case takes the better of the two.
+   scaled failure rate each checkpoint interval is also tuned there (Daly's optimum or a search,
+   `sim/untuned_intervals.py`), and the case takes the better of the two.
 
 Common random numbers throughout: every variant and case of replication r sees the same failure
 path (for the same churn) and the same setback draws.
@@ -45,7 +45,7 @@ from .analytic import IntervalOptimum, interval_optimum_from_runs
 from .replicate import replication_tasks
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
-from .untuned_intervals import daly_reruns
+from .untuned_intervals import tune_intervals
 from .verdict import Estimate, _json_safe, finite_or_none
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -342,8 +342,8 @@ def _robustness(
     ledger: _Ledger, ranked: Sequence[Candidate], winner: Candidate | None, setback_scales: Sequence[float], rate_factors: Sequence[float]
 ) -> list[RobustnessCase]:
     """Pass 3: each method's best variant (knobs fixed) with every setback scaled and with the
-    failure rate scaled; at a scaled rate a blocking checkpoint far from Daly's interval there also
-    runs at Daly's, and the case takes the better of the two."""
+    failure rate scaled; at a scaled rate each checkpoint interval is also tuned there, and the case
+    takes the better of the two."""
     scenario = ledger.scenario
     best_keys = [next(k for k, config in ledger.configs.items() if config.name == c.method and ledger.knobs[k] == c.knobs) for c in ranked]
     cases: list[tuple[str, float, Scenario | None, list[str]]] = []
@@ -358,18 +358,22 @@ def _robustness(
     ledger.run([(f"{name}×{factor:g}", case_scenario, keys) for name, factor, case_scenario, keys in cases if case_scenario is not None],
                "robustness")
 
-    # At another failure rate a blocking checkpoint's best interval moves.
-    retuned: dict[str, list[str]] = {}
+    # At another failure rate a checkpoint interval's best moves: tuned there (Daly's optimum or a
+    # search, sim/untuned_intervals.py), a method enters the case with the better of the two.
+    retuned: dict[str, list[Candidate]] = {}
     for name, factor, case_scenario, keys in cases:
         case = f"{name}×{factor:g}"
         if name != "failure_rate" or case_scenario is None:
             continue
         point = case_scenario.model_copy(update={"methods": tuple(ledger.configs[key] for key in keys)})
-        for rerun in daly_reruns([point], ledger.runs[ledger.runs[CASE] == case]):
-            method = next(ledger.configs[key] for key in keys if ledger.configs[key].name == rerun.method)
-            retuned.setdefault(case, []).append(ledger.variant(method, {rerun.interval_field: rerun.daly_interval_iterations}))
-    ledger.run([(case, next(c for n, f, c, _ in cases if f"{n}×{f:g}" == case), keys) for case, keys in retuned.items()],
-               "checkpoint intervals re-tuned at the scaled failure rates")
+        for tuned in tune_intervals([point], ledger.runs[ledger.runs[CASE] == case], workers=ledger.workers):
+            result = tuned.result
+            retuned.setdefault(case, []).append(Candidate(
+                method=result.method, knobs={result.interval_field: result.tuned_interval_iterations},
+                fraction_reached=result.fraction_reached, time_to_target_s=result.time_to_target_s,
+            ))
+    if retuned and ledger.on_pass_done:
+        ledger.on_pass_done("checkpoint intervals tuned at the scaled failure rates")
 
     base = ledger.candidates("base")
     robustness = []
@@ -381,17 +385,17 @@ def _robustness(
         case = f"{name}×{factor:g}"
         scaled = ledger.candidates(case)
         # Methods the case does not touch (no setbacks under a setback scale) keep their base result.
-        pool = [scaled.get(key, base[key]) for key in best_keys] + [scaled[key] for key in retuned.get(case, []) if key in scaled]
+        pool = [scaled.get(key, base[key]) for key in best_keys] + retuned.get(case, [])
         case_best = _best_per_method(pool)
         case_winner = case_best[0] if case_best and case_best[0].time_to_target_s.mean is not None else None
-        moved = [c for c in case_best if any(c is scaled.get(key) for key in retuned.get(case, []))]
+        moved = [c for c in case_best if any(c is tuned for tuned in retuned.get(case, []))]
         robustness.append(
             RobustnessCase(
                 uncertain_input=name, factor=factor,
                 winner=case_winner.method if case_winner else None,
                 winner_time_to_target_s=case_winner.time_to_target_s if case_winner else None,
                 winner_changes=(case_winner.method if case_winner else None) != (winner.method if winner else None),
-                note="; ".join(f"{c.method} at {_knob_text(c.knobs)}, Daly's interval at this rate" for c in moved) or None,
+                note="; ".join(f"{c.method} at {_knob_text(c.knobs)}, tuned at this rate" for c in moved) or None,
             )
         )
     return robustness

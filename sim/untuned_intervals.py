@@ -253,16 +253,14 @@ def _tuning_note(results: Sequence[IntervalRerun]) -> str:
     )
 
 
-def _tuned_point(point: PointVerdict, point_runs: pd.DataFrame, tunings: Sequence[_Tuning], results: Sequence[IntervalRerun]) -> PointVerdict:
+def _tuned_point(point: PointVerdict, point_runs: pd.DataFrame, tuned: Sequence["TunedInterval"]) -> PointVerdict:
     """The point's answer with the tuned methods' runs in place of their configured ones."""
-    tuned_methods = {result.method: result.tuned_interval_iterations for result in results}
-    frames = [point_runs[~point_runs["method"].isin(list(tuned_methods))]]
-    for tuning in tunings:
-        if tuning.method.name in tuned_methods:
-            tuned = tuning.tried[tuned_methods[tuning.method.name]]
-            # A sweep's grid columns are constant at a point; the tuning sweep did not set them.
-            missing = {column: point_runs[column].iloc[0] for column in point_runs.columns if column not in tuned.columns}
-            frames.append(tuned.assign(**missing)[list(point_runs.columns)])
+    frames = [point_runs[~point_runs["method"].isin([tuned_interval.result.method for tuned_interval in tuned])]]
+    for tuned_interval in tuned:
+        # A sweep's grid columns are constant at a point; the tuning sweep did not set them.
+        runs = tuned_interval.runs
+        missing = {column: point_runs[column].iloc[0] for column in point_runs.columns if column not in runs.columns}
+        frames.append(runs.assign(**missing)[list(point_runs.columns)])
     runs = pd.concat(frames, ignore_index=True)
     grid_columns = [column for column in point.grid if column in runs.columns]
     return point_verdict(summary_table(runs, grid_columns), grid_columns=grid_columns)
@@ -271,6 +269,32 @@ def _tuned_point(point: PointVerdict, point_runs: pd.DataFrame, tunings: Sequenc
 def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:
     """The scenarios of a what-if's or a sweep's points, once each, from its tasks."""
     return list({(task.task.scenario.name, _rate(task.task.scenario)): task.task.scenario for task in tasks}.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TunedInterval:
+    """A method's interval tuned at one point, clearly better than the configured one there."""
+
+    point_key: tuple[str, float | None]
+    """(scenario name, failure probability per stage-hour or None), as in runs.csv."""
+    result: IntervalRerun
+    runs: pd.DataFrame
+    """The runs at the tuned interval."""
+
+
+def tune_intervals(
+    points: Sequence[Scenario], runs: pd.DataFrame, *, swept_fields: Sequence[str] = (), workers: int | None = None, client: Any = None
+) -> list[TunedInterval]:
+    """Each method's checkpoint interval tuned at each point with failures (Daly's optimum or a
+    search), where that is clearly better; `runs` are the points' runs at the configured intervals."""
+    tunings = _tunings(points, runs, swept_fields)
+    _run_steps(tunings, workers=workers, client=client)
+    return [
+        TunedInterval(point_key=tuning.key, result=result, runs=tuning.tried[result.tuned_interval_iterations])
+        for tuning in tunings
+        for result in [_tuning_result(tuning)]
+        if result is not None
+    ]
 
 
 def rerun_untuned_intervals(
@@ -285,23 +309,19 @@ def rerun_untuned_intervals(
     """`verdict` with a caveat at every point where a method's checkpoint interval, tuned there, is
     clearly better. `points` (the scenarios the answer ran) and `runs` are the answer's own
     (`swept_fields` a sweep's); the tuning runs are a few more, small sweeps."""
-    tunings = _tunings(points, runs, swept_fields)
-    if not tunings:
-        return verdict
-    _run_steps(tunings, workers=workers, client=client)
+    tuned = tune_intervals(points, runs, swept_fields=swept_fields, workers=workers, client=client)
     updated = []
     for point in verdict.points:
         key = _point_key(point.scenario, point.failure_probability_per_stage_hour)
-        here = [tuning for tuning in tunings if tuning.key == key]
-        results = [result for tuning in here for result in [_tuning_result(tuning)] if result is not None]
-        if not results:
+        here = [tuned_interval for tuned_interval in tuned if tuned_interval.point_key == key]
+        if not here:
             updated.append(point)
             continue
-        tuned_point = _tuned_point(point, _runs_of_point(runs, key), here, results)
+        results = [tuned_interval.result for tuned_interval in here]
         updated.append(replace(
             point,
             caveats=point.caveats + (_tuning_note(results),),
             interval_reruns=tuple(results),
-            with_tuned_intervals=tuned_point,
+            with_tuned_intervals=_tuned_point(point, _runs_of_point(runs, key), here),
         ))
     return replace(verdict, points=tuple(updated))

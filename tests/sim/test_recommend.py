@@ -150,12 +150,12 @@ def test_redundant_computations_fallback_interval_is_studied_without_young_and_d
     assert result.winner == "redundant" and result.winner_knobs == {"fallback_interval_iterations": study.best_interval_iterations}
 
 
-def test_at_a_scaled_failure_rate_the_checkpoint_interval_is_re_tuned_by_dalys_rule():
+def test_at_a_scaled_failure_rate_the_checkpoint_interval_is_tuned_again_by_dalys_rule():
     # Four times the failures: M = 500 s, Daly's interval ~91 against the ~190 kept from the base
     # rate; the case runs it at Daly's too and keeps the better of the two.
     result = recommend(young_daly_scenario(20_000), replications=10, setback_scales=(), rate_factors=(4.0,), workers=1)
     (case,) = result.robustness
     assert case.winner == "checkpoint" and case.note is not None
-    assert case.note.startswith("checkpoint at interval_iterations = ") and case.note.endswith("Daly's interval at this rate")
+    assert case.note.startswith("checkpoint at interval_iterations = ") and case.note.endswith("tuned at this rate")
     retuned = int(case.note.split("= ")[1].split(",")[0])
     assert retuned == pytest.approx(math.sqrt(2 * CHECKPOINT_S * MTBF_S / 4) - CHECKPOINT_S, rel=0.15)
