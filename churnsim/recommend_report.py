@@ -9,7 +9,8 @@ import sys
 from typing import Any
 
 from churnsim.calibration.base import strict_json_dumps
-from churnsim.sim.verdict import duration_unit, format_duration
+
+from .report import _duration, _unit
 
 
 def _knobs(knobs: dict[str, Any]) -> str:
@@ -22,23 +23,23 @@ def _iterations(value: float | None) -> str:
 
 def recommendation_lines(recommendation) -> list[str]:
     times = [c.time_to_target_s.mean for c in recommendation.best_per_method if c.time_to_target_s.mean is not None]
-    unit = duration_unit(max(times, default=0.0))
+    unit = _unit(max(times, default=0.0))
     lines = [f"scenario {recommendation.scenario}, {recommendation.replications} replication(s); time to target {unit[0]} [95 % CI]"]
     if recommendation.winner is None:
         lines.append("Recommendation: none — no method reached the target")
     else:
         knobs = f" ({_knobs(recommendation.winner_knobs)})" if recommendation.winner_knobs else ""
-        lines.append(f"Recommendation: {recommendation.winner}{knobs}: {format_duration(recommendation.winner_time_to_target_s, unit)}")
+        lines.append(f"Recommendation: {recommendation.winner}{knobs}: {_duration(recommendation.winner_time_to_target_s, unit)}")
         if recommendation.cannot_be_told_apart_from:
             lines.append(f"  cannot be told apart from: {', '.join(recommendation.cannot_be_told_apart_from)}")
     lines.append("Each method at its best knobs:")
     for candidate in recommendation.best_per_method:
         knobs = f" ({_knobs(candidate.knobs)})" if candidate.knobs else ""
-        lines.append(f"  {candidate.method}{knobs}: {format_duration(candidate.time_to_target_s, unit)}")
+        lines.append(f"  {candidate.method}{knobs}: {_duration(candidate.time_to_target_s, unit)}")
     for study in recommendation.interval_studies:
         delta = "—" if study.checkpoint_cost_s is None else f"{study.checkpoint_cost_s:.3g} s"
         mtbf = "—" if study.mean_time_between_failures_s is None else f"{study.mean_time_between_failures_s:.4g} s"
-        grid = ", ".join(f"{c.knobs[study.interval_field]}: {format_duration(c.time_to_target_s, unit)}" for c in study.grid)
+        grid = ", ".join(f"{c.knobs[study.interval_field]}: {_duration(c.time_to_target_s, unit)}" for c in study.grid)
         lines.append(
             f"{study.method} {study.interval_field}: simulated best {_iterations(study.best_interval_iterations)} "
             f"(fit {_iterations(study.fitted_optimum_iterations)}), Young {_iterations(study.young_interval_iterations)}, "
@@ -47,7 +48,7 @@ def recommendation_lines(recommendation) -> list[str]:
         lines.append(f"  grid: {grid}")
     if recommendation.edge_fallbacks:
         lines.append("edge_fallback: " + ", ".join(
-            f"{c.knobs['edge_fallback']} {format_duration(c.time_to_target_s, unit)}" for c in recommendation.edge_fallbacks))
+            f"{c.knobs['edge_fallback']} {_duration(c.time_to_target_s, unit)}" for c in recommendation.edge_fallbacks))
     for case in recommendation.robustness:
         name = "setbacks ×" if case.uncertain_input == "setback_scale" else "failure rate ×"
         if case.winner_changes is None:
@@ -56,7 +57,7 @@ def recommendation_lines(recommendation) -> list[str]:
             verdict = f"winner changes to {case.winner}" if case.winner_changes else "winner unchanged"
             retuned = f"; {case.note}" if case.note else ""
             lines.append(
-                f"robustness, {name}{case.factor:g}: {verdict} ({case.winner} {format_duration(case.winner_time_to_target_s, unit)}{retuned})"
+                f"robustness, {name}{case.factor:g}: {verdict} ({case.winner} {_duration(case.winner_time_to_target_s, unit)}{retuned})"
             )
     lines += [f"note: {caveat}" for caveat in recommendation.caveats]
     return lines

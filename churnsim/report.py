@@ -14,7 +14,31 @@ from rich.markup import escape
 from rich.table import Table
 
 from churnsim.calibration.base import strict_json_dumps
-from churnsim.sim.verdict import duration_unit, format_duration, format_ratio
+
+
+def _unit(largest_s: float) -> tuple[str, float]:
+    """Hours from 3 h, minutes from 3 min, else seconds: (name, seconds per unit)."""
+    return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
+
+
+def _duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:
+    """`12.3 [12.1, 12.5]`, the unit (when given as `suffix`) after the mean."""
+    name, seconds = unit
+    if estimate is None or estimate.mean is None:
+        return "—"
+    text = f"{estimate.mean / seconds:.1f}{suffix}"
+    if estimate.ci95_low is not None and estimate.ci95_high is not None and estimate.ci95_low != estimate.ci95_high:
+        text += f" [{estimate.ci95_low / seconds:.1f}, {estimate.ci95_high / seconds:.1f}]"
+    return text
+
+
+def _ratio(estimate, *, suffix: str = "") -> str:
+    """`1.23 [1.20, 1.26]`, or the mean alone without an interval."""
+    if estimate is None or estimate.mean is None:
+        return "—"
+    if estimate.ci95_low is None or estimate.ci95_high is None or estimate.ci95_low == estimate.ci95_high:
+        return f"{estimate.mean:.2f}{suffix}"
+    return f"{estimate.mean:.2f}{suffix} [{estimate.ci95_low:.2f}, {estimate.ci95_high:.2f}]"
 
 
 def point_title(point) -> str:
@@ -37,7 +61,7 @@ def answer_line(point) -> str:
 
 def tuned_answer_line(point) -> str | None:
     """The answer again with the checkpoint intervals tuned at this point (sim/untuned_intervals.py), or None."""
-    tuned = getattr(point, "with_tuned_intervals", None)
+    tuned = point.with_tuned_intervals
     return None if tuned is None else "  with checkpoint intervals tuned here (see the caveats): " + answer_text(tuned)
 
 
@@ -45,8 +69,8 @@ def answer_text(point) -> str:
     """`answer_line` without the point's title."""
     if point.winner is None:
         return "no method reached the target in any replication; raise target.max_wall_clock_s or lower the failure rate."
-    unit = duration_unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
-    text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {format_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
+    unit = _unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
+    text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
     labels = {standing.method: standing.label for standing in point.standings}
     comparisons = []
     for baseline, estimate in point.winner_speedup.items():
@@ -54,7 +78,7 @@ def answer_text(point) -> str:
         if baseline == point.winner:
             comparisons.append(f"it is the {label} baseline")
         elif estimate is not None:
-            comparisons.append(f"speed-up {format_ratio(estimate, suffix='×')} over {label}")
+            comparisons.append(f"speed-up {_ratio(estimate, suffix='×')} over {label}")
         elif baseline in labels:
             comparisons.append(f"{label} never reached the target")
         else:
@@ -71,7 +95,7 @@ def print_point_table(point, console: Console) -> None:
     """Real methods (fastest first), the no-failure reference, then the ablations in a section of their own."""
     baselines = list(point.winner_speedup) or sorted({b for s in point.standings for b in s.speedup})
     highs = [s.time_to_target_s.ci95_high or s.time_to_target_s.mean for s in point.standings]
-    unit = duration_unit(max((value for value in highs if value is not None), default=0.0))
+    unit = _unit(max((value for value in highs if value is not None), default=0.0))
     table = Table(
         "method", "reached", f"time to target {unit[0]} [95 % CI]", *(f"× vs {baseline} [CI]" for baseline in baselines),
         title=escape(point_title(point)),
@@ -85,8 +109,8 @@ def print_point_table(point, console: Console) -> None:
         reached = "—" if standing.fraction_reached is None else f"{standing.fraction_reached:.0%}"
         style = "bold" if standing.method == point.winner else None
         table.add_row(
-            escape(name), reached, format_duration(standing.time_to_target_s, unit),
-            *(format_ratio(standing.speedup.get(baseline)) for baseline in baselines),
+            escape(name), reached, _duration(standing.time_to_target_s, unit),
+            *(_ratio(standing.speedup.get(baseline)) for baseline in baselines),
             style=style,
         )
     console.print(table)
@@ -104,7 +128,8 @@ def show_verdict(verdict, *, as_json: bool, extra: dict[str, Any] | None = None)
         data = verdict.to_json()
         for point, row in zip(verdict.points, data["points"]):
             row["answer"] = answer_line(point)
-            row["answer_with_tuned_intervals"] = tuned_answer_line(point) and answer_text(point.with_tuned_intervals)
+            tuned = point.with_tuned_intervals
+            row["answer_with_tuned_intervals"] = answer_text(tuned) if tuned is not None else None
         sys.stdout.write(strict_json_dumps({**(extra or {}), **data}) + "\n")
         return
     out = Console(width=max(Console().width, 110), highlight=False)

@@ -47,7 +47,8 @@ def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], Non
     runs = runs_table(scenario, results)
     summary = summary_table(runs)
     verdict = verdict_from_summary(summary, notes=scenario_notes(scenario), runs=runs)
-    # A blocking checkpoint far from Daly's interval runs again at Daly's, in this process as the rest.
+    # Each checkpoint interval also tuned, and the answer given again with the better ones
+    # (sim/untuned_intervals.py), in this process as the rest.
     verdict = rerun_untuned_intervals(verdict, [scenario], runs, workers=1)
     return SimulationOutput(
         runs=runs,

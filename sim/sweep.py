@@ -212,8 +212,8 @@ def sweep_verdict(
     result: SweepResult, scenario: Scenario, *, tasks: Sequence[SweepTask] | None = None, workers: int | None = None, client: Any = None
 ) -> Verdict:
     """The answer at every grid point and failure rate of a sweep of `scenario`. With the sweep's
-    `tasks`, a blocking checkpoint far from Daly's interval at a point runs again at Daly's, and the
-    point's caveats say what that changes (sim/untuned_intervals.py: a second, small sweep)."""
+    `tasks`, each checkpoint interval is also tuned at every point, and where that is clearly better
+    the point is answered again with it (sim/untuned_intervals.py: a few more, small sweeps)."""
     notes = scenario_notes(scenario) if result.notes is None else result.notes
     verdict = verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=notes, runs=result.runs)
     if tasks is None:
@@ -235,7 +235,7 @@ def write_sweep(
     verdict: Verdict | None = None,
 ) -> list[Path]:
     """runs, summary and trajectories tables and a manifest (the base scenario, the grid and the
-    answer: `verdict`, or `sweep_verdict` without reruns) in `out_directory`."""
+    answer: `verdict`, or `sweep_verdict` without tuned intervals) in `out_directory`."""
     out_directory = Path(out_directory)
     files: list[Path] = []
     for name, frame in (("runs", result.runs), ("summary", result.summary), ("trajectories", result.trajectories)):

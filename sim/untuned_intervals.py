@@ -46,8 +46,11 @@ UNTUNED_INTERVAL_RATIO = 1.5
 MAX_SEARCH_STEPS = 4
 """Halvings or doublings a search goes past the first ones: from the configured interval, at most 32× either way."""
 TUNED_INTERVAL_SETTING = "tuned_interval_iterations"
-DALY_RULE = "daly"
+TUNING_SETTING = "tuning_index"
+"""Columns of the tuning sweeps' runs: the interval tried, and which (point, method) it was for."""
+DALY_RULE = "Daly's optimum"
 SEARCH_RULE = "search"
+"""How an interval was tuned (`IntervalRerun.tuned_by`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,12 +202,12 @@ def _run_steps(tunings: Sequence[_Tuning], *, workers: int | None, client: Any) 
             for interval in tuning.next_intervals:
                 method = tuning.method.model_copy(update={tuning.interval_field: interval})
                 point = Scenario.model_validate(tuning.point.model_copy(update={"methods": (method,)}).model_dump())
-                tasks += [SweepTask(task=task, settings={TUNED_INTERVAL_SETTING: interval, "tuning": index}, keep_trajectories=False)
+                tasks += [SweepTask(task=task, settings={TUNED_INTERVAL_SETTING: interval, TUNING_SETTING: index}, keep_trajectories=False)
                           for task in replication_tasks(point)]
         new = run_sweep(tasks, workers=workers, client=client).runs
         for index, tuning in enumerate(tunings):
             for interval in tuning.next_intervals:
-                tuning.tried[interval] = new[(new["tuning"] == index) & (new[TUNED_INTERVAL_SETTING] == interval)]
+                tuning.tried[interval] = new[(new[TUNING_SETTING] == index) & (new[TUNED_INTERVAL_SETTING] == interval)]
             tuning.plan_next_step()
 
 
@@ -236,7 +239,7 @@ def _tuning_result(tuning: _Tuning) -> IntervalRerun | None:
         return None
     return IntervalRerun(
         method=tuning.method.name, interval_field=tuning.interval_field, configured_interval_iterations=tuning.configured,
-        tuned_interval_iterations=best, tuned_by="Daly's optimum" if tuning.rule == DALY_RULE else "search",
+        tuned_interval_iterations=best, tuned_by=tuning.rule,
         intervals_tried=tuple(sorted(tuning.tried)), fraction_reached=_reached_share(tuned_runs), time_to_target_s=tuned,
     )
 
@@ -244,7 +247,7 @@ def _tuning_result(tuning: _Tuning) -> IntervalRerun | None:
 def _tuning_note(results: Sequence[IntervalRerun]) -> str:
     """One caveat for a point: which intervals the answer with tuned intervals used."""
     def one(result: IntervalRerun) -> str:
-        how = "Daly's optimum" if result.tuned_by == "Daly's optimum" else f"the best of {', '.join(map(str, result.intervals_tried))}"
+        how = DALY_RULE if result.tuned_by == DALY_RULE else f"the best of {', '.join(map(str, result.intervals_tried))}"
         return f"{result.method}'s {result.interval_field} {result.configured_interval_iterations} → {result.tuned_interval_iterations} ({how})"
 
     return (

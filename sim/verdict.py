@@ -274,31 +274,6 @@ def steady_overhead_caveats(runs: pd.DataFrame) -> list[str]:
     return caveats
 
 
-def duration_unit(largest_s: float) -> tuple[str, float]:
-    """Hours from 3 h, minutes from 3 min, else seconds: (name, seconds per unit)."""
-    return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
-
-
-def format_duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:
-    """`12.3 [12.1, 12.5]`, the unit (when given as `suffix`) after the mean."""
-    name, seconds = unit
-    if estimate is None or estimate.mean is None:
-        return "—"
-    text = f"{estimate.mean / seconds:.1f}{suffix}"
-    if estimate.ci95_low is not None and estimate.ci95_high is not None and estimate.ci95_low != estimate.ci95_high:
-        text += f" [{estimate.ci95_low / seconds:.1f}, {estimate.ci95_high / seconds:.1f}]"
-    return text
-
-
-def format_ratio(estimate, *, suffix: str = "") -> str:
-    """`1.23 [1.20, 1.26]`, or the mean alone without an interval."""
-    if estimate is None or estimate.mean is None:
-        return "—"
-    if estimate.ci95_low is None or estimate.ci95_high is None or estimate.ci95_low == estimate.ci95_high:
-        return f"{estimate.mean:.2f}{suffix}"
-    return f"{estimate.mean:.2f}{suffix} [{estimate.ci95_low:.2f}, {estimate.ci95_high:.2f}]"
-
-
 def _plain(value: Any) -> Any:
     """numpy scalars → Python scalars, for JSON."""
     return value.item() if hasattr(value, "item") else value

@@ -181,7 +181,7 @@ def compute_whatif(
     notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
     few = few_failures_note(plan.scenario, main_runs)
     verdict = verdict_from_summary(sweep.summary, notes=notes + ((few,) if few else ()), runs=sweep.runs)
-    # A second, small pass: blocking checkpoints far from Daly's interval, run at Daly's.
+    # Each checkpoint interval tuned at every rate with failures, a few more small sweeps.
     verdict = rerun_untuned_intervals(verdict, points_of_tasks(main_tasks), main_runs, workers=workers, client=client)
     return WhatIfResult(sweep=sweep, intervals=intervals, notes=verdict.caveats, verdict=verdict)
 
