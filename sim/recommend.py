@@ -77,7 +77,7 @@ class IntervalStudy:
     checkpoint_cost_s: float | None
     """δ: blocked seconds per checkpoint, from the runs."""
     mean_time_between_failures_s: float | None
-    """M of the whole pipeline; None without failures."""
+    """M of the whole pipeline; None without failures, or for a fallback read only after two adjacent losses."""
     iteration_s: float | None
     young_interval_iterations: float | None
     daly_interval_iterations: float | None
@@ -308,11 +308,12 @@ def _interval_studies(ledger: _Ledger, methods: Sequence[MethodConfig], grid_fac
     studies = []
     for method, interval_field, optimum, grid in plans:
         rows = grid_rows(method, interval_field, grid)
+        own_mtbf_s = mtbf_s if type(method).family == "checkpoint" else None  # the M Young and Daly would take
         best = min(rows, key=_sort_key)
         studies.append(
             IntervalStudy(
                 method=method.name, interval_field=interval_field, checkpoint_cost_s=optimum.checkpoint_cost_s,
-                mean_time_between_failures_s=mtbf_s, iteration_s=optimum.iteration_s,
+                mean_time_between_failures_s=own_mtbf_s, iteration_s=optimum.iteration_s,
                 young_interval_iterations=optimum.young_interval_iterations, daly_interval_iterations=optimum.daly_interval_iterations,
                 scenario_interval_iterations=int(getattr(method, interval_field)),
                 best_interval_iterations=int(best.knobs[interval_field]) if best.time_to_target_s.mean is not None else None,
