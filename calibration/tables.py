@@ -129,6 +129,24 @@ INTERVAL_COLUMNS: tuple[str, ...] = (
     "daly_interval_iterations",
 )
 
+# tuned_intervals.csv: one row per (point, method) whose checkpoint interval, tuned at that point,
+# was clearly better than the configured one (sim/untuned_intervals.py); a sweep's grid columns
+# follow `scenario`.
+TUNED_INTERVAL_COLUMNS: tuple[str, ...] = (
+    "scenario",
+    "failure_probability_per_stage_hour",
+    "method",
+    "interval_field",
+    "configured_interval_iterations",
+    "tuned_interval_iterations",
+    "tuned_by",  # "Daly's optimum" or "search"
+    "intervals_tried",  # space-separated
+    "fraction_reached",
+    "time_to_target_mean_s",
+    "time_to_target_ci95_low_s",
+    "time_to_target_ci95_high_s",
+)
+
 # validation.csv: one row per (held-out run, quantity).
 VALIDATION_COLUMNS: tuple[str, ...] = (
     "run_id",

@@ -22,7 +22,7 @@ from churnsim.calibration.errors import InputError
 MANIFEST_FILE = "manifest.json"
 TABLE_STEMS = (
     "runs", "summary", "trajectories", "checkpoint_intervals", "iteration_spans", "validation",
-    "setback_sensitivity", "setback_crossovers",
+    "setback_sensitivity", "setback_crossovers", "tuned_intervals",
 )
 OUTPUT_DIRECTORIES = ("figures", "records", "timelines")
 """What churnsim writes in a results directory (sim/simulate.py, sim/whatif.py, sim/sweep.py, validate)."""

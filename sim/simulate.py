@@ -17,7 +17,7 @@ from .methods import build_policy
 from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_manifest, write_simulated_run_records
 from .replicate import run_replications, runs_table, summary_table, trajectories_table
 from .results import RunResult
-from .untuned_intervals import rerun_untuned_intervals
+from .untuned_intervals import rerun_untuned_intervals, tuned_intervals_table
 from .verdict import Verdict, verdict_from_summary
 
 
@@ -80,6 +80,7 @@ def simulate_scenario(
     files += write_table(output.runs, out_directory / "runs.csv", parquet=parquet)
     files += write_table(output.summary, out_directory / "summary.csv", parquet=parquet)
     files += write_table(output.trajectories, out_directory / "trajectories.csv", parquet=parquet)
+    files += write_table(tuned_intervals_table(output.verdict), out_directory / "tuned_intervals.csv", parquet=parquet)
     spans = pd.concat(
         [iteration_spans_table(result).assign(method=name) for name, result in iterations.items()], ignore_index=True
     )

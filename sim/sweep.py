@@ -241,6 +241,9 @@ def write_sweep(
     for name, frame in (("runs", result.runs), ("summary", result.summary), ("trajectories", result.trajectories)):
         files += write_table(frame, out_directory / f"{name}.csv", parquet=parquet)
     verdict = verdict if verdict is not None else sweep_verdict(result, scenario)
+    from .untuned_intervals import tuned_intervals_table  # it imports this module
+
+    files += write_table(tuned_intervals_table(verdict), out_directory / "tuned_intervals.csv", parquet=parquet)
     files.append(
         write_manifest(
             out_directory,

@@ -35,6 +35,7 @@ from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
 
 from .analytic import interval_optimum_from_runs
 from .replicate import replication_tasks, summary_table
@@ -267,6 +268,32 @@ def _tuned_point(point: PointVerdict, point_runs: pd.DataFrame, tuned: Sequence[
     runs = pd.concat(frames, ignore_index=True)
     grid_columns = [column for column in point.grid if column in runs.columns]
     return point_verdict(summary_table(runs, grid_columns), grid_columns=grid_columns)
+
+
+def tuned_intervals_table(verdict: Verdict) -> pd.DataFrame:
+    """tuned_intervals.csv: every point's tuned intervals (`PointVerdict.interval_reruns`)."""
+    grid_columns = list(dict.fromkeys(column for point in verdict.points for column in point.grid))
+    rows = [
+        {
+            "scenario": point.scenario,
+            **{column: point.grid.get(column) for column in grid_columns},
+            "failure_probability_per_stage_hour": point.failure_probability_per_stage_hour,
+            "method": rerun.method,
+            "interval_field": rerun.interval_field,
+            "configured_interval_iterations": rerun.configured_interval_iterations,
+            "tuned_interval_iterations": rerun.tuned_interval_iterations,
+            "tuned_by": rerun.tuned_by,
+            "intervals_tried": " ".join(map(str, rerun.intervals_tried)),
+            "fraction_reached": rerun.fraction_reached,
+            "time_to_target_mean_s": rerun.time_to_target_s.mean,
+            "time_to_target_ci95_low_s": rerun.time_to_target_s.ci95_low,
+            "time_to_target_ci95_high_s": rerun.time_to_target_s.ci95_high,
+        }
+        for point in verdict.points
+        for rerun in point.interval_reruns
+    ]
+    columns = list(TUNED_INTERVAL_COLUMNS)
+    return pd.DataFrame(rows, columns=columns[:1] + grid_columns + columns[1:])
 
 
 def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:

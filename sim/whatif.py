@@ -28,7 +28,7 @@ from churnsim.calibration.statistics import mean_with_ci95
 
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
-from .untuned_intervals import points_of_tasks, rerun_untuned_intervals
+from .untuned_intervals import points_of_tasks, rerun_untuned_intervals, tuned_intervals_table
 from .verdict import Verdict, verdict_from_summary
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
@@ -194,6 +194,7 @@ def write_whatif(plan: WhatIfPlan, result: WhatIfResult, out_directory: str | Pa
     files += write_table(result.sweep.summary, out_directory / "summary.csv", parquet=parquet)
     files += write_table(result.sweep.trajectories, out_directory / "trajectories.csv", parquet=parquet)
     files += write_table(result.intervals, out_directory / "checkpoint_intervals.csv", parquet=parquet)
+    files += write_table(tuned_intervals_table(result.verdict), out_directory / "tuned_intervals.csv", parquet=parquet)
     healthy = simulate_iteration(build_pipeline_state(plan.scenario))
     files += write_table(iteration_spans_table(healthy), out_directory / "iteration_spans.csv", parquet=parquet)
     files.append(

@@ -128,3 +128,17 @@ def test_a_tuned_interval_that_reaches_the_target_more_often_is_taken():
     (tuned,) = point.interval_reruns
     assert tuned.fraction_reached == 1.0
     assert point.with_tuned_intervals.standings[0].fraction_reached == 1.0
+
+
+def test_the_tuned_intervals_are_a_table_too():
+    from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
+    from churnsim.sim.untuned_intervals import tuned_intervals_table
+
+    result = compute_whatif(whatif_plan(1000), workers=1)
+    table = tuned_intervals_table(result.verdict)
+    assert list(table.columns) == list(TUNED_INTERVAL_COLUMNS)
+    (row,) = table.to_dict("records")
+    (rerun,) = result.verdict.points[1].interval_reruns
+    assert row["failure_probability_per_stage_hour"] == RATE and row["method"] == "checkpoint"
+    assert (row["configured_interval_iterations"], row["tuned_interval_iterations"]) == (1000, rerun.tuned_interval_iterations)
+    assert row["intervals_tried"] == " ".join(map(str, rerun.intervals_tried)) and row["time_to_target_mean_s"] == rerun.time_to_target_s.mean
