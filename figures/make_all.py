@@ -99,7 +99,9 @@ def _loss(trajectories: pd.DataFrame, context: _Context) -> Figure:
 
 def _time_to_target(summary: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_time_to_target(ax, summary)
+    tuned_path = context.results_directory / "tuned_intervals.csv" if context.results_directory is not None else None
+    tuned = pd.read_csv(tuned_path) if tuned_path is not None and tuned_path.is_file() else None
+    plot_time_to_target(ax, summary, tuned=tuned)
     return figure
 
 

@@ -12,7 +12,7 @@ from matplotlib.container import Container
 
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import speedup_baselines
-from churnsim.calibration.tables import SUMMARY_COLUMNS, speedup_columns
+from churnsim.calibration.tables import SUMMARY_COLUMNS, TUNED_INTERVAL_COLUMNS, speedup_columns
 
 from .selection import (
     NothingToPlot,
@@ -30,13 +30,19 @@ from .style import (
     mark_not_reached,
     method_color,
     method_label,
+    method_marker,
     method_style,
     ordered_methods,
     style_axes,
 )
 
 def plot_time_to_target(
-    ax: Axes, summary: pd.DataFrame, *, scenario: str | None = None, methods: Sequence[str] | None = None
+    ax: Axes,
+    summary: pd.DataFrame,
+    *,
+    scenario: str | None = None,
+    methods: Sequence[str] | None = None,
+    tuned: pd.DataFrame | None = None,
 ) -> dict[str, list[Artist]]:
     """Draw the mean wall-clock to the target loss against the failure rate, one line per method (in
     hours, or minutes or seconds for runs that short: `selection.time_unit`).
@@ -45,9 +51,12 @@ def plot_time_to_target(
     replications, so where two bands do not overlap the difference is not noise. A method whose
     line stops did not reach the target within the time limit at the higher rates.
 
-    `summary` has the columns of `calibration.tables.SUMMARY_COLUMNS`. Returns {"lines": one Line2D
-    per method, "bands": one 95 % band per method (a PolyCollection, or an ErrorbarContainer when the
-    method has a single failure rate)}; every artist's gid (an ErrorbarContainer's children's) is the method name.
+    `summary` has the columns of `calibration.tables.SUMMARY_COLUMNS`. `tuned` (tuned_intervals.csv,
+    `calibration.tables.TUNED_INTERVAL_COLUMNS`) adds a hollow marker of the method's colour at each
+    rate where its checkpoint interval, tuned there, was clearly faster than the configured one.
+    Returns {"lines": one Line2D per method, "bands": one 95 % band per method (a PolyCollection, or
+    an ErrorbarContainer when the method has a single failure rate), "tuned": one marker set per
+    tuned method}; every artist's gid (an ErrorbarContainer's children's) is the method name.
     """
     require_columns(summary, SUMMARY_COLUMNS, "summary")
     rows, _ = select_scenario(summary, scenario)
@@ -63,10 +72,34 @@ def plot_time_to_target(
         methods=ordered_methods(rows["method"]),
         what="the time-to-target figure",
     )
+    drawn["tuned"] = _mark_tuned(ax, tuned, rows, 1.0 / seconds_per_unit) if tuned is not None else []
     ax.set_ylabel(f"time to target loss ({unit})")
     ax.set_title("Time to target vs failure rate")
     legend_outside(ax)
     return drawn
+
+
+def _mark_tuned(ax: Axes, tuned: pd.DataFrame, rows: pd.DataFrame, scale: float) -> list[Artist]:
+    """Hollow markers at the tuned intervals' times to target, for the scenario and methods drawn."""
+    require_columns(tuned, TUNED_INTERVAL_COLUMNS, "tuned_intervals")
+    axis = rate_axis(rows)
+    if axis.column not in tuned.columns:
+        return []
+    tuned = tuned[tuned["scenario"].isin(rows["scenario"].unique()) & np.isfinite(tuned["time_to_target_mean_s"].astype(float))]
+    markers: list[Artist] = []
+    for method in ordered_methods(tuned["method"]):
+        if method not in set(rows["method"]):
+            continue
+        at = tuned[tuned["method"] == method]
+        markers.append(ax.scatter(
+            axis.scale * at[axis.column].to_numpy(dtype=float), scale * at["time_to_target_mean_s"].to_numpy(dtype=float),
+            marker=method_marker(method), facecolors="none", edgecolors=method_color(method), s=60, linewidths=1.4, zorder=3,
+            gid=method,
+        ))
+    if markers:
+        ax.scatter([], [], marker="o", facecolors="none", edgecolors="#444444", s=60, linewidths=1.4,
+                   label="hollow: checkpoint interval\ntuned at that rate")
+    return markers
 
 
 def plot_speedup(

@@ -196,6 +196,23 @@ def test_time_to_target_draws_a_line_and_a_ci_band_per_method(tables):
     np.testing.assert_allclose(drawn["lines"][0].get_ydata(), checkpoint["time_to_target_mean_s"] / 3600)
 
 
+def test_time_to_target_marks_the_tuned_intervals_hollow(tables):
+    from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
+
+    summary = tables["summary"]
+    row = {column: np.nan for column in TUNED_INTERVAL_COLUMNS}
+    row.update(scenario=summary["scenario"].iloc[0], failure_probability_per_stage_hour=0.2, method="checkpoint",
+               interval_field="interval_iterations", configured_interval_iterations=20, tuned_interval_iterations=8,
+               tuned_by="Daly's optimum", intervals_tried="8 20", fraction_reached=1.0, time_to_target_mean_s=7200.0)
+    other = dict(row, scenario="another scenario", time_to_target_mean_s=3600.0)
+    drawn = plot_time_to_target(_axes(), summary, tuned=pd.DataFrame([row, other]))
+    (markers,) = drawn["tuned"]  # the other scenario's row is not this figure's
+    assert markers.get_gid() == "checkpoint" and to_hex(markers.get_edgecolor()[0]) == to_hex(method_color("checkpoint"))
+    np.testing.assert_allclose(markers.get_offsets(), [[20.0, 2.0]])  # %/h, hours
+    assert len(markers.get_facecolor()) == 0 or markers.get_facecolor()[0][3] == 0  # hollow
+    assert plot_time_to_target(_axes(), summary)["tuned"] == []
+
+
 @pytest.mark.parametrize("baseline", ["checkpoint", "redundant"])
 def test_speedup_omits_its_baseline_and_draws_the_line_at_one(tables, baseline):
     drawn = plot_speedup(_axes(), tables["summary"], baseline=baseline)
