@@ -14,6 +14,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import speedup_baselines
 from churnsim.calibration.tables import SUMMARY_COLUMNS, TUNED_INTERVAL_COLUMNS, speedup_columns
 
+from .grid import grid_columns
 from .selection import (
     NothingToPlot,
     rate_axis,
@@ -79,13 +80,29 @@ def plot_time_to_target(
     return drawn
 
 
+def _same_point(tuned: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
+    """Which rows of `tuned` belong to the scenario or sweep point `rows` draws: by a sweep's swept
+    fields where it has any (`grid.grid_points` renames a point's scenario), else by scenario name
+    (a rate sweep's points share the name before their settings)."""
+    swept = [column for column in grid_columns(rows, SUMMARY_COLUMNS) if column in tuned.columns]
+    if swept:
+        mask = pd.Series(True, index=tuned.index)
+        for column in swept:
+            mask &= tuned[column].isin(rows[column].unique())
+        return mask
+    def base(names: pd.Series) -> pd.Series:
+        return names.astype(str).str.split("[", n=1).str[0]
+
+    return base(tuned["scenario"]).isin(set(base(rows["scenario"])))
+
+
 def _mark_tuned(ax: Axes, tuned: pd.DataFrame, rows: pd.DataFrame, scale: float) -> list[Artist]:
     """Hollow markers at the tuned intervals' times to target, for the scenario and methods drawn."""
     require_columns(tuned, TUNED_INTERVAL_COLUMNS, "tuned_intervals")
     axis = rate_axis(rows)
     if axis.column not in tuned.columns:
         return []
-    tuned = tuned[tuned["scenario"].isin(rows["scenario"].unique()) & np.isfinite(tuned["time_to_target_mean_s"].astype(float))]
+    tuned = tuned[_same_point(tuned, rows) & np.isfinite(tuned["time_to_target_mean_s"].astype(float))]
     markers: list[Artist] = []
     for method in ordered_methods(tuned["method"]):
         if method not in set(rows["method"]):

@@ -213,6 +213,22 @@ def test_time_to_target_marks_the_tuned_intervals_hollow(tables):
     assert plot_time_to_target(_axes(), summary)["tuned"] == []
 
 
+def test_a_sweep_points_tuned_intervals_are_matched_by_its_swept_field(tables):
+    # grid.grid_points renames a point's scenario ("pipeline.num_microbatches = 8"); the tuned rows
+    # keep the run's name and are matched by the swept field instead.
+    from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
+
+    summary = tables["summary"].assign(**{"pipeline.num_microbatches": 8}).assign(scenario="pipeline.num_microbatches = 8")
+    rows = []
+    for microbatches, hours in ((8, 2.0), (4, 1.0)):
+        row = {column: np.nan for column in TUNED_INTERVAL_COLUMNS}
+        row.update(scenario=f"geo[pipeline.num_microbatches={microbatches}]", failure_probability_per_stage_hour=0.2, method="checkpoint",
+                   fraction_reached=1.0, time_to_target_mean_s=3600.0 * hours, **{"pipeline.num_microbatches": microbatches})
+        rows.append(row)
+    (markers,) = plot_time_to_target(_axes(), summary, tuned=pd.DataFrame(rows))["tuned"]
+    np.testing.assert_allclose(markers.get_offsets(), [[20.0, 2.0]])
+
+
 @pytest.mark.parametrize("baseline", ["checkpoint", "redundant"])
 def test_speedup_omits_its_baseline_and_draws_the_line_at_one(tables, baseline):
     drawn = plot_speedup(_axes(), tables["summary"], baseline=baseline)
