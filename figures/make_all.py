@@ -30,6 +30,7 @@ from churnsim.calibration.tables import (
     SENSITIVITY_COLUMNS,
     SUMMARY_COLUMNS,
     TRAJECTORY_COLUMNS,
+    TUNED_INTERVAL_COLUMNS,
     VALIDATION_REQUIRED_COLUMNS,
     read_table,
 )
@@ -77,6 +78,8 @@ class _Context:
     """From the manifest: the figure title when the table has no scenario column."""
     interval_study_rate: float = math.nan
     """From the manifest: the failure rate of checkpoint_intervals.csv's simulated rows."""
+    tuned_intervals: pd.DataFrame | None = None
+    """tuned_intervals.csv, read once for every grid point's time-to-target figure; None without it."""
 
 
 MAX_COLUMNS = 3
@@ -99,9 +102,7 @@ def _loss(trajectories: pd.DataFrame, context: _Context) -> Figure:
 
 def _time_to_target(summary: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    tuned_path = context.results_directory / "tuned_intervals.csv" if context.results_directory is not None else None
-    tuned = pd.read_csv(tuned_path) if tuned_path is not None and tuned_path.is_file() else None
-    plot_time_to_target(ax, summary, tuned=tuned)
+    plot_time_to_target(ax, summary, tuned=context.tuned_intervals)
     return figure
 
 
@@ -285,7 +286,8 @@ def _find_table(directory: Path, stems: tuple[str, ...]) -> Path | None:
 
 def _context(directory: Path) -> _Context:
     """What the figures need from the directory's manifest.json (target loss, scenario name,
-    the interval study's failure rate), each left out when the manifest lacks it."""
+    the interval study's failure rate), each left out when the manifest lacks it, and its
+    tuned_intervals table."""
     manifest_path = directory / "manifest.json"
     manifest: dict = {}
     if manifest_path.is_file():
@@ -298,11 +300,13 @@ def _context(directory: Path) -> _Context:
     target = scenario.get("target") if isinstance(scenario.get("target"), dict) else {}
     name = scenario.get("name")
     interval_study_rate = _finite_or_none(manifest.get("interval_study_rate"))
+    tuned_path = _find_table(directory, ("tuned_intervals",))
     return _Context(
         target_loss=_finite_or_none(target.get("loss")),
         results_directory=directory,
         scenario_name=name if isinstance(name, str) else None,
         interval_study_rate=math.nan if interval_study_rate is None else interval_study_rate,
+        tuned_intervals=read_table(tuned_path, TUNED_INTERVAL_COLUMNS) if tuned_path is not None else None,
     )
 
 

@@ -45,7 +45,7 @@ from .analytic import IntervalOptimum, interval_optimum_from_runs
 from .replicate import replication_tasks
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
-from .untuned_intervals import tune_intervals
+from .untuned_intervals import interval_beyond_edge, tune_intervals
 from .verdict import Estimate, _json_safe, finite_or_none
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -191,19 +191,6 @@ def _interval_grid(center: float | None, extra: Sequence[float | None], factors:
     return sorted({max(1, round(value)) for value in values})
 
 
-def interval_beyond_edge(grid: Sequence[int], best_interval: int, iterations_executed: float) -> int | None:
-    """The next interval past the grid's edge where the best one lies on it: half the smallest (not
-    below 1), twice the largest (while a run still takes a checkpoint at it); None where the best
-    point has neighbours on both sides or the grid cannot grow that way."""
-    if len(grid) < 2:
-        return None
-    if best_interval == min(grid) and best_interval > 1:
-        return max(1, best_interval // 2)
-    if best_interval == max(grid) and best_interval < iterations_executed:
-        return 2 * best_interval
-    return None
-
-
 @dataclass
 class _Ledger:
     """Every variant run so far, by key ("method knob=value ..."), its config and knobs, and their runs.
@@ -281,16 +268,16 @@ def _interval_studies(ledger: _Ledger, methods: Sequence[MethodConfig], grid_fac
         new_keys += [ledger.variant(method, {interval_field: interval}) for interval in grid if interval != current]
     ledger.run([("base", scenario, new_keys)], "intervals")
 
-    def grid_rows(method: MethodConfig, interval_field: str, grid: Sequence[int]) -> list[Candidate]:
-        base = ledger.candidates("base")
+    def grid_rows(base: dict[str, Candidate], method: MethodConfig, interval_field: str, grid: Sequence[int]) -> list[Candidate]:
         return [next(c for c in base.values() if c.method == method.name and c.knobs.get(interval_field) == interval) for interval in grid]
 
     # The grids grow past an edge the best point lies on, one point a pass, all methods together.
     extensions = {method.name: 0 for method, *_ in plans}
     for _ in range(MAX_GRID_EXTENSIONS):
         added = []
+        base = ledger.candidates("base")
         for method, interval_field, _optimum, grid in plans:
-            best = min(grid_rows(method, interval_field, grid), key=_sort_key)
+            best = min(grid_rows(base, method, interval_field, grid), key=_sort_key)
             if best.time_to_target_s.mean is None:
                 continue
             executed = float(ledger.runs_of("base", method.name)["iterations_executed"].max())
@@ -306,8 +293,9 @@ def _interval_studies(ledger: _Ledger, methods: Sequence[MethodConfig], grid_fac
         ledger.run([("base", scenario, added)], "interval grid grown past its edge")
 
     studies = []
+    base = ledger.candidates("base")
     for method, interval_field, optimum, grid in plans:
-        rows = grid_rows(method, interval_field, grid)
+        rows = grid_rows(base, method, interval_field, grid)
         own_mtbf_s = mtbf_s if type(method).family == "checkpoint" else None  # the M Young and Daly would take
         best = min(rows, key=_sort_key)
         studies.append(

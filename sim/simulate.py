@@ -17,8 +17,8 @@ from .methods import build_policy
 from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_manifest, write_simulated_run_records
 from .replicate import run_replications, runs_table, summary_table, trajectories_table
 from .results import RunResult
-from .untuned_intervals import rerun_untuned_intervals, tuned_intervals_table
-from .verdict import Verdict, verdict_from_summary
+from .untuned_intervals import rerun_untuned_intervals
+from .verdict import Verdict, tuned_intervals_table, verdict_from_summary
 
 
 @dataclass(frozen=True)

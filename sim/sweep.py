@@ -27,7 +27,7 @@ from churnsim.calibration.tables import write_table
 from .outputs import scenario_notes, write_manifest
 
 from .replicate import ReplicationTask, replication_tasks, run_replication, runs_table, summary_table, trajectories_table
-from .verdict import Verdict, verdict_from_summary
+from .verdict import Verdict, tuned_intervals_table, verdict_from_summary
 
 def grid_points(grid: Sequence[GridSetting]) -> list[dict[str, Any]]:
     if not grid:
@@ -241,8 +241,6 @@ def write_sweep(
     for name, frame in (("runs", result.runs), ("summary", result.summary), ("trajectories", result.trajectories)):
         files += write_table(frame, out_directory / f"{name}.csv", parquet=parquet)
     verdict = verdict if verdict is not None else sweep_verdict(result, scenario)
-    from .untuned_intervals import tuned_intervals_table  # it imports this module
-
     files += write_table(tuned_intervals_table(verdict), out_directory / "tuned_intervals.csv", parquet=parquet)
     files.append(
         write_manifest(

@@ -35,7 +35,6 @@ from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
-from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
 
 from .analytic import interval_optimum_from_runs
 from .replicate import replication_tasks, summary_table
@@ -98,35 +97,45 @@ def _interval_methods(point: Scenario, swept_fields: Sequence[str]) -> list[tupl
     return out
 
 
+def _daly_interval_far_off(own_runs: pd.DataFrame, interval: int, pipeline_failure_rate_per_s: float) -> int | None:
+    """Daly's interval in iterations for a blocking checkpoint's runs (δ read off them), where the
+    configured `interval` is `UNTUNED_INTERVAL_RATIO` or more away from it; None otherwise."""
+    daly = interval_optimum_from_runs(own_runs, interval, 1.0 / pipeline_failure_rate_per_s).daly_interval_iterations
+    if daly is None:
+        return None
+    daly_interval = max(1, round(daly))
+    return daly_interval if max(interval / daly_interval, daly_interval / interval) >= UNTUNED_INTERVAL_RATIO else None
+
+
 def daly_reruns(points: Sequence[Scenario], runs: pd.DataFrame, *, swept_fields: Sequence[str] = ()) -> list[DalyRerun]:
     """The (point, method) pairs whose blocking checkpoint interval is `UNTUNED_INTERVAL_RATIO` or
     more away from Daly's optimum at that point; `runs` are the points' runs (runs.csv). A method
     whose interval is among a sweep's `swept_fields` is left alone: its grid already varies it."""
     reruns = []
-    for point in points:
-        rate_per_s = _pipeline_failure_rate_per_s(point)
-        if not rate_per_s > 0:
+    for tuning in _tunings(points, runs, swept_fields):
+        if tuning.rule != DALY_RULE:
             continue
-        point_runs = _runs_of_point(runs, _point_key(point.name, _rate(point)))
-        for method, interval_field, interval in _interval_methods(point, swept_fields):
-            if not type(method).blocking_checkpoint:
-                continue
-            own = point_runs[point_runs["method"] == method.name]
-            daly = interval_optimum_from_runs(own, interval, 1.0 / rate_per_s).daly_interval_iterations
-            if daly is None:
-                continue
-            daly_interval = max(1, round(daly))
-            if max(interval / daly_interval, daly_interval / interval) < UNTUNED_INTERVAL_RATIO:
-                continue
-            tuned = method.model_copy(update={interval_field: daly_interval})
-            reruns.append(
-                DalyRerun(
-                    point=Scenario.model_validate(point.model_copy(update={"methods": (tuned,)}).model_dump()),
-                    method=method.name, interval_field=interval_field,
-                    scenario_interval_iterations=interval, daly_interval_iterations=daly_interval,
-                )
-            )
+        (daly_interval,) = tuning.next_intervals
+        tuned = tuning.method.model_copy(update={tuning.interval_field: daly_interval})
+        reruns.append(DalyRerun(
+            point=Scenario.model_validate(tuning.point.model_copy(update={"methods": (tuned,)}).model_dump()),
+            method=tuning.method.name, interval_field=tuning.interval_field,
+            scenario_interval_iterations=tuning.configured, daly_interval_iterations=daly_interval,
+        ))
     return reruns
+
+
+def interval_beyond_edge(grid: Sequence[int], best_interval: int, iterations_executed: float) -> int | None:
+    """The next interval past the grid's edge where the best one lies on it: half the smallest (not
+    below 1), twice the largest (while a run still takes a checkpoint at it); None where the best
+    point has neighbours on both sides or the grid cannot grow that way."""
+    if len(grid) < 2:
+        return None
+    if best_interval == min(grid) and best_interval > 1:
+        return max(1, best_interval // 2)
+    if best_interval == max(grid) and 2 * best_interval <= iterations_executed:
+        return 2 * best_interval
+    return None
 
 
 @dataclass(kw_only=True)
@@ -155,15 +164,8 @@ class _Tuning:
         self.next_intervals = []
         if self.rule != SEARCH_RULE:
             return
-        best = self.best()
-        tried = sorted(self.tried)
-        if best == tried[0] and best > 1:
-            beyond = max(1, best // 2)
-        elif best == tried[-1] and best != self.configured and 2 * best <= self.max_interval:
-            beyond = 2 * best
-        else:
-            return
-        if beyond not in self.tried and len(self.tried) < 2 + 1 + MAX_SEARCH_STEPS:
+        beyond = interval_beyond_edge(sorted(self.tried), self.best(), self.max_interval)
+        if beyond is not None and beyond not in self.tried and len(self.tried) < 2 + 1 + MAX_SEARCH_STEPS:
             self.next_intervals = [beyond]
 
 
@@ -174,10 +176,12 @@ def _score(runs: pd.DataFrame) -> tuple[float, float]:
 
 
 def _tunings(points: Sequence[Scenario], runs: pd.DataFrame, swept_fields: Sequence[str]) -> list[_Tuning]:
-    daly = {(rerun.point.name, _rate(rerun.point), rerun.method): rerun for rerun in daly_reruns(points, runs, swept_fields=swept_fields)}
+    """What to try at every point with failures: Daly's interval for a blocking checkpoint far from
+    it, half and twice the interval for the others (a search)."""
     tunings = []
     for point in points:
-        if not _pipeline_failure_rate_per_s(point) > 0:
+        rate_per_s = _pipeline_failure_rate_per_s(point)
+        if not rate_per_s > 0:
             continue
         point_runs = _runs_of_point(runs, _point_key(point.name, _rate(point)))
         for method, interval_field, interval in _interval_methods(point, swept_fields):
@@ -185,10 +189,10 @@ def _tunings(points: Sequence[Scenario], runs: pd.DataFrame, swept_fields: Seque
             tuning = _Tuning(point=point, method=method, interval_field=interval_field, configured=interval,
                              rule=SEARCH_RULE, max_interval=float(own["iterations_executed"].max()), tried={interval: own})
             if type(method).blocking_checkpoint:
-                rerun = daly.get((point.name, _rate(point), method.name))
-                if rerun is None:
+                daly_interval = _daly_interval_far_off(own, interval, rate_per_s)
+                if daly_interval is None:
                     continue
-                tuning.rule, tuning.next_intervals = DALY_RULE, [rerun.daly_interval_iterations]
+                tuning.rule, tuning.next_intervals = DALY_RULE, [daly_interval]
             else:
                 tuning.next_intervals = [value for value in (max(1, interval // 2), 2 * interval) if value != interval and value <= tuning.max_interval]
             tunings.append(tuning)
@@ -270,35 +274,9 @@ def _tuned_point(point: PointVerdict, point_runs: pd.DataFrame, tuned: Sequence[
     return point_verdict(summary_table(runs, grid_columns), grid_columns=grid_columns)
 
 
-def tuned_intervals_table(verdict: Verdict) -> pd.DataFrame:
-    """tuned_intervals.csv: every point's tuned intervals (`PointVerdict.interval_reruns`)."""
-    grid_columns = list(dict.fromkeys(column for point in verdict.points for column in point.grid))
-    rows = [
-        {
-            "scenario": point.scenario,
-            **{column: point.grid.get(column) for column in grid_columns},
-            "failure_probability_per_stage_hour": point.failure_probability_per_stage_hour,
-            "method": rerun.method,
-            "interval_field": rerun.interval_field,
-            "configured_interval_iterations": rerun.configured_interval_iterations,
-            "tuned_interval_iterations": rerun.tuned_interval_iterations,
-            "tuned_by": rerun.tuned_by,
-            "intervals_tried": " ".join(map(str, rerun.intervals_tried)),
-            "fraction_reached": rerun.fraction_reached,
-            "time_to_target_mean_s": rerun.time_to_target_s.mean,
-            "time_to_target_ci95_low_s": rerun.time_to_target_s.ci95_low,
-            "time_to_target_ci95_high_s": rerun.time_to_target_s.ci95_high,
-        }
-        for point in verdict.points
-        for rerun in point.interval_reruns
-    ]
-    columns = list(TUNED_INTERVAL_COLUMNS)
-    return pd.DataFrame(rows, columns=columns[:1] + grid_columns + columns[1:])
-
-
 def points_of_tasks(tasks: Sequence[SweepTask]) -> list[Scenario]:
     """The scenarios of a what-if's or a sweep's points, once each, from its tasks."""
-    return list({(task.task.scenario.name, _rate(task.task.scenario)): task.task.scenario for task in tasks}.values())
+    return list({_point_key(task.task.scenario.name, _rate(task.task.scenario)): task.task.scenario for task in tasks}.values())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
 from churnsim.calibration.statistics import mean_with_ci95
-from churnsim.calibration.tables import speedup_columns
+from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS, speedup_columns
 
 Role = Literal["method", "reference", "ablation"]
 RATE_COLUMN = "failure_probability_per_stage_hour"
@@ -247,6 +247,32 @@ def verdict_from_summary(
             points.append(point_verdict(rows, grid_columns=grid_columns))
     caveats = list(notes) + (steady_overhead_caveats(runs) if runs is not None else [])
     return Verdict(points=tuple(points), caveats=tuple(dict.fromkeys(caveats)))
+
+
+def tuned_intervals_table(verdict: Verdict) -> pd.DataFrame:
+    """tuned_intervals.csv: every point's tuned intervals (`PointVerdict.interval_reruns`)."""
+    grid_columns = list(dict.fromkeys(column for point in verdict.points for column in point.grid))
+    rows = [
+        {
+            "scenario": point.scenario,
+            **{column: point.grid.get(column) for column in grid_columns},
+            "failure_probability_per_stage_hour": point.failure_probability_per_stage_hour,
+            "method": rerun.method,
+            "interval_field": rerun.interval_field,
+            "configured_interval_iterations": rerun.configured_interval_iterations,
+            "tuned_interval_iterations": rerun.tuned_interval_iterations,
+            "tuned_by": rerun.tuned_by,
+            "intervals_tried": " ".join(map(str, rerun.intervals_tried)),
+            "fraction_reached": rerun.fraction_reached,
+            "time_to_target_mean_s": rerun.time_to_target_s.mean,
+            "time_to_target_ci95_low_s": rerun.time_to_target_s.ci95_low,
+            "time_to_target_ci95_high_s": rerun.time_to_target_s.ci95_high,
+        }
+        for point in verdict.points
+        for rerun in point.interval_reruns
+    ]
+    columns = list(TUNED_INTERVAL_COLUMNS)
+    return pd.DataFrame(rows, columns=columns[:1] + grid_columns + columns[1:])
 
 
 def steady_overhead_caveats(runs: pd.DataFrame) -> list[str]:

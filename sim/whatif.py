@@ -28,8 +28,8 @@ from churnsim.calibration.statistics import mean_with_ci95
 
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
-from .untuned_intervals import points_of_tasks, rerun_untuned_intervals, tuned_intervals_table
-from .verdict import Verdict, verdict_from_summary
+from .untuned_intervals import points_of_tasks, rerun_untuned_intervals
+from .verdict import Verdict, tuned_intervals_table, verdict_from_summary
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
 CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)

@@ -132,7 +132,7 @@ def test_a_tuned_interval_that_reaches_the_target_more_often_is_taken():
 
 def test_the_tuned_intervals_are_a_table_too():
     from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
-    from churnsim.sim.untuned_intervals import tuned_intervals_table
+    from churnsim.sim.verdict import tuned_intervals_table
 
     result = compute_whatif(whatif_plan(1000), workers=1)
     table = tuned_intervals_table(result.verdict)
