@@ -34,6 +34,11 @@ a recovery joins L and the plan is made again for the whole set):
   otherwise copy the nearest surviving stage (uniform edge setback).
 - `random`: random init (random setback at the stage's own position).
 
+When every stage is lost together and each starts from random init (one stage; or all of them at
+once with no checkpoint to reload), no trained weight is left anywhere: the model is back at its
+initialisation and training restarts from iteration 0 (`leaves_no_trained_weights`). A setback of
+so many iterations per stage would understate it without bound.
+
 Under `checkfree` with `edge_stages_reliable`, stages 0 and S-1 never fail (`reliable_stages`):
 both wings record their failures as ignored and leave their state alone, and `plan_rebuild` plans
 only the other lost stages.
@@ -41,7 +46,7 @@ only the other lost stages.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -141,6 +146,12 @@ def plan_rebuild(method_config: Any, lost_stages: Iterable[int], num_stages: int
         raise ValueError(f"lost stages {outside} are outside 0..{num_stages - 1}")
     lost -= reliable_stages(method_config, num_stages)
     return {stage: planner(stage, lost, num_stages) for stage in sorted(lost)}
+
+
+def leaves_no_trained_weights(plans: Mapping[int, RebuildPlan], num_stages: int) -> bool:
+    """True when the plans rebuild every stage of the pipeline from random init: nothing trained
+    survives, so training starts again from iteration 0."""
+    return len(plans) == num_stages and all(plan.blocks_from == "random_init" for plan in plans.values())
 
 
 def _is_edge(stage: int, num_stages: int) -> bool:

@@ -10,6 +10,7 @@ reaches it; a rebuild transfer that shares its link delays it exactly as in the 
 
 from __future__ import annotations
 
+from churnsim.calibration.rebuild_plan import leaves_no_trained_weights
 from churnsim.calibration.scenario import Scenario
 
 from ..methods.base import embedding_weight_bytes, head_weight_bytes
@@ -37,8 +38,12 @@ class _LostSet:
         self.transfers: NodeTransfers | None = None
         """The weight transfers on their node links, once resolved (node links never change)."""
         self.constant_setback: float | None = None
-        if type(policy).setback_iterations is RebuildPolicy.setback_iterations and not any(
-            policy.setback_grows_with_progress(plan) for plan in plans.values()
+        """The setback at any progress, where it does not depend on it (None: ask the policy each time)."""
+        if (
+            type(policy).rebuild_setback_iterations is RebuildPolicy.rebuild_setback_iterations
+            and type(policy).setback_iterations is RebuildPolicy.setback_iterations
+            and not leaves_no_trained_weights(plans, policy.num_stages)
+            and not any(policy.setback_grows_with_progress(plan) for plan in plans.values())
         ):
             # The sum `on_failures` forms, in its order, at any progress.
             self.constant_setback = 0
@@ -102,10 +107,7 @@ class RebuildTwin(ClosedFormPolicy):
             stale_iterations = max(run.progress - policy.edge_checkpointer.committed_progress, 0.0)
         setback = known.constant_setback
         if setback is None:
-            progress = run.progress
-            setback = 0
-            for plan in plans.values():
-                setback += policy.setback_iterations(plan, progress)
+            setback = policy.rebuild_setback_iterations(run, plans)  # type: ignore[arg-type]  # a run offers the RunContext API it uses
         run.apply_setback(setback)
         if restored:
             run.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))

@@ -6,7 +6,8 @@ are rebuilt: wait for the replacements to join, `recovery.restart_s`, then the t
 sources' transformer blocks into the new nodes, concurrently over the processor-sharing links
 (source node → new node), together with the reads of any edge checkpoint. Each rebuilt stage then
 costs the convergence setback `scenario.convergence.setback_iterations(plan.setback_method,
-plan.setback_position)`, applied when the rebuild completes; a stage reloaded from its edge
+plan.setback_position)`, applied when the rebuild completes (all the progress made, when every stage
+restarts from random init: `leaves_no_trained_weights`); a stage reloaded from its edge
 checkpoint instead costs the stage-local rollback of `checkpoint` with `rollback = "stage"`
 (`stale_stage_loss_iterations`, booked as lost work). A failure during a rebuild joins the set of
 lost stages and the plan is made again for the whole set, so nothing is charged twice.
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Generator
 
-from churnsim.calibration.rebuild_plan import RebuildPlan, edge_checkpoint_stages, plan_rebuild
+from churnsim.calibration.rebuild_plan import RebuildPlan, edge_checkpoint_stages, leaves_no_trained_weights, plan_rebuild
 
 from .base import RecoveryPolicy, block_weight_bytes, embedding_weight_bytes, head_weight_bytes
 from .checkpointing import SyncCheckpointer, stale_stage_loss_iterations
@@ -41,6 +42,7 @@ class RebuildPolicy(RecoveryPolicy):
         self.num_rebuilds = 0
         self.num_edge_restores = 0
         self._noted_random_edge_parts = False
+        self._noted_restart_from_scratch = False
         edge_stages = edge_checkpoint_stages(config, self.num_stages)
         self.edge_checkpointer = (
             SyncCheckpointer(
@@ -61,6 +63,23 @@ class RebuildPolicy(RecoveryPolicy):
         if plan.setback_method is None:
             return 0.0  # a stale reload, charged as lost work
         return self.scenario.convergence.setback_iterations(plan.setback_method, plan.setback_position, progress)
+
+    def rebuild_setback_iterations(self, context: "RunContext", plans: dict[int, RebuildPlan]) -> float:
+        """Progress the rebuild of `plans` costs: the stages' setbacks summed, or all of it when no
+        trained weight survives (both engines call this)."""
+        if leaves_no_trained_weights(plans, self.num_stages):
+            if not self._noted_restart_from_scratch:
+                self._noted_restart_from_scratch = True
+                context.notes.append(
+                    f"{self.name}: every stage was lost with no trained weights left to rebuild from "
+                    "(no surviving stage, no checkpoint): training restarted from iteration 0"
+                )
+            return context.progress
+        progress = context.progress
+        setback = 0.0
+        for plan in plans.values():
+            setback += self.setback_iterations(plan, progress)
+        return setback
 
     def setback_grows_with_progress(self, plan: RebuildPlan) -> bool:
         """Whether `setback_iterations(plan, progress)` depends on `progress` (else it is one number)."""
@@ -112,7 +131,7 @@ class RebuildPolicy(RecoveryPolicy):
         if restored:
             assert self.edge_checkpointer is not None
             stale_iterations = max(context.progress - self.edge_checkpointer.committed_progress, 0.0)
-        context.apply_setback(sum(self.setback_iterations(plan, context.progress) for plan in plans.values()))
+        context.apply_setback(self.rebuild_setback_iterations(context, plans))
         if restored:
             context.lose_iterations(stale_stage_loss_iterations(stale_iterations, len(restored), self.num_stages))
             self.num_edge_restores += len(restored)

@@ -8,7 +8,7 @@ from churnsim.calibration.base import validate_model
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import checkfree_124m_geo
-from churnsim.calibration.rebuild_plan import edge_checkpoint_stages, plan_rebuild, reliable_stages
+from churnsim.calibration.rebuild_plan import edge_checkpoint_stages, leaves_no_trained_weights, plan_rebuild, reliable_stages
 from churnsim.calibration.scenario import Scenario
 
 
@@ -28,6 +28,25 @@ def test_a_stage_with_no_surviving_neighbour_copies_the_nearest_surviving_stage_
     assert _descriptions("uniform", {2, 3}, 6) == {2: "copy(1)", 3: "copy(4)"}
     assert _descriptions("copy", {0, 1}, 4) == {0: "copy(2)", 1: "copy(2)"}
     assert _descriptions("copy", set(range(4)), 4) == {stage: "random" for stage in range(4)}
+
+
+@pytest.mark.parametrize(
+    ("name", "parameters", "lost", "num_stages", "from_scratch"),
+    [
+        ("random", {}, {0}, 1, True),  # the only stage
+        ("copy", {}, {0}, 1, True),  # nothing to copy from
+        ("checkfree", {"edge_fallback": "copy"}, {0}, 1, True),
+        ("checkfree", {}, {0}, 1, False),  # its edge checkpoint is reloaded
+        ("uniform", {}, {0, 1}, 2, True),
+        ("uniform", {}, {0}, 2, False),  # stage 1 survives and is copied
+        ("random", {}, {0, 1, 2}, 4, False),  # stage 3 keeps its trained weights
+        ("checkfree", {}, {0, 1, 2, 3}, 4, False),  # the edges reload, the interior is random
+        ("checkfree", {"edge_fallback": "random"}, {0, 1, 2, 3}, 4, True),
+    ],
+)
+def test_no_trained_weights_are_left_only_when_every_stage_restarts_from_random_init(name, parameters, lost, num_stages, from_scratch):
+    plans = plan_rebuild(method_from_name(name, **parameters), lost, num_stages)
+    assert leaves_no_trained_weights(plans, num_stages) is from_scratch
 
 
 def test_checkfree_edge_fallbacks():

@@ -66,7 +66,7 @@ def small_scenario(
         storage=tiers() if storage is None else storage,
         churn=churn or NoChurn(kind="none"),
         recovery=RecoverySpec(join_delay_s=join_delay_s, restart_s=restart_s),
-        methods=default_methods(),
+        methods=tuple(method for method in default_methods() if method.minimum_stages <= num_stages),
         convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=1.0, scale=10.0, exponent=0.5)),
         target=TargetSpec(iterations=target_iterations, max_wall_clock_s=max_wall_clock_s),
     )

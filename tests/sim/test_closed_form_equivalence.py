@@ -125,14 +125,15 @@ def _run_both(scenario: Scenario, failures, where: str, *, expect_closed_form: b
 
 # ----------------------------------------------------------------------------- random scenarios
 NUM_STAGES = st.sampled_from((4, 5, 6))
+SMALL_NUM_STAGES = st.sampled_from((1, 2, 3))  # CheckFree+ left out; every stage an edge, or one interior
 POSITIVE = st.floats(min_value=0.05, max_value=3.0)
 
 
 @st.composite
-def methods(draw) -> tuple:
-    """Every method, with knobs drawn so that periodic work is frequent and slow."""
+def methods(draw, num_stages: int) -> tuple:
+    """Every method the pipeline takes, with knobs drawn so that periodic work is frequent and slow."""
     tier = st.sampled_from(("remote", "local_disk"))
-    return (
+    every = (
         method_from_name("none"),
         method_from_name(
             "checkpoint",
@@ -160,6 +161,7 @@ def methods(draw) -> tuple:
         method_from_name("uniform"),
         method_from_name("random"),
     )
+    return tuple(method for method in every if method.minimum_stages <= num_stages)
 
 
 # Each tier's bandwidths times its own generic factor: two background completions (flush rounds of
@@ -198,8 +200,8 @@ def _tiers(draw) -> tuple[StorageTier, ...]:
 
 
 @st.composite
-def scenarios(draw, churn_kind: str) -> tuple[Scenario, str]:
-    num_stages = draw(NUM_STAGES)
+def scenarios(draw, churn_kind: str, stage_counts=NUM_STAGES) -> tuple[Scenario, str]:
+    num_stages = draw(stage_counts)
     # Round hop times often: with the trace's whole-minute removals, failures then coincide with
     # chunk ends, restarts and takeovers, whose order both engines must fix alike (sim/run.py).
     forward_s = draw(st.one_of(st.sampled_from((0.5, 1.0, 2.0)), POSITIVE))
@@ -224,7 +226,7 @@ def scenarios(draw, churn_kind: str) -> tuple[Scenario, str]:
             restart_s=draw(st.floats(0.0, 40.0)),
             restart_s_by_method=draw(st.dictionaries(st.sampled_from(METHOD_NAMES), st.floats(0.0, 40.0), max_size=3)),
         ),
-        methods=draw(methods()),
+        methods=draw(methods(num_stages)),
         convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=1.0, scale=10.0, exponent=0.5)),
         target=TargetSpec(
             iterations=target_iterations,
@@ -279,6 +281,22 @@ def test_random_scenarios_give_the_event_models_results(churn_kind: str, data) -
         failures = failures_for_replication(scenario, replication=data.draw(st.integers(0, 3)))
         # A shared first flush level with a backlog, or a level named twice, is left to the event model.
         _run_both(scenario, failures, f"{churn_kind} churn, {len(failures)} failures", expect_closed_form=False)
+
+
+@pytest.mark.parametrize("churn_kind", ("stage_hourly", "burst", "schedule"))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_small_pipelines_give_the_event_models_results(churn_kind: str, data) -> None:
+    """1–3 stages: every stage an edge, a lost set that is the whole pipeline (training restarts
+    from iteration 0 when nothing trained is left), redundant computation with no replica of stage 0."""
+    scenario, schedule_csv = data.draw(scenarios(churn_kind, SMALL_NUM_STAGES))
+    with tempfile.TemporaryDirectory() as directory:
+        if churn_kind == "schedule":
+            path = Path(directory) / "schedule.csv"
+            path.write_text(schedule_csv, encoding="utf-8")
+            scenario = scenario.model_copy(update={"churn": ScheduleChurn(kind="schedule", path=str(path))})
+        failures = failures_for_replication(scenario, replication=data.draw(st.integers(0, 3)))
+        _run_both(scenario, failures, f"{scenario.pipeline.num_stages} stages, {churn_kind} churn, {len(failures)} failures", expect_closed_form=False)
 
 
 # ----------------------------------------------------------------------------- the benchmarks' scenarios

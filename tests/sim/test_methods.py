@@ -179,6 +179,26 @@ def test_checkfree_plus_replica_refresh_runs_in_the_background_and_blocks_only_w
     assert any(event.name == "replica refresh backlog" for event in behind.timeline)
 
 
+@pytest.mark.parametrize("name", ["copy", "uniform", "random"])
+def test_a_rebuild_that_leaves_no_trained_weights_restarts_training_from_iteration_zero(name):
+    # One stage: whatever rebuilds it starts from random init, so every iteration trained is gone,
+    # not the few hundred a per-stage setback charges.
+    scenario = small_scenario(num_stages=1, target_iterations=600)
+    iteration_s = MODEL.iteration_time_s(build_pipeline_state(scenario))
+    failure_s = 300.5 * iteration_s
+    result = run(scenario, name, [failure(failure_s, 0)])
+    assert [f.handled_as for f in result.failures] == ["rebuild_random"]
+    assert result.failures[0].iteration == 300
+    assert result.badput["convergence_setback_s"] == pytest.approx(300 * iteration_s, rel=1e-9)
+    assert result.iterations_executed == 900
+    assert any("training restarted from iteration 0" in note for note in result.notes)
+    # A stage that keeps its weights keeps its progress: the same failure on 2 stages costs the setback.
+    two_stages = small_scenario(num_stages=2, target_iterations=600)
+    kept = run(two_stages, name, [failure(300.5 * MODEL.iteration_time_s(build_pipeline_state(two_stages)), 0)])
+    assert kept.iterations_executed < 900
+    assert not any("training restarted from iteration 0" in note for note in kept.notes)
+
+
 @pytest.mark.parametrize(("name", "handled_as", "transfer_blocks"), [("copy", "rebuild_copy", 1), ("uniform", "rebuild_interior", 1), ("random", "rebuild_random", 0)])
 def test_ablations_apply_their_setback_and_transfer(name, handled_as, transfer_blocks):
     # Late enough that even the random setback (400 iterations) is not clamped at zero progress.
