@@ -227,6 +227,30 @@ def builtin_trace_files() -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
+def churn_with_rate_scaled(churn: object, factor: float) -> object | None:
+    """`churn` failing `factor` times as often, its shape kept; None where there is no rate to scale
+    (no failures, or a fixed schedule of failure times).
+
+    An hourly probability h becomes 1 − (1 − h)^factor (its Poisson rate × factor); a Poisson or burst
+    rate is multiplied; a Weibull mean lifetime and a trace's `time_scale` are divided (a trace's
+    window stays in the trace's own seconds).
+    """
+    if not (factor > 0.0 and math.isfinite(factor)):
+        raise InputError(f"failure-rate factor {factor}: must be a positive number")
+    if isinstance(churn, StageHourlyChurn):
+        probability = 1.0 - (1.0 - churn.failure_probability_per_stage_hour) ** factor
+        return churn.model_copy(update={"failure_probability_per_stage_hour": probability})
+    if isinstance(churn, PoissonChurn):
+        return churn.model_copy(update={"failures_per_node_hour": churn.failures_per_node_hour * factor})
+    if isinstance(churn, WeibullChurn):
+        return churn.model_copy(update={"mean_lifetime_s": churn.mean_lifetime_s / factor})
+    if isinstance(churn, BurstChurn):
+        return churn.model_copy(update={"bursts_per_hour": churn.bursts_per_hour * factor})
+    if isinstance(churn, TraceChurn):
+        return churn.model_copy(update={"time_scale": churn.time_scale / factor})
+    return None
+
+
 ChurnConfig = Annotated[
     Union[NoChurn, StageHourlyChurn, PoissonChurn, WeibullChurn, BurstChurn, TraceChurn, ScheduleChurn],
     Field(discriminator="kind"),

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from churnsim.calibration.churn import PoissonChurn, StageHourlyChurn
+from churnsim.calibration.churn import churn_with_rate_scaled
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
@@ -99,7 +99,7 @@ class RobustnessCase:
     winner: str | None
     winner_time_to_target_s: Estimate | None
     winner_changes: bool | None
-    """None where the case could not be run (e.g. a churn model whose rate cannot be scaled)."""
+    """None where the case could not be run (a churn model with no rate to scale: none, a fixed schedule)."""
     note: str | None = None
 
 
@@ -158,17 +158,6 @@ def _best_per_method(candidates: Sequence[Candidate]) -> list[Candidate]:
     for candidate in sorted(candidates, key=_sort_key):
         best.setdefault(candidate.method, candidate)
     return sorted(best.values(), key=_sort_key)
-
-
-def scaled_churn(scenario: Scenario, factor: float):
-    """The scenario's churn with its failure rate × `factor`; None for churn models without one rate."""
-    churn = scenario.churn
-    if isinstance(churn, StageHourlyChurn):
-        probability = 1.0 - (1.0 - churn.failure_probability_per_stage_hour) ** factor
-        return churn.model_copy(update={"failure_probability_per_stage_hour": probability})
-    if isinstance(churn, PoissonChurn):
-        return churn.model_copy(update={"failures_per_node_hour": churn.failures_per_node_hour * factor})
-    return None
 
 
 def _knob_text(knobs: dict[str, Any]) -> str:
@@ -342,7 +331,7 @@ def _robustness(
             cases.append(("setback_scale", scale, scenario.model_copy(update={"convergence": convergence}),
                           [key for key in best_keys if ledger.configs[key].uses_setbacks]))
     for factor in rate_factors:
-        churn = scaled_churn(scenario, factor)
+        churn = churn_with_rate_scaled(scenario.churn, factor)
         cases.append(("failure_rate", factor, scenario.model_copy(update={"churn": churn}) if churn is not None else None, best_keys))
     ledger.run([(f"{name}×{factor:g}", case_scenario, keys) for name, factor, case_scenario, keys in cases if case_scenario is not None],
                "robustness")
@@ -369,7 +358,7 @@ def _robustness(
     for name, factor, case_scenario, keys in cases:
         if case_scenario is None:
             robustness.append(RobustnessCase(uncertain_input=name, factor=factor, winner=None, winner_time_to_target_s=None,
-                                             winner_changes=None, note=f"churn kind {scenario.churn.kind!r} has no single rate to scale"))
+                                             winner_changes=None, note=f"churn kind {scenario.churn.kind!r} has no failure rate to scale"))
             continue
         case = f"{name}×{factor:g}"
         scaled = ledger.candidates(case)

@@ -22,6 +22,7 @@ from churnsim.calibration.churn import (
     TraceChurn,
     WeibullChurn,
     builtin_trace_files,
+    churn_with_rate_scaled,
     parse_churn_config,
     resolve_trace_path,
     stage_hourly_probability_to_rate_per_s,
@@ -208,3 +209,33 @@ def test_builtin_traces_ship_with_their_licences_and_sources():
     for rate in (10, 16, 33):
         assert (TRACE_DIRECTORY / "checkfree" / f"failure_p_configs_{rate}.json").is_file()
     assert (TRACE_DIRECTORY / "checkfree" / "geo_latency_bandwidth_pairs.csv").is_file()
+
+
+@pytest.mark.parametrize(
+    "churn",
+    [
+        StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=0.16),
+        PoissonChurn(kind="poisson", failures_per_node_hour=240.0),
+        WeibullChurn(kind="weibull", shape=0.7, mean_lifetime_s=5000.0),
+        BurstChurn(kind="burst", bursts_per_hour=0.4),
+        TraceChurn(kind="trace", path="bamboo/p3-trace.csv", format="bamboo_csv", time_scale=2.0),
+    ],
+    ids=lambda churn: churn.kind,
+)
+@pytest.mark.parametrize("factor", [0.5, 2.0, 3.0])
+def test_a_churn_scaled_by_a_factor_fails_that_many_times_as_often_and_keeps_its_shape(churn, factor):
+    from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
+
+    scaled = churn_with_rate_scaled(churn, factor)
+    assert type(scaled) is type(churn)
+    assert mean_stage_failure_rate_per_s(scaled, num_stages=6) == pytest.approx(factor * mean_stage_failure_rate_per_s(churn, num_stages=6), rel=1e-12)
+    unscaled_fields = {"stage_hourly": "kind", "poisson": "kind", "weibull": "shape", "burst": "burst_size_probabilities", "trace": "window_start_s"}
+    field = unscaled_fields[churn.kind]
+    assert getattr(scaled, field) == getattr(churn, field)
+
+
+def test_churn_without_a_rate_is_not_scaled_and_a_bad_factor_is_refused():
+    assert churn_with_rate_scaled(NoChurn(kind="none"), 2.0) is None
+    assert churn_with_rate_scaled(ScheduleChurn(kind="schedule", path="failures.csv"), 2.0) is None
+    with pytest.raises(InputError, match="must be a positive number"):
+        churn_with_rate_scaled(PoissonChurn(kind="poisson", failures_per_node_hour=1.0), 0.0)

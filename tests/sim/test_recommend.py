@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from churnsim.calibration.base import strict_json_loads
+from churnsim.calibration.churn import WeibullChurn
 from churnsim.calibration.methods import method_from_name
 from churnsim.sim.recommend import interval_beyond_edge, recommend
 
@@ -150,10 +151,15 @@ def test_redundant_computations_fallback_interval_is_studied_without_young_and_d
     assert result.winner == "redundant" and result.winner_knobs == {"fallback_interval_iterations": study.best_interval_iterations}
 
 
-def test_at_a_scaled_failure_rate_the_checkpoint_interval_is_tuned_again_by_dalys_rule():
+@pytest.mark.parametrize("churn_kind", ["poisson", "weibull"])
+def test_at_a_scaled_failure_rate_the_checkpoint_interval_is_tuned_again_by_dalys_rule(churn_kind):
     # Four times the failures: M = 500 s, Daly's interval ~91 against the ~190 kept from the base
-    # rate; the case runs it at Daly's too and keeps the better of the two.
-    result = recommend(young_daly_scenario(20_000), replications=10, setback_scales=(), rate_factors=(4.0,), workers=1)
+    # rate; the case runs it at Daly's too and keeps the better of the two. Weibull lifetimes of
+    # shape 1 are the same exponential ones: their rate is scaled through the mean lifetime.
+    scenario = young_daly_scenario(20_000)
+    if churn_kind == "weibull":
+        scenario = scenario.model_copy(update={"churn": WeibullChurn(kind="weibull", shape=1.0, mean_lifetime_s=MTBF_S)})
+    result = recommend(scenario, replications=10, setback_scales=(), rate_factors=(4.0,), workers=1)
     (case,) = result.robustness
     assert case.winner == "checkpoint" and case.note is not None
     assert case.note.startswith("checkpoint at interval_iterations = ") and case.note.endswith("tuned at this rate")
