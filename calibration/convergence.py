@@ -196,6 +196,11 @@ class ConvergenceSpec(StrictModel):
     simulator's stand-in for the damage a stale stage does to convergence (sim/methods/
     checkpointing.py). False drops it, as a wall-clock replay of a real run must: the real run does
     not repeat those iterations, it only trains on with a stale stage (sim/validate.py)."""
+    restart_from_scratch_costs_progress: bool = True
+    """A rebuild that leaves no trained weight anywhere (every stage lost at random init,
+    `calibration.rebuild_plan.leaves_no_trained_weights`) costs all the progress made: training
+    starts again from iteration 0. False drops it, as a wall-clock replay of a real run must: the
+    real run trains on from the random weights for its fixed number of iterations (sim/validate.py)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -145,10 +145,12 @@ def method_extra_predictor(
 
 
 def without_setbacks(scenario: Scenario) -> Scenario:
-    """The scenario with no convergence cost of a rebuild or a stale reload: a real run executes its
-    iterations whatever its loss does, so its wall-clock is predicted without them."""
+    """The scenario with no convergence cost of a rebuild, a stale reload or a restart from scratch: a
+    real run executes its iterations whatever its loss does, so its wall-clock is predicted without them."""
     setbacks = {method: _ZERO_SETBACKS for method in scenario.convergence.setbacks}
-    convergence = scenario.convergence.model_copy(update={"setbacks": setbacks, "stale_reload_costs_progress": False})
+    convergence = scenario.convergence.model_copy(
+        update={"setbacks": setbacks, "stale_reload_costs_progress": False, "restart_from_scratch_costs_progress": False}
+    )
     return scenario.model_copy(update={"convergence": convergence})
 
 

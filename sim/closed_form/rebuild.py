@@ -42,7 +42,7 @@ class _LostSet:
         if (
             type(policy).rebuild_setback_iterations is RebuildPolicy.rebuild_setback_iterations
             and type(policy).setback_iterations is RebuildPolicy.setback_iterations
-            and not leaves_no_trained_weights(plans, policy.num_stages)
+            and not (policy.scenario.convergence.restart_from_scratch_costs_progress and leaves_no_trained_weights(plans, policy.num_stages))
             and not any(policy.setback_grows_with_progress(plan) for plan in plans.values())
         ):
             # The sum `on_failures` forms, in its order, at any progress.

@@ -67,7 +67,7 @@ class RebuildPolicy(RecoveryPolicy):
     def rebuild_setback_iterations(self, context: "RunContext", plans: dict[int, RebuildPlan]) -> float:
         """Progress the rebuild of `plans` costs: the stages' setbacks summed, or all of it when no
         trained weight survives (both engines call this)."""
-        if leaves_no_trained_weights(plans, self.num_stages):
+        if self.scenario.convergence.restart_from_scratch_costs_progress and leaves_no_trained_weights(plans, self.num_stages):
             if not self._noted_restart_from_scratch:
                 self._noted_restart_from_scratch = True
                 context.notes.append(

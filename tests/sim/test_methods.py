@@ -8,6 +8,7 @@ from churnsim.calibration.methods import METHOD_NAMES
 from churnsim.sim.iteration import IterationModel
 from churnsim.sim.methods.base import block_weight_bytes, embedding_weight_bytes, stage_weight_bytes
 from churnsim.sim.pipeline_state import build_pipeline_state
+from churnsim.sim.calibrated import without_setbacks
 from churnsim.sim.run import simulate_run
 
 from sim_run_scenarios import CLOSED_FORM_ITERATION_S, failure, method, small_scenario, tiers
@@ -192,6 +193,10 @@ def test_a_rebuild_that_leaves_no_trained_weights_restarts_training_from_iterati
     assert result.badput["convergence_setback_s"] == pytest.approx(300 * iteration_s, rel=1e-9)
     assert result.iterations_executed == 900
     assert any("training restarted from iteration 0" in note for note in result.notes)
+    # A wall-clock replay of a real run (sim/validate.py) drops it: the real run trains on from the
+    # random weights for its fixed number of iterations.
+    replay = run(without_setbacks(scenario), name, [failure(failure_s, 0)])
+    assert replay.iterations_executed == 600 and replay.badput["convergence_setback_s"] == 0.0
     # A stage that keeps its weights keeps its progress: the same failure on 2 stages costs the setback.
     two_stages = small_scenario(num_stages=2, target_iterations=600)
     kept = run(two_stages, name, [failure(300.5 * MODEL.iteration_time_s(build_pipeline_state(two_stages)), 0)])
