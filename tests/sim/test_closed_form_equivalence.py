@@ -268,19 +268,25 @@ def _churn(draw, kind: str, num_stages: int, iteration_s: float):
     return NoChurn(kind="none"), FailureSchedule(failures=tuple(sorted(failures))).to_csv()  # churn set by the test
 
 
-@pytest.mark.parametrize("churn_kind", CHURN_KINDS)
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_random_scenarios_give_the_event_models_results(churn_kind: str, data) -> None:
-    scenario, schedule_csv = data.draw(scenarios(churn_kind))
+def _run_drawn_scenario(data, churn_kind: str, stage_counts=NUM_STAGES) -> None:
+    """Both engines on a drawn scenario and one of its replications' failure paths."""
+    scenario, schedule_csv = data.draw(scenarios(churn_kind, stage_counts))
     with tempfile.TemporaryDirectory() as directory:
         if churn_kind == "schedule":
             path = Path(directory) / "schedule.csv"
             path.write_text(schedule_csv, encoding="utf-8")
             scenario = scenario.model_copy(update={"churn": ScheduleChurn(kind="schedule", path=str(path))})
         failures = failures_for_replication(scenario, replication=data.draw(st.integers(0, 3)))
+        where = f"{scenario.pipeline.num_stages} stages, {churn_kind} churn, {len(failures)} failures"
         # A shared first flush level with a backlog, or a level named twice, is left to the event model.
-        _run_both(scenario, failures, f"{churn_kind} churn, {len(failures)} failures", expect_closed_form=False)
+        _run_both(scenario, failures, where, expect_closed_form=False)
+
+
+@pytest.mark.parametrize("churn_kind", CHURN_KINDS)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_scenarios_give_the_event_models_results(churn_kind: str, data) -> None:
+    _run_drawn_scenario(data, churn_kind)
 
 
 @pytest.mark.parametrize("churn_kind", ("stage_hourly", "burst", "schedule"))
@@ -289,14 +295,7 @@ def test_random_scenarios_give_the_event_models_results(churn_kind: str, data) -
 def test_small_pipelines_give_the_event_models_results(churn_kind: str, data) -> None:
     """1–3 stages: every stage an edge, a lost set that is the whole pipeline (training restarts
     from iteration 0 when nothing trained is left), redundant computation with no replica of stage 0."""
-    scenario, schedule_csv = data.draw(scenarios(churn_kind, SMALL_NUM_STAGES))
-    with tempfile.TemporaryDirectory() as directory:
-        if churn_kind == "schedule":
-            path = Path(directory) / "schedule.csv"
-            path.write_text(schedule_csv, encoding="utf-8")
-            scenario = scenario.model_copy(update={"churn": ScheduleChurn(kind="schedule", path=str(path))})
-        failures = failures_for_replication(scenario, replication=data.draw(st.integers(0, 3)))
-        _run_both(scenario, failures, f"{scenario.pipeline.num_stages} stages, {churn_kind} churn, {len(failures)} failures", expect_closed_form=False)
+    _run_drawn_scenario(data, churn_kind, SMALL_NUM_STAGES)
 
 
 # ----------------------------------------------------------------------------- the benchmarks' scenarios
