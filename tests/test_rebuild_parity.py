@@ -33,7 +33,7 @@ from churnsim.real.model import StageModule, model_preset
 from churnsim.real.spans import SpanRecorder
 from churnsim.sim.methods import build_policy
 
-STAGE_COUNTS = range(2, 9)
+STAGE_COUNTS = range(1, 9)
 CONFIGS = {
     **{
         f"checkfree-{fallback}{'-reliable' if reliable else ''}": ("checkfree", {"edge_fallback": fallback, "edge_stages_reliable": reliable})
@@ -147,5 +147,5 @@ def test_sim_and_real_plan_the_same_rebuild_for_every_lost_stage_set(key, num_st
 
 
 def test_the_parity_sweep_covers_every_pattern():
-    # 2^S - 1 patterns for S = 2..8 (501) for nine configs, plus CheckFree+ for S = 4..8 (491).
-    assert NUM_PATTERNS_CHECKED == 9 * 501 + 491 == 5000
+    # 2^S - 1 patterns for S = 1..8 (502) for nine configs, plus CheckFree+ for S = 4..8 (491).
+    assert NUM_PATTERNS_CHECKED == 9 * 502 + 491 == 5009
