@@ -1,6 +1,6 @@
 """sim/ and real/ plan the same rebuild for every pattern of lost stages, through their own entry points.
 
-For S = 2..8, every non-empty set of stages lost together, and every rebuild method config (plain
+For S = 1..8, every non-empty set of stages lost together, and every rebuild method config (plain
 CheckFree with each edge fallback, with and without reliable edges; CheckFree+ from S = 4), the
 simulator policy's `plan` and the real method's `plan` must equal the contract's `plan_rebuild`,
 and that plan must obey the rule's invariants (calibration/rebuild_plan.py).
