@@ -251,6 +251,29 @@ def churn_with_rate_scaled(churn: object, factor: float) -> object | None:
     return None
 
 
+RATE_FIELD_OF_KIND: dict[str, str] = {
+    "stage_hourly": "failure_probability_per_stage_hour",
+    "poisson": "failures_per_node_hour",
+    "weibull": "mean_lifetime_s",
+    "burst": "bursts_per_hour",
+    "trace": "time_scale",
+}
+"""The field `churn_with_rate_scaled` changes, per churn kind (a sweep over it sweeps the rate)."""
+
+
+def rate_sweep_setting(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> str | None:
+    """`churn.FIELD=v1,v2,...`: a `--set` that sweeps `churn`'s own failure rate at `factors` times
+    itself, from no failures where the field can say so (a rate of 0); None without a rate."""
+    kind = getattr(churn, "kind", None)
+    field = RATE_FIELD_OF_KIND.get(kind) if isinstance(kind, str) else None
+    if field is None:
+        return None
+    values = [getattr(churn_with_rate_scaled(churn, factor), field) for factor in factors]
+    if kind in ("poisson", "burst"):
+        values.insert(0, 0.0)
+    return f"churn.{field}=" + ",".join(f"{value:.4g}" for value in values)
+
+
 ChurnConfig = Annotated[
     Union[NoChurn, StageHourlyChurn, PoissonChurn, WeibullChurn, BurstChurn, TraceChurn, ScheduleChurn],
     Field(discriminator="kind"),

@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.churn import PoissonChurn, StageHourlyChurn
+from churnsim.calibration.churn import StageHourlyChurn, rate_sweep_setting
+from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
@@ -138,16 +139,37 @@ def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
     failures_per_run = float(runs.loc[runs["failure_probability_per_stage_hour"] == highest, "num_failures"].mean())
     if not highest > 0 or failures_per_run >= FEW_FAILURES_PER_RUN:
         return None
-    churn = scenario.churn
-    if isinstance(churn, PoissonChurn) and churn.failures_per_node_hour > 0:
-        rate = churn.failures_per_node_hour
-        own = f"sweep the scenario's own churn instead: `churnsim sweep ... --set churn.failures_per_node_hour=0,{rate / 2:g},{rate:g},{2 * rate:g}`"
+    setting = rate_sweep_setting(scenario.churn) if scenario.churn.kind != "stage_hourly" else None
+    if setting is not None and mean_stage_failure_rate_per_s(scenario.churn, num_stages=scenario.pipeline.num_stages) > 0:
+        own = f"sweep the scenario's own churn instead: `churnsim sweep ... --set {setting}`"
     else:
         own = "give --rates up to 0.99, or sweep a churn of this scale with `churnsim sweep`"
     return (
         f"even at {100 * highest:g} %/h per stage a run saw {failures_per_run:.2g} failures on average: at these rates the methods "
         f"differ by their failure-free costs alone; to ask at the scale of this run, {own}"
     )
+
+
+def churn_replaced_note(scenario: Scenario, *, with_command: bool = True) -> str | None:
+    """What-if rates are per-stage hourly probabilities: a scenario with another churn model (a
+    trace, Weibull lifetimes, bursts, Poisson nodes, a schedule) is asked under that churn instead
+    of its own, which the answer must say, with the sweep that keeps its own (`with_command`)."""
+    churn = scenario.churn
+    if churn.kind in ("stage_hourly", "none"):
+        return None
+    replaced = (
+        f"the rates replace the scenario's own churn ({churn.kind}) with independent per-stage failures at each "
+        "hourly probability, the CheckFree paper's unit"
+    )
+    if not with_command:
+        return replaced
+    setting = rate_sweep_setting(churn)
+    own = (
+        f"`churnsim sweep ... --set {setting}` asks under its own churn at ½, 1 and 2 times its rate"
+        if setting is not None
+        else "`churnsim simulate` replays it as it is"
+    )
+    return f"{replaced}: {own}"
 
 
 @dataclass(frozen=True)
@@ -179,8 +201,9 @@ def compute_whatif(
     sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=trajectories)
     intervals = interval_table(plan, runs[is_study])
     notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
-    few = few_failures_note(plan.scenario, main_runs)
-    verdict = verdict_from_summary(sweep.summary, notes=notes + ((few,) if few else ()), runs=sweep.runs)
+    few = few_failures_note(plan.scenario, main_runs)  # names the sweep of the scenario's own churn itself
+    churn_notes = tuple(note for note in (churn_replaced_note(plan.scenario, with_command=few is None), few) if note)
+    verdict = verdict_from_summary(sweep.summary, notes=notes + churn_notes, runs=sweep.runs)
     # Each checkpoint interval tuned at every rate with failures, a few more small sweeps.
     verdict = rerun_untuned_intervals(verdict, points_of_tasks(main_tasks), main_runs, workers=workers, client=client)
     return WhatIfResult(sweep=sweep, intervals=intervals, notes=verdict.caveats, verdict=verdict)
