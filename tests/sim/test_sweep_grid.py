@@ -104,3 +104,27 @@ def test_a_sweep_of_a_poisson_churn_s_rate_puts_it_on_the_x_axis_in_seconds(tmp_
     assert ax.get_xlabel() == "failures per node-hour" and ax.get_ylabel() == "time to target loss (seconds)"
     assert sorted(drawn["lines"][0].get_xdata()) == [0.0, 240.0, 480.0]
     plt.close("all")
+
+
+def test_the_sweep_whatif_suggests_for_a_traces_own_churn_draws_one_figure_with_its_time_scale_on_the_x_axis(tmp_path):
+    """`whatif` on a trace replay points to a sweep of the trace's time scale (rate_sweep_setting):
+    its figures put every point on one x axis, as a swept hourly probability's do."""
+    import matplotlib.pyplot as plt
+
+    from churnsim.calibration.churn import rate_sweep_setting
+    from churnsim.calibration.presets import preset
+    from churnsim.calibration.tables import SUMMARY_COLUMNS
+    from churnsim.figures.grid import grid_points
+    from churnsim.figures.time_to_target import plot_time_to_target
+
+    setting = rate_sweep_setting(preset("spot-p3-trace").churn)
+    assert setting == "churn.time_scale=2,1,0.5"
+    out = tmp_path / "out"
+    main(["sweep", "--preset", "spot-p3-trace", "--set", setting, "--method", "checkpoint", "--method", "redundant",
+          "--replications", "2", "--workers", "1", "--out", str(out)])  # fmt: skip
+    _, ax = plt.subplots()
+    (point,) = grid_points(pd.read_csv(out / "summary.csv"), SUMMARY_COLUMNS)
+    drawn = plot_time_to_target(ax, point.rows)
+    assert ax.get_xlabel() == "trace time scale (larger: fewer preemptions)"
+    assert sorted(drawn["lines"][0].get_xdata()) == [0.5, 1.0, 2.0]
+    plt.close("all")
