@@ -261,17 +261,27 @@ RATE_FIELD_OF_KIND: dict[str, str] = {
 """The field `churn_with_rate_scaled` changes, per churn kind (a sweep over it sweeps the rate)."""
 
 
-def rate_sweep_setting(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> str | None:
-    """`churn.FIELD=v1,v2,...`: a `--set` that sweeps `churn`'s own failure rate at `factors` times
-    itself, from no failures where the field can say so (a rate of 0); None without a rate."""
+def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> tuple[str, tuple[float, ...]] | None:
+    """(`churn.FIELD`, values): the scenario field and values that sweep `churn`'s own failure rate
+    at `factors` times itself, from no failures where the field can say so (a rate of 0); None
+    without a rate (no churn, a fixed schedule)."""
     kind = getattr(churn, "kind", None)
     field = RATE_FIELD_OF_KIND.get(kind) if isinstance(kind, str) else None
     if field is None:
         return None
-    values = [getattr(churn_with_rate_scaled(churn, factor), field) for factor in factors]
+    values = [float(getattr(churn_with_rate_scaled(churn, factor), field)) for factor in factors]
     if kind in ("poisson", "burst"):
         values.insert(0, 0.0)
-    return f"churn.{field}=" + ",".join(f"{value:.4g}" for value in values)
+    return f"churn.{field}", tuple(values)
+
+
+def rate_sweep_setting(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> str | None:
+    """`rate_sweep` as a `--set` argument, `churn.FIELD=v1,v2,...`."""
+    swept = rate_sweep(churn, factors)
+    if swept is None:
+        return None
+    path, values = swept
+    return f"{path}=" + ",".join(f"{value:.6g}" for value in values)
 
 
 ChurnConfig = Annotated[

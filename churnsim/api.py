@@ -122,24 +122,20 @@ def whatif(
     calibration: Calibration | str | Path | None = None,
     calibration_mode: str = "full",
 ) -> Results:
-    """`churnsim whatif`: failure rates (per stage-hour) × methods, with the checkpoint-interval study.
+    """`churnsim whatif`: failure rates × methods, with the checkpoint-interval study.
 
-    `workers=1` runs in this process; more use a local process pool (same numbers, faster).
-    `settings` and `calibration` as in `simulate`.
+    `failure_rates` are per-stage hourly probabilities that replace the scenario's churn; without
+    them a scenario with another churn model is asked under its own churn at a few multiples of its
+    rate (`churnsim.sim.whatif.whatif_plan`). `workers=1` runs in this process; more use a local
+    process pool (same numbers, faster). `settings` and `calibration` as in `simulate`.
     """
-    from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, compute_whatif
+    from churnsim.sim.whatif import compute_whatif, whatif_plan
 
     if replications < 2:
         raise InputError(f"replications = {replications}: confidence intervals need at least 2")
     base = _configured(scenario, methods=methods, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
     chosen = base.methods if methods is not None else ()
-    plan = WhatIfPlan(
-        scenario=base,
-        failure_rates=tuple(failure_rates) if failure_rates is not None else WHATIF_FAILURE_RATES,
-        methods=chosen,
-        replications=replications,
-        interval_study_rate=0.10 if interval_study else None,
-    )
+    plan = whatif_plan(base, failure_rates=failure_rates, methods=chosen, replications=replications, interval_study=interval_study)
     result = compute_whatif(plan, workers=workers)
     return Results(
         runs=result.sweep.runs,

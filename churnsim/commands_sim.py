@@ -201,7 +201,11 @@ def simulate_command(
 def whatif_command(
     preset_name: str = typer.Option("checkfree-500m-geo-10pct", "--preset", help="Scenario to sweep (see `churnsim presets`)."),
     scenario_path: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file instead of a preset."),
-    rates: Optional[str] = typer.Option(None, "--rates", help="Failure probabilities per stage-hour, comma-separated (default 0,0.05,0.1,0.16,0.33)."),
+    rates: Optional[str] = typer.Option(
+        None, "--rates",
+        help="Failure probabilities per stage-hour, comma-separated (default 0,0.05,0.1,0.16,0.33); they replace the scenario's churn. "
+        "Without it, a scenario with another churn model (Poisson, Weibull, bursts, a trace) is asked under its own churn at 0.5, 1, 2 and 4 times its rate.",
+    ),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several (default: all)."),
     settings: list[str] = typer.Option([], "--set", help=SET_HELP),
     calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
@@ -220,7 +224,7 @@ def whatif_command(
     ),
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
-    from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, run_whatif
+    from churnsim.sim.whatif import run_whatif, whatif_plan
 
     from churnsim.calibration.scenario_overrides import parse_settings
 
@@ -230,27 +234,23 @@ def whatif_command(
         load_scenario_argument(scenario_path, named_preset), named_preset, parse_settings(settings), methods=methods or (),
         calibration=calibration, calibration_mode=calibration_mode,
     )
-    failure_rates = parse_float_list(rates, "--rates") if rates else WHATIF_FAILURE_RATES
+    failure_rates = parse_float_list(rates, "--rates") if rates else None
     chosen = override_run_settings(scenario, methods=methods, replications=None, seed=None).methods if methods else ()
     if replications < 2:
         from churnsim.calibration.errors import InputError
 
         raise InputError(f"--replications {replications}: confidence intervals need at least 2")
-    plan = WhatIfPlan(scenario=scenario, failure_rates=failure_rates, methods=chosen, replications=replications)
-    if quick:
-        plan = WhatIfPlan(
-            scenario=scenario, failure_rates=failure_rates if rates else (0.0, 0.10, 0.33), methods=chosen,
-            replications=3, intervals=(10, 50, 200),
-        )
+    plan = whatif_plan(scenario, failure_rates=failure_rates, methods=chosen, replications=replications, quick=quick)
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.sweep import connect_scheduler
-    from churnsim.sim.whatif import interval_tasks, rate_tasks
-
-    from churnsim.sim.whatif import at_rate
+    from churnsim.sim.whatif import at_rate, interval_tasks, rate_tasks
 
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
-    rate_scenarios = [at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods()) for rate in plan.failure_rates]
+    rate_scenarios = [
+        at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods(), rate_setting=plan.rate_setting)
+        for rate in plan.failure_rates
+    ]
     check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers)
     tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)

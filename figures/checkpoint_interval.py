@@ -12,7 +12,7 @@ from matplotlib.ticker import NullFormatter
 
 from churnsim.calibration.tables import INTERVAL_COLUMNS
 
-from .selection import rate_title_suffix, require_columns, require_rows, time_unit
+from .selection import require_columns, require_rows, setting_title_suffix, time_unit
 from .style import (
     add_not_reached_key,
     legend_outside,
@@ -30,7 +30,7 @@ INTERVAL_LABEL = "checkpoint interval K (iterations)"
 
 
 def plot_checkpoint_interval(
-    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan
+    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan, rate_setting: str | None = None
 ) -> dict[str, list[Artist]]:
     """Draw the checkpoint stall fraction against the checkpoint interval, sync against lazy async.
 
@@ -40,7 +40,8 @@ def plot_checkpoint_interval(
     benchmark (`source == "real"`).
 
     `intervals` has the columns of `calibration.tables.INTERVAL_COLUMNS`; `failure_probability` is
-    the rate the simulated rows ran at (for the title; the table has no column for it). Without real
+    the rate the simulated rows ran at (for the title; the table has no column for it), a value of
+    `rate_setting` (a what-if's: None or the per-stage hourly probability, or its churn's own rate). Without real
     rows the legend says where they come from. Returns {"lines": one Line2D per method with
     simulated rows, "points": one PathCollection per method with real rows}; gids are method names.
     """
@@ -82,14 +83,14 @@ def plot_checkpoint_interval(
     _log_x_if_wide(ax, rows["interval_iterations"])
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel("checkpoint stall (% of wall-clock)")
-    ax.set_title(f"Checkpoint stall vs interval{rate_title_suffix(failure_probability)}")
+    ax.set_title(f"Checkpoint stall vs interval{setting_title_suffix(rate_setting, failure_probability)}")
     style_axes(ax)
     legend_outside(ax)
     return {"lines": lines, "points": points}
 
 
 def plot_optimal_interval(
-    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan
+    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan, rate_setting: str | None = None
 ) -> dict[str, list[Artist]]:
     """Draw simulated time to target against the checkpoint interval, with Young's and Daly's optima.
 
@@ -145,7 +146,7 @@ def plot_optimal_interval(
         add_not_reached_key(ax)
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel(f"time to target loss ({unit})")
-    ax.set_title(f"Time to target vs checkpoint interval{rate_title_suffix(failure_probability)}")
+    ax.set_title(f"Time to target vs checkpoint interval{setting_title_suffix(rate_setting, failure_probability)}")
     style_axes(ax)
     legend_outside(ax)
     return {"lines": lines, "bands": bands, "reference": reference, "not_reached": not_reached}

@@ -78,6 +78,8 @@ class _Context:
     """From the manifest: the figure title when the table has no scenario column."""
     interval_study_rate: float = math.nan
     """From the manifest: the failure rate of checkpoint_intervals.csv's simulated rows."""
+    rate_setting: str | None = None
+    """From the manifest: the field the what-if's rates set (None: the per-stage hourly probability)."""
     tuned_intervals: pd.DataFrame | None = None
     """tuned_intervals.csv, read once for every grid point's time-to-target figure; None without it."""
 
@@ -138,13 +140,13 @@ def _badput(runs: pd.DataFrame, context: _Context) -> Figure:
 
 def _checkpoint_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate)
+    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting)
     return figure
 
 
 def _optimal_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate)
+    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting)
     return figure
 
 
@@ -306,6 +308,7 @@ def _context(directory: Path) -> _Context:
         results_directory=directory,
         scenario_name=name if isinstance(name, str) else None,
         interval_study_rate=math.nan if interval_study_rate is None else interval_study_rate,
+        rate_setting=manifest.get("rate_setting") if isinstance(manifest.get("rate_setting"), str) else None,
         tuned_intervals=read_table(tuned_path, TUNED_INTERVAL_COLUMNS) if tuned_path is not None else None,
     )
 

@@ -123,6 +123,14 @@ def select_failure_probability(frame: pd.DataFrame, probability: float | None) -
     return frame[matches], float(probability)
 
 
+def setting_title_suffix(rate_setting: str | None, value: float) -> str:
+    """' at …' for `value` of a scenario's rate field (`churn.failures_per_node_hour`, ...; None or
+    an unknown field: the per-stage hourly probability), or '' for NaN."""
+    column = rate_setting if rate_setting in SWEPT_RATE_COLUMNS else RATE_COLUMN
+    axis = next(axis for axis in (HOURLY_RATE_AXIS, *SWEPT_RATE_AXES) if axis.column == column)
+    return axis.title_suffix(value)
+
+
 def rate_title_suffix(probability: float, rows: pd.DataFrame | None = None) -> str:
     """How a title names a failure rate, e.g. " at 33 %/h per stage" (in `rows`' own rate when given)."""
     axis = HOURLY_RATE_AXIS if rows is None else rate_axis(rows)

@@ -1,7 +1,9 @@
 """`churnsim whatif`: failure rates × methods on one scenario, tables and everything the figures need.
 
-The sweep replaces the scenario's churn with the CheckFree paper's per-stage hourly failure
-probability at each rate (use `churnsim sweep` for other churn models). Beside it, a checkpoint
+The rates are the CheckFree paper's per-stage hourly failure probability, replacing the scenario's
+churn, for a scenario whose churn is that model (or none); a scenario with another churn model with a
+rate (Poisson nodes, Weibull lifetimes, bursts, a trace) is asked under its own churn at a few
+multiples of its rate instead (`whatif_plan`), unless rates are given. Beside it, a checkpoint
 interval study at one rate compares synchronous and lazy asynchronous checkpointing and places the
 simulated optimum next to Young's and Daly's.
 """
@@ -15,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.churn import StageHourlyChurn, rate_sweep_setting
+from churnsim.calibration.churn import StageHourlyChurn, rate_sweep
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
 from churnsim.calibration.scenario import Scenario
@@ -33,7 +35,13 @@ from .untuned_intervals import points_of_tasks, rerun_untuned_intervals
 from .verdict import Verdict, tuned_intervals_table, verdict_from_summary
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
+QUICK_FAILURE_RATES: tuple[float, ...] = (0.0, 0.10, 0.33)
+OWN_CHURN_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+"""Multiples of a scenario's own failure rate that `whatif` asks at (and at none, where its churn
+model can say so); `--quick` asks at `QUICK_OWN_CHURN_FACTORS`."""
+QUICK_OWN_CHURN_FACTORS: tuple[float, ...] = (1.0, 4.0)
 CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)
+QUICK_CHECKPOINT_INTERVALS: tuple[int, ...] = (10, 50, 200)
 RATE_SETTING = "churn.failure_probability_per_stage_hour"
 
 
@@ -41,35 +49,90 @@ RATE_SETTING = "churn.failure_probability_per_stage_hour"
 class WhatIfPlan:
     scenario: Scenario
     failure_rates: tuple[float, ...] = WHATIF_FAILURE_RATES
+    """Values of `rate_setting`, one answer each."""
+    rate_setting: str = RATE_SETTING
+    """The field the rates set: the per-stage hourly probability, which replaces the scenario's churn,
+    or the rate field of its own churn model (`calibration.churn.RATE_FIELD_OF_KIND`), which keeps it."""
     methods: tuple[MethodConfig, ...] = ()
     replications: int = 10
     interval_study_rate: float | None = 0.10
+    """The `rate_setting` value of the checkpoint interval study; None leaves the study out."""
     intervals: tuple[int, ...] = CHECKPOINT_INTERVALS
 
     def chosen_methods(self) -> tuple[MethodConfig, ...]:
         return self.methods or self.scenario.methods
 
+    @property
+    def replaces_churn(self) -> bool:
+        """True when the rates are per-stage hourly probabilities standing in for the scenario's churn."""
+        return self.rate_setting == RATE_SETTING
 
-def at_rate(scenario: Scenario, rate: float, *, replications: int, methods: Sequence[MethodConfig]) -> Scenario:
-    base_name = scenario.name.rsplit("-", 1)[0] if scenario.name.endswith("pct") else scenario.name
-    return scenario.model_copy(
-        update={
-            "name": base_name,
-            "churn": StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=rate),
-            "replications": replications,
-            "methods": tuple(methods),
-        }
+    @property
+    def grid_columns(self) -> tuple[str, ...]:
+        """The tables' column of the rate under the scenario's own churn (the hourly probability has its own)."""
+        return () if self.replaces_churn else (self.rate_setting,)
+
+
+def whatif_plan(
+    scenario: Scenario,
+    *,
+    failure_rates: Sequence[float] | None = None,
+    methods: Sequence[MethodConfig] = (),
+    replications: int = 10,
+    quick: bool = False,
+    interval_study: bool = True,
+) -> WhatIfPlan:
+    """The what-if the commands run: at `failure_rates` per-stage hourly probabilities where given, or
+    where the scenario's churn is that model, has none, or has no rate to scale (a fixed schedule);
+    otherwise under the scenario's own churn at `OWN_CHURN_FACTORS` times its rate (and at none
+    where the churn model can say so), the interval study at its own rate."""
+    own = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if failure_rates is None else None
+    if own is not None and scenario.churn.kind != "stage_hourly":
+        rate_setting, rates = own
+        study_rate: float | None = float(getattr(scenario.churn, rate_setting.split(".", 1)[1]))
+    else:
+        rate_setting = RATE_SETTING
+        rates = tuple(failure_rates) if failure_rates is not None else QUICK_FAILURE_RATES if quick else WHATIF_FAILURE_RATES
+        study_rate = 0.10
+    return WhatIfPlan(
+        scenario=scenario,
+        failure_rates=tuple(float(rate) for rate in rates),
+        rate_setting=rate_setting,
+        methods=tuple(methods),
+        replications=3 if quick else replications,
+        interval_study_rate=study_rate if interval_study else None,
+        intervals=QUICK_CHECKPOINT_INTERVALS if quick else CHECKPOINT_INTERVALS,
     )
+
+
+def at_rate(
+    scenario: Scenario, rate: float, *, replications: int, methods: Sequence[MethodConfig], rate_setting: str = RATE_SETTING
+) -> Scenario:
+    """`scenario` at one what-if rate: its churn replaced by the per-stage hourly probability `rate`,
+    or (another `rate_setting`) its own churn with that field set to `rate`."""
+    if rate_setting == RATE_SETTING:
+        base_name = scenario.name.rsplit("-", 1)[0] if scenario.name.endswith("pct") else scenario.name
+        churn: Any = StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=rate)
+    else:
+        # Named as a sweep names its grid points: one scenario per rate, which the summary groups by.
+        base_name = f"{scenario.name}[{rate_setting}={rate}]"
+        churn = scenario.churn.model_copy(update={rate_setting.split(".", 1)[1]: rate})
+    return scenario.model_copy(update={"name": base_name, "churn": churn, "replications": replications, "methods": tuple(methods)})
+
+
+def plan_at_rate(plan: WhatIfPlan, rate: float, methods: Sequence[MethodConfig] | None = None) -> Scenario:
+    """The plan's scenario at one of its rates, validated."""
+    scenario = at_rate(
+        plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods() if methods is None else methods, rate_setting=plan.rate_setting
+    )
+    return Scenario.model_validate(scenario.model_dump())
 
 
 def rate_tasks(plan: WhatIfPlan) -> list[SweepTask]:
     tasks = []
     for rate in plan.failure_rates:
-        scenario = Scenario.model_validate(
-            at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods()).model_dump()
-        )
-        for task in replication_tasks(scenario):
-            tasks.append(SweepTask(task=task, settings={RATE_SETTING: rate}, keep_trajectories=task.replication == 0))
+        for task in replication_tasks(plan_at_rate(plan, rate)):
+            tasks.append(SweepTask(task=task, settings={plan.rate_setting: rate}, keep_trajectories=task.replication == 0))
     return tasks
 
 
@@ -86,9 +149,7 @@ def interval_tasks(plan: WhatIfPlan) -> list[SweepTask]:
         interval_field = method_traits(name).checkpoint_interval_field
         for interval in plan.intervals:
             method = method_from_name(name, **{interval_field: interval})
-            scenario = at_rate(plan.scenario, plan.interval_study_rate, replications=plan.replications, methods=(method,))
-            scenario = Scenario.model_validate(scenario.model_dump())
-            for task in replication_tasks(scenario):
+            for task in replication_tasks(plan_at_rate(plan, plan.interval_study_rate, methods=(method,))):
                 tasks.append(SweepTask(task=task, settings={"interval_iterations": interval}, keep_trajectories=False))
     return tasks
 
@@ -99,8 +160,8 @@ def interval_table(plan: WhatIfPlan, runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(INTERVAL_COLUMNS))
     scenario = plan.scenario
     num_stages = scenario.pipeline.num_stages
-    churn = StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=plan.interval_study_rate)
-    pipeline_failure_rate_per_s = churn.rate_per_stage_s * num_stages
+    churn = plan_at_rate(plan, plan.interval_study_rate).churn
+    pipeline_failure_rate_per_s = mean_stage_failure_rate_per_s(churn, num_stages=num_stages) * num_stages
     rows = []
     sync = runs[runs["method"].isin(method_names_where(blocking_checkpoint=True))]
     mtbf_s = 1.0 / pipeline_failure_rate_per_s if pipeline_failure_rate_per_s > 0 else None
@@ -139,9 +200,8 @@ def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
     failures_per_run = float(runs.loc[runs["failure_probability_per_stage_hour"] == highest, "num_failures"].mean())
     if not highest > 0 or failures_per_run >= FEW_FAILURES_PER_RUN:
         return None
-    setting = rate_sweep_setting(scenario.churn) if scenario.churn.kind != "stage_hourly" else None
-    if setting is not None and mean_stage_failure_rate_per_s(scenario.churn, num_stages=scenario.pipeline.num_stages) > 0:
-        own = f"sweep the scenario's own churn instead: `churnsim sweep ... --set {setting}`"
+    if scenario.churn.kind != "stage_hourly" and rate_sweep(scenario.churn) is not None:
+        own = "leave out --rates: whatif then asks under the scenario's own churn"
     else:
         own = "give --rates up to 0.99, or sweep a churn of this scale with `churnsim sweep`"
     return (
@@ -150,26 +210,24 @@ def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
     )
 
 
-def churn_replaced_note(scenario: Scenario, *, with_command: bool = True) -> str | None:
-    """What-if rates are per-stage hourly probabilities: a scenario with another churn model (a
-    trace, Weibull lifetimes, bursts, Poisson nodes, a schedule) is asked under that churn instead
-    of its own, which the answer must say, with the sweep that keeps its own (`with_command`)."""
+def churn_replaced_note(scenario: Scenario) -> str | None:
+    """Rates given as per-stage hourly probabilities to a scenario with another churn model (a trace,
+    Weibull lifetimes, bursts, Poisson nodes, a schedule) ask under that churn instead of its own,
+    which the answer must say, with how to keep its own."""
     churn = scenario.churn
     if churn.kind in ("stage_hourly", "none"):
         return None
-    replaced = (
-        f"the rates replace the scenario's own churn ({churn.kind}) with independent per-stage failures at each "
-        "hourly probability, the CheckFree paper's unit"
-    )
-    if not with_command:
-        return replaced
-    setting = rate_sweep_setting(churn)
     own = (
-        f"`churnsim sweep ... --set {setting}` asks under its own churn at ½, 1 and 2 times its rate"
-        if setting is not None
+        "without --rates, `churnsim whatif` asks under its own churn at "
+        + ", ".join(f"{factor:g}" for factor in OWN_CHURN_FACTORS)
+        + " times its rate"
+        if rate_sweep(churn) is not None
         else "`churnsim simulate` replays it as it is"
     )
-    return f"{replaced}: {own}"
+    return (
+        f"the rates replace the scenario's own churn ({churn.kind}) with independent per-stage failures at each "
+        f"hourly probability, the CheckFree paper's unit; {own}"
+    )
 
 
 @dataclass(frozen=True)
@@ -195,17 +253,24 @@ def compute_whatif(
     )
     runs = everything.runs
     is_study = runs["interval_iterations"].notna() if "interval_iterations" in runs else pd.Series(False, index=runs.index)
-    # The swept rate is already the failure_probability_per_stage_hour column: no second copy.
-    main_runs = runs[~is_study].drop(columns=["interval_iterations", RATE_SETTING], errors="ignore").reset_index(drop=True)
-    trajectories = everything.trajectories.drop(columns=["interval_iterations", RATE_SETTING], errors="ignore")
-    sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs), trajectories=trajectories)
+    # A swept hourly probability is already the failure_probability_per_stage_hour column: no second
+    # copy. Another churn's rate keeps its column, as a sweep's does.
+    dropped = ["interval_iterations", *(() if plan.grid_columns else (RATE_SETTING,))]
+    main_runs = runs[~is_study].drop(columns=dropped, errors="ignore").reset_index(drop=True)
+    trajectories = everything.trajectories.drop(columns=dropped, errors="ignore")
+    grid_columns = plan.grid_columns
+    sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs, grid_columns), trajectories=trajectories, grid_columns=grid_columns)
     intervals = interval_table(plan, runs[is_study])
     notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
-    few = few_failures_note(plan.scenario, main_runs)  # names the sweep of the scenario's own churn itself
-    churn_notes = tuple(note for note in (churn_replaced_note(plan.scenario, with_command=few is None), few) if note)
-    verdict = verdict_from_summary(sweep.summary, notes=notes + churn_notes, runs=sweep.runs)
+    churn_notes: tuple[str, ...] = ()
+    if plan.replaces_churn:
+        few = few_failures_note(plan.scenario, main_runs)
+        churn_notes = tuple(note for note in (churn_replaced_note(plan.scenario), few) if note)
+    verdict = verdict_from_summary(sweep.summary, grid_columns=grid_columns, notes=notes + churn_notes, runs=sweep.runs)
     # Each checkpoint interval tuned at every rate with failures, a few more small sweeps.
-    verdict = rerun_untuned_intervals(verdict, points_of_tasks(main_tasks), main_runs, workers=workers, client=client)
+    verdict = rerun_untuned_intervals(
+        verdict, points_of_tasks(main_tasks), main_runs, swept_fields=grid_columns, workers=workers, client=client
+    )
     return WhatIfResult(sweep=sweep, intervals=intervals, notes=verdict.caveats, verdict=verdict)
 
 
@@ -226,6 +291,7 @@ def write_whatif(plan: WhatIfPlan, result: WhatIfResult, out_directory: str | Pa
             command="whatif",
             scenario=plan.scenario,
             failure_rates=list(plan.failure_rates),
+            rate_setting=plan.rate_setting,
             methods=[method.name for method in plan.chosen_methods()],
             replications=plan.replications,
             interval_study_rate=plan.interval_study_rate,

@@ -129,11 +129,11 @@ def test_an_answer_with_tuned_intervals_follows_the_answer_and_is_in_the_json(tm
     assert rerun["configured_interval_iterations"] == 1000 and rerun["tuned_by"] == "Daly's optimum"
 
 
-def test_whatif_says_when_its_rates_replace_the_scenarios_own_churn():
+def test_whatif_says_when_rates_given_replace_the_scenarios_own_churn():
     from churnsim.sim.whatif import churn_replaced_note
 
     trace = churn_replaced_note(preset("spot-p3-trace"))
     assert trace is not None and trace.startswith("the rates replace the scenario's own churn (trace)")
-    assert trace.endswith("`churnsim sweep ... --set churn.time_scale=2,1,0.5` asks under its own churn at ½, 1 and 2 times its rate")
+    assert trace.endswith("without --rates, `churnsim whatif` asks under its own churn at 0.5, 1, 2, 4 times its rate")
     assert churn_replaced_note(preset("checkfree-500m-geo-10pct")) is None  # the rates are its own unit
     assert churn_replaced_note(preset("datastates-7b")) is None  # no churn to replace

@@ -245,7 +245,7 @@ def test_churn_without_a_rate_is_not_scaled_and_a_bad_factor_is_refused():
 def test_the_sweep_of_a_churns_own_rate_names_its_field_at_half_once_and_twice_its_rate():
     assert rate_sweep_setting(PoissonChurn(kind="poisson", failures_per_node_hour=240.0)) == "churn.failures_per_node_hour=0,120,240,480"
     assert rate_sweep_setting(BurstChurn(kind="burst", bursts_per_hour=0.4)) == "churn.bursts_per_hour=0,0.2,0.4,0.8"
-    assert rate_sweep_setting(WeibullChurn(kind="weibull", shape=0.7, mean_lifetime_s=5000.0)) == "churn.mean_lifetime_s=1e+04,5000,2500"
+    assert rate_sweep_setting(WeibullChurn(kind="weibull", shape=0.7, mean_lifetime_s=5000.0)) == "churn.mean_lifetime_s=10000,5000,2500"
     trace = TraceChurn(kind="trace", path="bamboo/p3-trace.csv", format="bamboo_csv")
     assert rate_sweep_setting(trace) == "churn.time_scale=2,1,0.5"
     assert rate_sweep_setting(ScheduleChurn(kind="schedule", path="failures.csv")) is None

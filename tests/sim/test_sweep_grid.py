@@ -106,9 +106,9 @@ def test_a_sweep_of_a_poisson_churn_s_rate_puts_it_on_the_x_axis_in_seconds(tmp_
     plt.close("all")
 
 
-def test_the_sweep_whatif_suggests_for_a_traces_own_churn_draws_one_figure_with_its_time_scale_on_the_x_axis(tmp_path):
-    """`whatif` on a trace replay points to a sweep of the trace's time scale (rate_sweep_setting):
-    its figures put every point on one x axis, as a swept hourly probability's do."""
+def test_a_sweep_of_a_traces_own_time_scale_draws_one_figure_with_it_on_the_x_axis(tmp_path):
+    """A sweep of a trace's own time scale (rate_sweep_setting; `whatif` asks at such values without
+    --rates) puts every point on one x axis, as a swept hourly probability's does."""
     import matplotlib.pyplot as plt
 
     from churnsim.calibration.churn import rate_sweep_setting
