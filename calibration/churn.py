@@ -15,8 +15,9 @@ This module only describes and validates; it imports neither numpy nor the simul
 """
 
 import math
+import operator
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Callable, Literal, Union
 
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
@@ -227,50 +228,43 @@ def builtin_trace_files() -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
+def _probability_scaled(probability: float, factor: float) -> float:
+    return 1.0 - (1.0 - probability) ** factor  # the Poisson rate −ln(1 − h) × factor
+
+
+RATE_FIELD_OF_KIND: dict[str, tuple[str, Callable[[float, float], float]]] = {
+    "stage_hourly": ("failure_probability_per_stage_hour", _probability_scaled),
+    "poisson": ("failures_per_node_hour", operator.mul),
+    "weibull": ("mean_lifetime_s", operator.truediv),
+    "burst": ("bursts_per_hour", operator.mul),
+    "trace": ("time_scale", operator.truediv),  # a trace's window stays in the trace's own seconds
+}
+"""Per churn kind with a failure rate: the field that sets it, and how the field's value goes with
+the rate scaled by a factor (a rate is multiplied, a mean lifetime or time scale divided)."""
+
+
 def churn_with_rate_scaled(churn: object, factor: float) -> object | None:
     """`churn` failing `factor` times as often, its shape kept; None where there is no rate to scale
-    (no failures, or a fixed schedule of failure times).
-
-    An hourly probability h becomes 1 − (1 − h)^factor (its Poisson rate × factor); a Poisson or burst
-    rate is multiplied; a Weibull mean lifetime and a trace's `time_scale` are divided (a trace's
-    window stays in the trace's own seconds).
-    """
+    (no failures, or a fixed schedule of failure times)."""
     if not (factor > 0.0 and math.isfinite(factor)):
         raise InputError(f"failure-rate factor {factor}: must be a positive number")
-    if isinstance(churn, StageHourlyChurn):
-        probability = 1.0 - (1.0 - churn.failure_probability_per_stage_hour) ** factor
-        return churn.model_copy(update={"failure_probability_per_stage_hour": probability})
-    if isinstance(churn, PoissonChurn):
-        return churn.model_copy(update={"failures_per_node_hour": churn.failures_per_node_hour * factor})
-    if isinstance(churn, WeibullChurn):
-        return churn.model_copy(update={"mean_lifetime_s": churn.mean_lifetime_s / factor})
-    if isinstance(churn, BurstChurn):
-        return churn.model_copy(update={"bursts_per_hour": churn.bursts_per_hour * factor})
-    if isinstance(churn, TraceChurn):
-        return churn.model_copy(update={"time_scale": churn.time_scale / factor})
-    return None
-
-
-RATE_FIELD_OF_KIND: dict[str, str] = {
-    "stage_hourly": "failure_probability_per_stage_hour",
-    "poisson": "failures_per_node_hour",
-    "weibull": "mean_lifetime_s",
-    "burst": "bursts_per_hour",
-    "trace": "time_scale",
-}
-"""The field `churn_with_rate_scaled` changes, per churn kind (a sweep over it sweeps the rate)."""
+    kind = getattr(churn, "kind", None)
+    if not isinstance(churn, StrictModel) or kind not in RATE_FIELD_OF_KIND:
+        return None
+    field, scaled = RATE_FIELD_OF_KIND[kind]
+    return churn.model_copy(update={field: scaled(getattr(churn, field), factor)})
 
 
 def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> tuple[str, tuple[float, ...]] | None:
     """(`churn.FIELD`, values): the scenario field and values that sweep `churn`'s own failure rate
-    at `factors` times itself, from no failures where the field can say so (a rate of 0); None
-    without a rate (no churn, a fixed schedule)."""
+    at `factors` times itself, from no failures where the field is a rate (0 per hour); None without
+    a rate (no churn, a fixed schedule)."""
     kind = getattr(churn, "kind", None)
-    field = RATE_FIELD_OF_KIND.get(kind) if isinstance(kind, str) else None
-    if field is None:
+    if kind not in RATE_FIELD_OF_KIND:
         return None
+    field, scaled = RATE_FIELD_OF_KIND[kind]
     values = [float(getattr(churn_with_rate_scaled(churn, factor), field)) for factor in factors]
-    if kind in ("poisson", "burst"):
+    if scaled is operator.mul:
         values.insert(0, 0.0)
     return f"churn.{field}", tuple(values)
 

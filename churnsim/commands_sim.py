@@ -244,13 +244,10 @@ def whatif_command(
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.sweep import connect_scheduler
-    from churnsim.sim.whatif import at_rate, interval_tasks, rate_tasks
+    from churnsim.sim.whatif import interval_tasks, plan_at_rate, rate_tasks
 
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
-    rate_scenarios = [
-        at_rate(plan.scenario, rate, replications=plan.replications, methods=plan.chosen_methods(), rate_setting=plan.rate_setting)
-        for rate in plan.failure_rates
-    ]
+    rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
     check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers)
     tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)

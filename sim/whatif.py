@@ -86,8 +86,9 @@ def whatif_plan(
     where the scenario's churn is that model, has none, or has no rate to scale (a fixed schedule);
     otherwise under the scenario's own churn at `OWN_CHURN_FACTORS` times its rate (and at none
     where the churn model can say so), the interval study at its own rate."""
-    own = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if failure_rates is None else None
-    if own is not None and scenario.churn.kind != "stage_hourly":
+    keeps_churn = failure_rates is None and scenario.churn.kind != "stage_hourly"
+    own = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if keeps_churn else None
+    if own is not None:
         rate_setting, rates = own
         study_rate: float | None = float(getattr(scenario.churn, rate_setting.split(".", 1)[1]))
     else:
