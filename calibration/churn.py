@@ -16,6 +16,7 @@ This module only describes and validates; it imports neither numpy nor the simul
 
 import math
 import operator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Union
 
@@ -232,15 +233,46 @@ def _probability_scaled(probability: float, factor: float) -> float:
     return 1.0 - (1.0 - probability) ** factor  # the Poisson rate −ln(1 − h) × factor
 
 
-RATE_FIELD_OF_KIND: dict[str, tuple[str, Callable[[float, float], float]]] = {
-    "stage_hourly": ("failure_probability_per_stage_hour", _probability_scaled),
-    "poisson": ("failures_per_node_hour", operator.mul),
-    "weibull": ("mean_lifetime_s", operator.truediv),
-    "burst": ("bursts_per_hour", operator.mul),
-    "trace": ("time_scale", operator.truediv),  # a trace's window stays in the trace's own seconds
+@dataclass(frozen=True)
+class RateField:
+    """The field of a churn model that sets its failure rate, and how outputs name its values."""
+
+    field: str
+    scaled: Callable[[float, float], float]
+    """The field's value with the rate scaled by a factor: a rate is multiplied, a mean lifetime or
+    a time scale divided."""
+    axis_label: str
+    phrase: str
+    """A value in words, `phrase.format(display_scale * value)`, e.g. `240 failures per node-hour`."""
+    display_scale: float = 1.0
+
+    @property
+    def setting(self) -> str:
+        """The scenario path of the field, as `--set` and a sweep's table column name it."""
+        return f"churn.{self.field}"
+
+    def words(self, value: float) -> str:
+        return self.phrase.format(self.display_scale * value)
+
+
+RATE_FIELD_OF_KIND: dict[str, RateField] = {
+    "stage_hourly": RateField(
+        "failure_probability_per_stage_hour", _probability_scaled, "failure probability per stage (%/h)", "{:.3g} %/h per stage", 100.0
+    ),
+    "poisson": RateField("failures_per_node_hour", operator.mul, "failures per node-hour", "{:g} failures per node-hour"),
+    "weibull": RateField(
+        "mean_lifetime_s", operator.truediv, "mean node lifetime (h; larger: fewer failures)", "a mean lifetime of {:.3g} h", 1 / SECONDS_PER_HOUR
+    ),
+    "burst": RateField("bursts_per_hour", operator.mul, "failure bursts per hour", "{:g} bursts per hour"),
+    # A trace's window stays in the trace's own seconds.
+    "trace": RateField("time_scale", operator.truediv, "trace time scale (larger: fewer preemptions)", "trace time scale {:g}"),
 }
-"""Per churn kind with a failure rate: the field that sets it, and how the field's value goes with
-the rate scaled by a factor (a rate is multiplied, a mean lifetime or time scale divided)."""
+"""Per churn kind with a failure rate, the field that sets it."""
+
+
+def rate_field_of_setting(setting: str) -> RateField | None:
+    """The churn rate field a scenario path (`churn.failures_per_node_hour`, ...) sets, if it is one."""
+    return next((rate for rate in RATE_FIELD_OF_KIND.values() if rate.setting == setting), None)
 
 
 def churn_with_rate_scaled(churn: object, factor: float) -> object | None:
@@ -251,8 +283,8 @@ def churn_with_rate_scaled(churn: object, factor: float) -> object | None:
     kind = getattr(churn, "kind", None)
     if not isinstance(churn, StrictModel) or kind not in RATE_FIELD_OF_KIND:
         return None
-    field, scaled = RATE_FIELD_OF_KIND[kind]
-    return churn.model_copy(update={field: scaled(getattr(churn, field), factor)})
+    rate = RATE_FIELD_OF_KIND[kind]
+    return churn.model_copy(update={rate.field: rate.scaled(getattr(churn, rate.field), factor)})
 
 
 def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> tuple[str, tuple[float, ...]] | None:
@@ -262,11 +294,11 @@ def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> t
     kind = getattr(churn, "kind", None)
     if kind not in RATE_FIELD_OF_KIND:
         return None
-    field, scaled = RATE_FIELD_OF_KIND[kind]
-    values = [float(getattr(churn_with_rate_scaled(churn, factor), field)) for factor in factors]
-    if scaled is operator.mul:
+    rate = RATE_FIELD_OF_KIND[kind]
+    values = [float(getattr(churn_with_rate_scaled(churn, factor), rate.field)) for factor in factors]
+    if rate.scaled is operator.mul:
         values.insert(0, 0.0)
-    return f"churn.{field}", tuple(values)
+    return rate.setting, tuple(values)
 
 
 def rate_sweep_setting(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> str | None:

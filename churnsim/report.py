@@ -43,10 +43,23 @@ def _ratio(estimate, *, suffix: str = "") -> str:
 
 def point_title(point) -> str:
     """What a table or an answer line is about: the scenario, the grid point, the failure rate."""
-    where = ", ".join(f"{path} = {value}" for path, value in point.grid.items())
+    where = ", ".join(_grid_words(path, value) for path, value in point.grid.items())
     base = point.scenario.split("[", 1)[0] if point.grid else point.scenario
-    rate = "" if point.failure_probability_per_stage_hour is None else f"{100 * point.failure_probability_per_stage_hour:.3g} %/h per stage"
-    return ", ".join(part for part in (base, where, f"at {rate}" if rate else "") if part)
+    rate = "" if point.failure_probability_per_stage_hour is None else _grid_words(RATE_SETTING, point.failure_probability_per_stage_hour)
+    return ", ".join(part for part in (base, where, rate) if part)
+
+
+RATE_SETTING = "churn.failure_probability_per_stage_hour"
+
+
+def _grid_words(path: str, value) -> str:
+    """`pipeline.num_microbatches = 8`, or a churn's failure rate in words (`at 240 failures per node-hour`)."""
+    from churnsim.calibration.churn import rate_field_of_setting
+
+    rate = rate_field_of_setting(path)
+    if rate is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"at {rate.words(float(value))}"
+    return f"{path} = {value}"
 
 
 def _named(method: str, label: str) -> str:

@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND, RateField
 from churnsim.calibration.errors import InputError
 
 RATE_COLUMN = "failure_probability_per_stage_hour"
@@ -29,16 +30,14 @@ class RateAxis:
         return "" if not math.isfinite(value) else self.title_format.format(self.scale * value)
 
 
-HOURLY_RATE_AXIS = RateAxis(RATE_COLUMN, 100.0, "failure probability per stage (%/h)", " at {:.3g} %/h per stage")
-SWEPT_RATE_AXES = (
-    RateAxis("churn.failures_per_node_hour", 1.0, "failures per node-hour", " at {:g} failures per node-hour"),
-    RateAxis("churn.bursts_per_hour", 1.0, "failure bursts per hour", " at {:g} bursts per hour"),
-    RateAxis("churn.time_scale", 1.0, "trace time scale (larger: fewer preemptions)", " at trace time scale {:g}"),
-    RateAxis("churn.mean_lifetime_s", 1.0 / SECONDS_PER_HOUR, "mean node lifetime (h; larger: fewer failures)", " at a mean lifetime of {:.3g} h"),
-)
-"""Rates of other churn models (`calibration.churn.RATE_FIELD_OF_KIND`), when a sweep varied them
-(`churnsim sweep --set churn.failures_per_node_hour=0,120,240`; the sweep `whatif`'s caveat gives
-for a scenario's own churn)."""
+def _axis(rate: RateField, column: str) -> RateAxis:
+    return RateAxis(column, rate.display_scale, rate.axis_label, " at " + rate.phrase)
+
+
+HOURLY_RATE_AXIS = _axis(RATE_FIELD_OF_KIND["stage_hourly"], RATE_COLUMN)
+SWEPT_RATE_AXES = tuple(_axis(rate, rate.setting) for kind, rate in RATE_FIELD_OF_KIND.items() if kind != "stage_hourly")
+"""Rates of other churn models (`calibration.churn.RATE_FIELD_OF_KIND`), when a sweep or a what-if
+under the scenario's own churn varied them (`churnsim sweep --set churn.failures_per_node_hour=0,120,240`)."""
 SWEPT_RATE_COLUMNS = frozenset(axis.column for axis in SWEPT_RATE_AXES)
 
 
