@@ -182,7 +182,9 @@ def shared_legend_below(figure, axes, **legend_options) -> None:
     order = {name: index for index, name in enumerate(METHOD_NAMES)}
     entries = dict(sorted(entries.items(), key=lambda item: order.get(str(item[1].get_gid()), len(order))))
     if entries:
-        options = {"ncols": min(len(entries), 5), **legend_options}
+        # About 2 inches an entry, so that a one-panel figure's legend is not cut off at its sides.
+        columns = min(len(entries), 5, max(2, int(figure.get_figwidth() // 2.0)))
+        options = {"ncols": columns, **legend_options}
         figure.legend(list(entries.values()), list(entries), loc="outside lower center", **options)
 
 
