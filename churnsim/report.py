@@ -16,9 +16,7 @@ from rich.table import Table
 from churnsim.calibration.base import strict_json_dumps
 
 
-def _unit(largest_s: float) -> tuple[str, float]:
-    """Hours from 3 h, minutes from 3 min, else seconds: (name, seconds per unit)."""
-    return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
+from churnsim.sim.verdict import duration_unit as _unit
 
 
 def _duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:

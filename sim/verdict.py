@@ -185,23 +185,45 @@ def _reached_everywhere(standing: MethodStanding) -> bool:
     return standing.fraction_reached is not None and standing.fraction_reached >= 1.0
 
 
-def _point_caveats(standings: Sequence[MethodStanding]) -> list[str]:
+def duration_unit(largest_s: float) -> tuple[str, float]:
+    """Hours from 3 h, minutes from 3 min, else seconds: (name, seconds per unit)."""
+    return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
+
+
+def _at_least_s(runs: pd.DataFrame) -> float | None:
+    """A lower bound on the mean time to target of `runs` (one method's): a run that did not reach
+    the target counts at the time it was stopped (`target.max_wall_clock_s`), which it would have
+    needed more than."""
+    if runs.empty or "reached_target" not in runs:
+        return None
+    reached = runs["reached_target"].astype(bool)
+    times = runs["time_to_target_s"].where(reached, runs["wall_clock_s"]).astype(float)
+    return float(times.mean()) if all(math.isfinite(value) for value in times) else None
+
+
+def _point_caveats(standings: Sequence[MethodStanding], runs: pd.DataFrame | None) -> list[str]:
     caveats = []
     for standing in standings:
         if standing.role == "ablation" or standing.fraction_reached is None or standing.fraction_reached >= 1.0:
             continue
         if standing.time_to_target_s.mean is None:
             caveats.append(f"{standing.method} never reached the target (target.max_wall_clock_s ends such runs)")
-        else:
-            caveats.append(
-                f"{standing.method} reached the target in {standing.fraction_reached:.0%} of replications; "
-                "its time to target is the mean of those that did, so it is optimistic"
-            )
+            continue
+        caveat = (
+            f"{standing.method} reached the target in {standing.fraction_reached:.0%} of replications; "
+            "its time to target is the mean of those that did, so it is optimistic"
+        )
+        at_least = _at_least_s(runs[runs["method"] == standing.method]) if runs is not None else None
+        if at_least is not None:
+            name, seconds = duration_unit(at_least)
+            caveat += f"; counting the others at the time they were stopped (target.max_wall_clock_s), at least {at_least / seconds:.1f} {name}"
+        caveats.append(caveat)
     return caveats
 
 
-def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> PointVerdict:
-    """The verdict over the rows of one scenario at one failure rate (one row per method)."""
+def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = (), runs: pd.DataFrame | None = None) -> PointVerdict:
+    """The verdict over the rows of one scenario at one failure rate (one row per method); with the
+    point's `runs`, a method that did not always reach the target gets a lower bound on its time."""
     first = rows.iloc[0]
     standings = _ordered(_standing(row) for _, row in rows.iterrows())
     candidates = [s for s in standings if s.role == "method" and s.time_to_target_s.mean is not None]
@@ -223,7 +245,7 @@ def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> Po
         winner_speedup=speedup,
         cannot_be_told_apart_from=tied,
         standings=standings,
-        caveats=tuple(_point_caveats(standings)),
+        caveats=tuple(_point_caveats(standings, runs)),
     )
 
 
@@ -242,9 +264,14 @@ def verdict_from_summary(
     points = []
     for _, scenario_rows in summary.groupby("scenario", sort=False):
         rates = scenario_rows[RATE_COLUMN].astype(float)
+        scenario_runs = runs[runs["scenario"] == scenario_rows["scenario"].iloc[0]] if runs is not None else None
         for rate in sorted(set(rates[rates.notna()])) + ([math.nan] if rates.isna().any() else []):
             rows = scenario_rows[rates.isna()] if math.isnan(rate) else scenario_rows[rates == rate]
-            points.append(point_verdict(rows, grid_columns=grid_columns))
+            point_runs = None
+            if scenario_runs is not None and RATE_COLUMN in scenario_runs:
+                run_rates = scenario_runs[RATE_COLUMN].astype(float)
+                point_runs = scenario_runs[run_rates.isna()] if math.isnan(rate) else scenario_runs[run_rates == rate]
+            points.append(point_verdict(rows, grid_columns=grid_columns, runs=point_runs))
     caveats = list(notes) + (steady_overhead_caveats(runs) if runs is not None else [])
     return Verdict(points=tuple(points), caveats=tuple(dict.fromkeys(caveats)))
 

@@ -86,6 +86,22 @@ def test_a_method_that_missed_the_target_in_some_replications_does_not_win_on_it
     assert any("checkfree reached the target in 60% of replications" in caveat for caveat in point.caveats)
 
 
+def test_with_its_runs_a_method_that_missed_the_target_gets_a_lower_bound_counting_the_stopped_runs():
+    summary = frame(summary_row("checkfree", 50.0, 1.0, reached=0.6), summary_row("checkpoint", 80.0, 1.0))
+    hour = 3600.0
+    runs = pd.DataFrame(
+        {
+            "scenario": "s", "failure_probability_per_stage_hour": 0.1, "method": "checkfree",
+            "reached_target": [True, True, True, False, False],
+            "time_to_target_s": [48 * hour, 50 * hour, 52 * hour, math.nan, math.nan],
+            "wall_clock_s": [48 * hour, 50 * hour, 52 * hour, 720 * hour, 720 * hour],  # stopped at a 30-day limit
+        }
+    )
+    (point,) = verdict_from_summary(summary, runs=runs).points
+    (caveat,) = [caveat for caveat in point.caveats if caveat.startswith("checkfree reached the target in 60%")]
+    assert caveat.endswith("counting the others at the time they were stopped (target.max_wall_clock_s), at least 318.0 h")
+
+
 def test_no_winner_when_no_real_method_reached_the_target():
     row = summary_row("checkpoint", 1.0, 0.0, reached=0.0)
     row.update(time_to_target_mean_s=math.nan, time_to_target_ci95_low_s=math.nan, time_to_target_ci95_high_s=math.nan)
