@@ -298,7 +298,7 @@ def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> t
     values = [float(getattr(churn_with_rate_scaled(churn, factor), rate.field)) for factor in factors]
     if rate.scaled is operator.mul:
         values.insert(0, 0.0)
-    return rate.setting, tuple(values)
+    return rate.setting, tuple(dict.fromkeys(values))  # a rate of 0 scales to 0 at every factor
 
 
 def rate_sweep_setting(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> str | None:

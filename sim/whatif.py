@@ -83,10 +83,11 @@ def whatif_plan(
     interval_study: bool = True,
 ) -> WhatIfPlan:
     """The what-if the commands run: at `failure_rates` per-stage hourly probabilities where given, or
-    where the scenario's churn is that model, has none, or has no rate to scale (a fixed schedule);
+    where the scenario's churn is that model, has none, or has no rate to scale (a fixed schedule, a
+    rate of 0);
     otherwise under the scenario's own churn at `OWN_CHURN_FACTORS` times its rate (and at none
     where the churn model can say so), the interval study at its own rate."""
-    keeps_churn = failure_rates is None and scenario.churn.kind != "stage_hourly"
+    keeps_churn = failure_rates is None and scenario.churn.kind != "stage_hourly" and _scalable_rate(scenario.churn)
     own = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if keeps_churn else None
     if own is not None:
         rate_setting, rates = own
@@ -201,7 +202,7 @@ def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
     failures_per_run = float(runs.loc[runs["failure_probability_per_stage_hour"] == highest, "num_failures"].mean())
     if not highest > 0 or failures_per_run >= FEW_FAILURES_PER_RUN:
         return None
-    if scenario.churn.kind != "stage_hourly" and rate_sweep(scenario.churn) is not None:
+    if scenario.churn.kind != "stage_hourly" and _scalable_rate(scenario.churn):
         own = "leave out --rates: whatif then asks under the scenario's own churn"
     else:
         own = "give --rates up to 0.99, or sweep a churn of this scale with `churnsim sweep`"
@@ -211,6 +212,12 @@ def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
     )
 
 
+def _scalable_rate(churn: Any) -> bool:
+    """Whether `churn` has a failure rate above 0 to ask at multiples of (`whatif_plan`)."""
+    swept = rate_sweep(churn)
+    return swept is not None and any(swept[1])
+
+
 def churn_replaced_note(scenario: Scenario) -> str | None:
     """Rates given as per-stage hourly probabilities to a scenario with another churn model (a trace,
     Weibull lifetimes, bursts, Poisson nodes, a schedule) ask under that churn instead of its own,
@@ -218,13 +225,13 @@ def churn_replaced_note(scenario: Scenario) -> str | None:
     churn = scenario.churn
     if churn.kind in ("stage_hourly", "none"):
         return None
-    own = (
-        "without --rates, `churnsim whatif` asks under its own churn at "
-        + ", ".join(f"{factor:g}" for factor in OWN_CHURN_FACTORS)
-        + " times its rate"
-        if rate_sweep(churn) is not None
-        else "`churnsim simulate` replays it as it is"
-    )
+    swept = rate_sweep(churn)
+    if swept is None:
+        own = "`churnsim simulate` replays it as it is"
+    elif not _scalable_rate(churn):
+        own = f"its own fails at a rate of 0: give it one (`--set {swept[0]}=…`) to ask under it"
+    else:
+        own = f"without --rates, `churnsim whatif` asks under its own churn at {', '.join(f'{factor:g}' for factor in OWN_CHURN_FACTORS)} times its rate"
     return (
         f"the rates replace the scenario's own churn ({churn.kind}) with independent per-stage failures at each "
         f"hourly probability, the CheckFree paper's unit; {own}"

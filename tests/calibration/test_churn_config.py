@@ -250,3 +250,4 @@ def test_the_sweep_of_a_churns_own_rate_names_its_field_at_half_once_and_twice_i
     assert rate_sweep_setting(trace) == "churn.time_scale=2,1,0.5"
     assert rate_sweep_setting(ScheduleChurn(kind="schedule", path="failures.csv")) is None
     assert rate_sweep_setting(NoChurn(kind="none")) is None
+    assert rate_sweep_setting(PoissonChurn(kind="poisson", failures_per_node_hour=0.0)) == "churn.failures_per_node_hour=0"

@@ -24,6 +24,8 @@ def test_the_plan_keeps_a_churn_with_a_rate_and_replaces_the_hourly_one_or_one_w
     assert given.replaces_churn and given.failure_rates == (0.0, 0.33)
     schedule = preset("cpu-tiny").model_copy(update={"churn": ScheduleChurn(kind="schedule", path="failures.csv")})
     assert whatif_plan(schedule, quick=True).failure_rates == QUICK_FAILURE_RATES  # a fixed schedule has no rate to scale
+    idle = preset("cpu-tiny").model_copy(update={"churn": preset("cpu-tiny").churn.model_copy(update={"failures_per_node_hour": 0.0})})
+    assert whatif_plan(idle, quick=True).replaces_churn  # nor has a rate of 0
 
 
 @pytest.fixture(scope="module")
