@@ -131,9 +131,24 @@ class PipelineSpec(StrictModel):
 
 def seconds_by_method(value: object) -> tuple[tuple[str, float], ...]:
     """A mapping of method name to seconds as sorted (name, seconds) pairs: hashable, as the
-    simulator keys its caches by compute (sim/methods/base.py)."""
-    pairs = value.items() if isinstance(value, dict) else value
-    return tuple(sorted((str(name), float(seconds)) for name, seconds in pairs))  # type: ignore[union-attr]
+    simulator keys its caches by compute (sim/methods/base.py). Malformed input raises ValueError,
+    which validation turns into its one-line message."""
+    example = 'give an object of method name to seconds, e.g. {"checkpoint": 0.05}'
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value):
+        pairs = [tuple(pair) for pair in value]
+    else:
+        raise ValueError(f"{value!r} is not a mapping of method to seconds; {example}")
+    result = []
+    for name, seconds in pairs:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float, str)):
+            raise ValueError(f"{name!r}: {seconds!r} is not a number of seconds; {example}")
+        try:
+            result.append((str(name), float(seconds)))
+        except ValueError:
+            raise ValueError(f"{name!r}: {seconds!r} is not a number of seconds; {example}") from None
+    return tuple(sorted(result))
 
 
 SecondsByMethod = Annotated[

@@ -239,3 +239,22 @@ def test_table_columns_are_unique():
             columns = getattr(tables, name)
             assert len(set(columns)) == len(columns), name
     assert len(set(METRICS_COLUMNS)) == len(METRICS_COLUMNS) and len(set(SPANS_COLUMNS)) == len(SPANS_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"checkpoint": [1, 2]}, "'checkpoint': [1, 2] is not a number of seconds"),
+        ({"checkpoint": "fast"}, "'checkpoint': 'fast' is not a number of seconds"),
+        ([1, 2, 3], "is not a mapping of method to seconds"),
+    ],
+)
+def test_seconds_by_method_that_is_not_one_is_refused_in_one_line(extra, says):
+    from churnsim.calibration.presets import preset
+
+    data = json.loads(preset("cpu-tiny").model_dump_json())
+    data["compute"]["method_iteration_extra_s"] = extra
+    with pytest.raises(InputError) as refused:
+        validate_model(type(preset("cpu-tiny")), data, "mine.json")
+    message = str(refused.value)
+    assert says in message and "\n" not in message and message.startswith("mine.json")
