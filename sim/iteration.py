@@ -176,7 +176,10 @@ class _SharedCores:
         if generation != self.generation:
             return
         self._advance()
-        finished = [token for token, left in self.remaining_core_s.items() if left <= self._DONE_CORE_S]
+        # Also done: work whose end the clock cannot tell from now (now + left / rate == now in
+        # floating point, at a late hour with a sliver left); waiting for it would wake at now forever.
+        now, rate = self.env.now, self._rate()
+        finished = [token for token, left in self.remaining_core_s.items() if left <= self._DONE_CORE_S or now + left / rate <= now]
         callbacks = []
         for token in finished:
             del self.remaining_core_s[token]

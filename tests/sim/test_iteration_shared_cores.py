@@ -114,3 +114,22 @@ def test_a_measured_method_extra_scales_to_another_setup_as_the_models_own_extra
         charged = with_measured_method_extra(scenario, method)
         method_s = simulate_iteration(build_policy(method, charged).healthy_state()).time_s
         assert method_s - plain_s == pytest.approx(measured_s * scale, rel=1e-6)
+
+
+def test_work_whose_end_the_clock_cannot_represent_finishes_instead_of_waking_forever():
+    """Late in a long iteration (hop times of 10^15 s, as a mangled calibration can give) a sliver
+    of work left ends at `now + left / rate == now` in floating point: it is done, not re-armed
+    at the same instant without end (which hung `churnsim validate` on such a file)."""
+    import simpy
+
+    from churnsim.sim.iteration import _SharedCores
+
+    env = simpy.Environment(initial_time=1e16)  # one unit in the last place: 2 s
+    cores = _SharedCores(env, cores=1)
+    done = []
+    cores.start(0.5, lambda: done.append(env.now))
+    steps = 0
+    while env.peek() != float("inf") and steps < 1000:
+        env.step()
+        steps += 1
+    assert done == [1e16] and steps < 10
