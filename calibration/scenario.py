@@ -218,9 +218,9 @@ class UniformNetwork(StrictModel):
     """Every pair of nodes is joined by an identical link."""
 
     kind: Literal["uniform"] = "uniform"
-    latency_s: float = Field(ge=0)
+    latency_s: float = Field(ge=0, allow_inf_nan=False)
     bandwidth_bytes_per_s: float = Field(gt=0)
-    allreduce_latency_s: float = Field(0.0, ge=0)
+    allreduce_latency_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     allreduce_bandwidth_bytes_per_s: float = Field(math.inf, gt=0)
 
 
@@ -232,9 +232,9 @@ class SiteNetwork(StrictModel):
     """Site of the node running stage i is sites[i % len(sites)]; a replacement keeps the site."""
     table: str = "checkfree_geo"
     """A built-in table name or a CSV path with columns site_a, site_b, delay_ms, bandwidth_GiB_per_s."""
-    same_site_latency_s: float = Field(0.010, ge=0)
+    same_site_latency_s: float = Field(0.010, ge=0, allow_inf_nan=False)
     same_site_bandwidth_bytes_per_s: float = Field(0.5 * GIB, gt=0)
-    allreduce_latency_s: float = Field(0.0, ge=0)
+    allreduce_latency_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     allreduce_bandwidth_bytes_per_s: float = Field(math.inf, gt=0)
 
 
@@ -245,8 +245,8 @@ class StorageTier(StrictModel):
     name: str = Field(min_length=1)
     write_bandwidth_bytes_per_s: float = Field(gt=0)
     read_bandwidth_bytes_per_s: float = Field(gt=0)
-    latency_s: float = Field(0.0, ge=0)
-    fixed_cost_s: float = Field(0.0, ge=0)
+    latency_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    fixed_cost_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Seconds every transfer to or from this tier costs beyond `latency_s` whatever its size: a
     calibration's measured fixed cost of a checkpoint write (serialisation, checksums, fsync, rename).
     A calibration sets it rather than adding to the latency, so applying one to a scenario that was

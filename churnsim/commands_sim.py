@@ -132,15 +132,22 @@ MAX_LOCAL_WORKERS = 1024
 
 
 def check_up_front(scenarios, *, source: str, workers: Optional[int] = None) -> None:
-    """Every check that needs no work, before any progress line: sizes, trace files, --workers."""
+    """Every check that needs no work, before any progress line: sizes, trace files, --workers, and
+    the pipeline each scenario makes (times and links the simulator can run)."""
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.input_limits import check_scenario_size
+    from churnsim.sim.pipeline_state import build_pipeline_state
 
     if workers is not None and not 1 <= workers <= MAX_LOCAL_WORKERS:
         raise InputError(f"--workers {workers}: must be between 1 and {MAX_LOCAL_WORKERS} local processes")
     distinct = list({id(scenario): scenario for scenario in scenarios}.values())
     for scenario in distinct:
-        check_scenario_size(scenario, source=source if len(distinct) == 1 else f"{source}, grid point {scenario.name!r}")
+        where = source if len(distinct) == 1 else f"{source}, grid point {scenario.name!r}"
+        check_scenario_size(scenario, source=where)
+        try:
+            build_pipeline_state(scenario)
+        except InputError as error:
+            raise InputError(f"{where}: {error}") from None
 
 
 def override_run_settings(scenario, *, methods: Optional[list[str]], replications: Optional[int], seed: Optional[int]):

@@ -99,10 +99,11 @@ class PipelineState:
             self._set(name, _seconds_vector(name, getattr(self, name), stages))
         gradient = self.gradient_bytes_per_stage
         self._set("gradient_bytes_per_stage", _seconds_vector(
-            "gradient_bytes_per_stage", (0.0,) * stages if gradient is None else gradient, stages))
+            "gradient_bytes_per_stage", (0.0,) * stages if gradient is None else gradient, stages, seconds=False))
         for name in ("embedding_forward_s", "embedding_backward_s", "head_forward_s", "head_backward_s",
-                     "activation_bytes", "allreduce_latency_s", "optimizer_step_s",
-                     "embedding_gradient_bytes", "head_gradient_bytes"):
+                     "allreduce_latency_s", "optimizer_step_s"):
+            self._set(name, _non_negative(name, getattr(self, name), seconds=True))
+        for name in ("activation_bytes", "embedding_gradient_bytes", "head_gradient_bytes"):
             self._set(name, _non_negative(name, getattr(self, name)))
         bandwidth = float(self.allreduce_bandwidth_bytes_per_s)
         if not bandwidth > 0:
@@ -182,15 +183,22 @@ class PipelineState:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
 
-def _non_negative(name: str, value: Any) -> float:
+LONGEST_DURATION_S = 1e9
+"""No compute time or latency may exceed this (31.7 years): sums of such times must stay finite, and
+an iteration of 10^308 s overflowed the simulator's clock to inf and NaN, where it waited forever."""
+
+
+def _non_negative(name: str, value: Any, *, seconds: bool = False) -> float:
     number = float(value)
     if not (number >= 0 and math.isfinite(number)):
         raise InputError(f"{name} = {value!r} must be finite and >= 0")
+    if seconds and number > LONGEST_DURATION_S:
+        raise InputError(f"{name} = {value!r} is more than {LONGEST_DURATION_S:g} s (31.7 years); give seconds of one operation")
     return number
 
 
-def _seconds_vector(name: str, values: Any, length: int) -> tuple[float, ...]:
-    vector = tuple(_non_negative(name, value) for value in values)
+def _seconds_vector(name: str, values: Any, length: int, *, seconds: bool = True) -> tuple[float, ...]:
+    vector = tuple(_non_negative(name, value, seconds=seconds) for value in values)
     if len(vector) != length:
         raise InputError(f"{name} has {len(vector)} entries; give one per stage ({length})")
     return vector
@@ -204,9 +212,9 @@ def _matrix(name: str, rows: Any, size: int, *, allow_zero: bool) -> Matrix:
         for column_index, value in enumerate(row):
             if row_index == column_index:
                 continue  # same node: transfers are free, the diagonal is never read
-            bad = (value < 0 or math.isnan(value) or math.isinf(value)) if allow_zero else not value > 0
+            bad = (not 0 <= value <= LONGEST_DURATION_S) if allow_zero else not value > 0
             if bad:
-                rule = "finite and >= 0" if allow_zero else "> 0 (math.inf allowed)"
+                rule = f"finite, >= 0 and at most {LONGEST_DURATION_S:g} s" if allow_zero else "> 0 (math.inf allowed)"
                 raise InputError(f"{name} contains {value}; every entry must be {rule}")
     return matrix
 

@@ -121,6 +121,26 @@ def test_broken_scenario_file_names_the_field(tmp_path, assert_one_line_error):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("section", "field", "value", "fragments"),
+    [
+        # Found by the input fuzzer: an infinite latency passed validation and failed after the
+        # progress line; a hop of 10^308 s overflowed the iteration's clock and simulate hung.
+        ("network", "latency_s", "Infinity", ("scenario.json", "network.uniform.latency_s")),
+        ("compute", "block_forward_s", [0.003, 0.003, 0.003, 1e308], ("scenario.json", "block_forward_s", "31.7 years")),
+    ],
+)
+def test_a_time_the_simulator_cannot_run_is_refused_before_any_progress_line(section, field, value, fragments, tmp_path, assert_one_line_error):
+    data = json.loads(preset("cpu-tiny").model_dump_json())
+    data[section][field] = value
+    (tmp_path / "scenario.json").write_text(json.dumps(data))
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "simulate", "scenario.json", "--out", "out"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unreachable_dask_scheduler_is_one_clear_line(tmp_path, assert_one_line_error):
     result = subprocess.run(
         [sys.executable, "-m", "churnsim", "sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "replications=1",
