@@ -8,6 +8,7 @@ from typing import Callable
 
 import pandas as pd
 
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import write_table
 
@@ -41,6 +42,17 @@ def healthy_iterations(scenario: Scenario) -> dict[str, IterationResult]:
     }
 
 
+def with_own_rate_named(verdict: Verdict, scenario: Scenario) -> Verdict:
+    """The answer's points with the scenario's own churn rate among their settings, so that a title
+    says it (`cpu-tiny, at 240 failures per node-hour`); the hourly probability has a column of its
+    own, and a churn without a rate (none, a schedule) has nothing to say."""
+    rate = RATE_FIELD_OF_KIND.get(scenario.churn.kind)
+    if rate is None or scenario.churn.kind == "stage_hourly":
+        return verdict
+    setting = {rate.setting: float(getattr(scenario.churn, rate.field))}
+    return replace(verdict, points=tuple(replace(point, grid={**point.grid, **setting}) for point in verdict.points))
+
+
 def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], None] | None = None) -> SimulationOutput:
     """Every method of `scenario` over its replications, as tables and a verdict; nothing is written."""
     results = run_replications(scenario, on_replication_done=on_replication_done)
@@ -50,6 +62,7 @@ def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], Non
     # Each checkpoint interval also tuned, and the answer given again with the better ones
     # (sim/untuned_intervals.py), in this process as the rest.
     verdict = rerun_untuned_intervals(verdict, [scenario], runs, workers=1)
+    verdict = with_own_rate_named(verdict, scenario)
     return SimulationOutput(
         runs=runs,
         summary=summary,

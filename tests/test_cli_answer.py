@@ -151,3 +151,16 @@ def test_a_point_at_a_churns_own_rate_names_the_rate_in_words():
     assert title({"churn.failures_per_node_hour": 240.0}) == "tiny, at 240 failures per node-hour"
     assert title({"churn.mean_lifetime_s": 5400.0}) == "tiny, at a mean lifetime of 1.5 h"
     assert title({"pipeline.num_microbatches": 8, "churn.time_scale": 0.5}) == "tiny, pipeline.num_microbatches = 8, at trace time scale 0.5"
+
+
+def test_simulate_names_the_scenarios_own_churn_rate_in_its_answer():
+    from churnsim import api
+    from churnsim.report import point_title
+
+    poisson = api.simulate("cpu-tiny", methods=["none", "checkpoint"], replications=2)
+    (point,) = poisson.verdict.points
+    assert point.grid == {"churn.failures_per_node_hour": 240.0}
+    assert point_title(point) == "cpu-tiny, at 240 failures per node-hour"
+    hourly = api.simulate("checkfree-124m-geo-10pct", methods=["none", "checkpoint"], replications=2)
+    (point,) = hourly.verdict.points
+    assert point.grid == {} and point_title(point) == "checkfree-124m-geo-10pct, at 10 %/h per stage"
