@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from churnsim.calibration.base import strict_json_dumps
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND, rate_field_of_setting
 
 
 from churnsim.sim.verdict import duration_unit as _unit
@@ -43,17 +44,13 @@ def point_title(point) -> str:
     """What a table or an answer line is about: the scenario, the grid point, the failure rate."""
     where = ", ".join(_grid_words(path, value) for path, value in point.grid.items())
     base = point.scenario.split("[", 1)[0] if point.grid else point.scenario
-    rate = "" if point.failure_probability_per_stage_hour is None else _grid_words(RATE_SETTING, point.failure_probability_per_stage_hour)
+    hourly = point.failure_probability_per_stage_hour
+    rate = "" if hourly is None else f"at {RATE_FIELD_OF_KIND['stage_hourly'].words(hourly)}"
     return ", ".join(part for part in (base, where, rate) if part)
-
-
-RATE_SETTING = "churn.failure_probability_per_stage_hour"
 
 
 def _grid_words(path: str, value) -> str:
     """`pipeline.num_microbatches = 8`, or a churn's failure rate in words (`at 240 failures per node-hour`)."""
-    from churnsim.calibration.churn import rate_field_of_setting
-
     rate = rate_field_of_setting(path)
     if rate is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"at {rate.words(float(value))}"

@@ -20,14 +20,12 @@ from churnsim.calibration.tables import write_table
 
 def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console) -> list[Path]:
     """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`."""
-    from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
     from churnsim.sim.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_methods, sensitivity_tasks, setback_sensitivity
 
     # Under the scenario's own churn the study runs at its own rate (the sensitivity tables are keyed
     # by the hourly probability, which that churn has none of).
     rates: tuple[float, ...] | None = tuple(rate for rate in plan.failure_rates if rate > 0) if plan.replaces_churn else None
-    no_failures = rates == () if rates is not None else mean_stage_failure_rate_per_s(plan.scenario.churn, num_stages=plan.scenario.pipeline.num_stages) == 0
-    if no_failures:
+    if rates == ():  # a plan under the scenario's own churn has a rate above 0 (whatif_plan)
         console.print("[yellow]note:[/yellow] --setback-sensitivity skipped: no nonzero failure rate, so setbacks change nothing")
         return []
     scenario = plan.scenario.model_copy(update={"methods": plan.chosen_methods()})

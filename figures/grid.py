@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND
+
 from .selection import SWEPT_RATE_COLUMNS
 
-RATE_SETTING = "churn.failure_probability_per_stage_hour"
+RATE_SETTING = RATE_FIELD_OF_KIND["stage_hourly"].setting
 RATE_SETTINGS = frozenset({RATE_SETTING, *SWEPT_RATE_COLUMNS})
 
 

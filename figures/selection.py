@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from churnsim.calibration.churn import RATE_FIELD_OF_KIND, RateField
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND, RateField, rate_field_of_setting
 from churnsim.calibration.errors import InputError
 
 RATE_COLUMN = "failure_probability_per_stage_hour"
@@ -125,9 +125,8 @@ def select_failure_probability(frame: pd.DataFrame, probability: float | None) -
 def setting_title_suffix(rate_setting: str | None, value: float) -> str:
     """' at …' for `value` of a scenario's rate field (`churn.failures_per_node_hour`, ...; None or
     an unknown field: the per-stage hourly probability), or '' for NaN."""
-    column = rate_setting if rate_setting in SWEPT_RATE_COLUMNS else RATE_COLUMN
-    axis = next(axis for axis in (HOURLY_RATE_AXIS, *SWEPT_RATE_AXES) if axis.column == column)
-    return axis.title_suffix(value)
+    rate = (rate_field_of_setting(rate_setting) if rate_setting else None) or RATE_FIELD_OF_KIND["stage_hourly"]
+    return f" at {rate.words(value)}" if math.isfinite(value) else ""
 
 
 def rate_title_suffix(probability: float, rows: pd.DataFrame | None = None) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.churn import StageHourlyChurn, rate_sweep
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND, StageHourlyChurn, rate_field_of_setting, rate_sweep
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
 from churnsim.calibration.scenario import Scenario
@@ -42,7 +42,7 @@ model can say so); `--quick` asks at `QUICK_OWN_CHURN_FACTORS`."""
 QUICK_OWN_CHURN_FACTORS: tuple[float, ...] = (1.0, 4.0)
 CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)
 QUICK_CHECKPOINT_INTERVALS: tuple[int, ...] = (10, 50, 200)
-RATE_SETTING = "churn.failure_probability_per_stage_hour"
+RATE_SETTING = RATE_FIELD_OF_KIND["stage_hourly"].setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,14 +84,13 @@ def whatif_plan(
 ) -> WhatIfPlan:
     """The what-if the commands run: at `failure_rates` per-stage hourly probabilities where given, or
     where the scenario's churn is that model, has none, or has no rate to scale (a fixed schedule, a
-    rate of 0);
-    otherwise under the scenario's own churn at `OWN_CHURN_FACTORS` times its rate (and at none
+    rate of 0); otherwise under the scenario's own churn at `OWN_CHURN_FACTORS` times its rate (and at none
     where the churn model can say so), the interval study at its own rate."""
     keeps_churn = failure_rates is None and scenario.churn.kind != "stage_hourly" and _scalable_rate(scenario.churn)
     own = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if keeps_churn else None
     if own is not None:
         rate_setting, rates = own
-        study_rate: float | None = float(getattr(scenario.churn, rate_setting.split(".", 1)[1]))
+        study_rate: float | None = float(getattr(scenario.churn, RATE_FIELD_OF_KIND[scenario.churn.kind].field))
     else:
         rate_setting = RATE_SETTING
         rates = tuple(failure_rates) if failure_rates is not None else QUICK_FAILURE_RATES if quick else WHATIF_FAILURE_RATES
@@ -118,7 +117,9 @@ def at_rate(
     else:
         # Named as a sweep names its grid points: one scenario per rate, which the summary groups by.
         base_name = f"{scenario.name}[{rate_setting}={rate}]"
-        churn = scenario.churn.model_copy(update={rate_setting.split(".", 1)[1]: rate})
+        rate_field = rate_field_of_setting(rate_setting)
+        assert rate_field is not None, f"{rate_setting} is no churn model's rate field"
+        churn = scenario.churn.model_copy(update={rate_field.field: rate})
     return scenario.model_copy(update={"name": base_name, "churn": churn, "replications": replications, "methods": tuple(methods)})
 
 
