@@ -99,14 +99,30 @@ def answer_text(point) -> str:
     return text + "."
 
 
+def _missed_some(standing) -> bool:
+    """A method that missed the target in some replications: its mean covers only those that did."""
+    return standing.fraction_reached is not None and standing.fraction_reached < 1.0
+
+
+def _bound(value: float | None, relation: str, text) -> str:
+    return "—" if value is None else f"{relation} {text(value)}"
+
+
 def print_point_table(point, console: Console) -> None:
-    """Real methods (fastest first), the no-failure reference, then the ablations in a section of their own."""
+    """Real methods (fastest first), the no-failure reference, then the ablations in a section of their own.
+
+    A method that missed the target in some replications shows bounds instead of means: its time at
+    least, its speed-ups at most, with its missed runs counted at the time they were stopped.
+    """
     baselines = list(point.winner_speedup) or sorted({b for s in point.standings for b in s.speedup})
     highs = [s.time_to_target_s.ci95_high or s.time_to_target_s.mean for s in point.standings]
+    highs += [s.time_to_target_at_least_s for s in point.standings if _missed_some(s)]
     unit = _unit(max((value for value in highs if value is not None), default=0.0))
+    bounded = any(_missed_some(s) for s in point.standings)
     table = Table(
         "method", "reached", f"time to target {unit[0]} [95 % CI]", *(f"× vs {baseline} [CI]" for baseline in baselines),
         title=escape(point_title(point)),
+        caption="≥, ≤: bounds where a method missed the target, its missed runs counted at the time they were stopped" if bounded else None,
     )
     previous_role = None
     for standing in point.standings:
@@ -116,11 +132,14 @@ def print_point_table(point, console: Console) -> None:
         name = standing.method + {"reference": " (reference)", "ablation": " (ablation)"}.get(standing.role, "")
         reached = "—" if standing.fraction_reached is None else f"{standing.fraction_reached:.0%}"
         style = "bold" if standing.method == point.winner else None
-        table.add_row(
-            escape(name), reached, _duration(standing.time_to_target_s, unit),
-            *(_ratio(standing.speedup.get(baseline)) for baseline in baselines),
-            style=style,
-        )
+        if _missed_some(standing):
+            cells = [
+                _bound(standing.time_to_target_at_least_s, "≥", lambda seconds: f"{seconds / unit[1]:.1f}"),
+                *(_bound(standing.speedup_at_most.get(baseline), "≤", lambda ratio: f"{ratio:.2f}") for baseline in baselines),
+            ]
+        else:
+            cells = [_duration(standing.time_to_target_s, unit), *(_ratio(standing.speedup.get(baseline)) for baseline in baselines)]
+        table.add_row(escape(name), reached, *cells, style=style)
     console.print(table)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -12,7 +14,7 @@ from matplotlib.container import Container
 
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import speedup_baselines
-from churnsim.calibration.tables import SUMMARY_COLUMNS, TUNED_INTERVAL_COLUMNS, speedup_columns
+from churnsim.calibration.tables import SUMMARY_COLUMNS, TUNED_INTERVAL_COLUMNS, speedup_at_most_column, speedup_columns
 
 from .grid import grid_columns
 from .selection import (
@@ -50,7 +52,9 @@ def plot_time_to_target(
 
     How to read it: lower is better; the shaded band is the 95 % confidence interval over
     replications, so where two bands do not overlap the difference is not noise. A method whose
-    line stops did not reach the target within the time limit at the higher rates.
+    line stops did not reach the target within the time limit at the higher rates. A point labelled
+    "7/10, ≥532" is the mean of the 7 replications of 10 that reached the target, optimistic; with
+    the other 3 counted at the time they were stopped the mean is at least 532.
 
     `summary` has the columns of `calibration.tables.SUMMARY_COLUMNS`. `tuned` (tuned_intervals.csv,
     `calibration.tables.TUNED_INTERVAL_COLUMNS`) adds a hollow marker of the method's colour at each
@@ -72,6 +76,7 @@ def plot_time_to_target(
         scale=1.0 / seconds_per_unit,
         methods=ordered_methods(rows["method"]),
         what="the time-to-target figure",
+        bound=PartialBound("time_to_target_at_least_s", lambda value: f"≥{value:.0f}"),
     )
     drawn["tuned"] = _mark_tuned(ax, tuned, rows, 1.0 / seconds_per_unit) if tuned is not None else []
     ax.set_ylabel(f"time to target loss ({unit})")
@@ -132,7 +137,9 @@ def plot_speedup(
 
     How to read it: the speed-up is T_baseline / T_method paired by replication (same failures), so
     above the line at 1 the method reaches the target sooner than the baseline; bands are 95 %
-    confidence intervals. The baseline itself is not drawn.
+    confidence intervals. The baseline itself is not drawn. A point labelled "7/10, ≤1.11" covers the
+    7 replications of 10 that reached the target; over all 10, the others counted at the time they
+    were stopped, the speed-up is at most 1.11.
 
     Returns {"lines": one Line2D per method other than the baseline, "bands": one 95 % band per
     such method, "reference": [the Line2D at speed-up 1]}.
@@ -155,6 +162,7 @@ def plot_speedup(
         scale=1.0,
         methods=methods,
         what=f"the speed-up figure over {baseline} (no run of {baseline} reached the target?)",
+        bound=PartialBound(speedup_at_most_column(baseline), lambda value: f"≤{value:.2f}"),
     )
     drawn["reference"] = [ax.axhline(1.0, color="#444444", linestyle="--", linewidth=1.0)]
     ax.set_ylabel(f"speed-up over {method_label(baseline)} (×)")
@@ -173,6 +181,7 @@ def _lines_against_rate(
     scale: float,
     methods: list[str],
     what: str,
+    bound: "PartialBound",
 ) -> dict[str, list[Artist]]:
     axis = rate_axis(rows)
     rows = rows[np.isfinite(rows[axis.column].astype(float)) & rows["method"].isin(methods)]
@@ -206,7 +215,7 @@ def _lines_against_rate(
         bands.append(band)
     if not lines:
         raise NothingToPlot(f"no rows to plot for {what}")
-    _label_partial_reach(ax, rows, mean_column, scale, methods, axis.column, axis.scale)
+    _label_partial_reach(ax, rows, mean_column, scale, methods, axis.column, axis.scale, bound)
     if not_reached:
         make_room_for_not_reached(ax, len(not_reached))
         add_not_reached_key(ax)
@@ -215,16 +224,35 @@ def _lines_against_rate(
     return {"lines": lines, "bands": bands, "not_reached": not_reached}
 
 
+@dataclass(frozen=True)
+class PartialBound:
+    """The summary column that bounds a point whose mean covers only the replications that reached
+    the target (`calibration.tables`), and how its label writes the bound in the figure's unit."""
+
+    column: str
+    text: Callable[[float], str]
+
+
 def _label_partial_reach(
-    ax: Axes, rows: pd.DataFrame, mean_column: str, scale: float, methods: list[str], rate_column: str, rate_scale: float
+    ax: Axes,
+    rows: pd.DataFrame,
+    mean_column: str,
+    scale: float,
+    methods: list[str],
+    rate_column: str,
+    rate_scale: float,
+    bound: PartialBound,
 ) -> None:
-    """'7/10' beside each point whose mean covers only the replications that reached the target;
-    labels at one failure rate are spread apart vertically so they never overlap."""
+    """'7/10, ≥532' beside each point whose mean covers only the replications that reached the
+    target: how many did, and the bound with the others counted at the time they were stopped (left
+    out where unknown); labels at one failure rate are spread apart vertically so they never overlap."""
     if "fraction_reached" not in rows or "num_replications" not in rows:
         return
     partial = rows[(rows["fraction_reached"].astype(float) < 1.0) & np.isfinite(rows[mean_column].astype(float))]
     low, high = ax.get_ylim()
     spacing = 0.05 * (high - low)
+    last_rate = float(rows[rate_column].astype(float).max())
+    longest_at_last_rate = 0
     for rate, at_rate in partial.groupby(rate_column):
         placed = -np.inf
         for _, row in at_rate.assign(y=scale * at_rate[mean_column].astype(float)).sort_values("y").iterrows():
@@ -233,7 +261,33 @@ def _label_partial_reach(
             y = max(float(row["y"]), placed + spacing)
             placed = y
             total = float(row["num_replications"])
+            label = f"{round(float(row['fraction_reached']) * total):.0f}/{total:.0f}"
+            bound_value = float(row[bound.column]) if bound.column in row.index else math.nan
+            if math.isfinite(bound_value):
+                label += ", " + bound.text(scale * bound_value)
             ax.annotate(
-                f"{round(float(row['fraction_reached']) * total):.0f}/{total:.0f}", (rate_scale * float(rate), y),
-                xytext=(8, 0), textcoords="offset points", fontsize=7.5, color=method_color(str(row["method"])), va="center",
+                label, (rate_scale * float(rate), y),
+                xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points", fontsize=LABEL_FONT_PT,
+                color=method_color(str(row["method"])), va="center",
             )  # fmt: skip
+            if float(rate) == last_rate:
+                longest_at_last_rate = max(longest_at_last_rate, len(label))
+    if longest_at_last_rate:
+        _make_room_on_the_right(ax, rate_scale * last_rate, longest_at_last_rate)
+
+
+LABEL_FONT_PT = 7.5
+LABEL_OFFSET_PT = 8.0
+
+
+def _make_room_on_the_right(ax: Axes, last_x: float, characters: int) -> None:
+    """Widen the x axis so that a label of `characters` beside the point at `last_x` stays inside
+    the axes (a legend may sit just outside). The width is estimated before layout, at about 0.62
+    em per character, with a few points to spare, so it errs on the roomy side."""
+    label_pt = LABEL_OFFSET_PT + 0.62 * LABEL_FONT_PT * characters + 4.0
+    axes_pt = ax.get_position().width * ax.figure.get_figwidth() * 72.0
+    fraction = min(label_pt / axes_pt, 0.5) if axes_pt > 0 else 0.0
+    left, right = ax.get_xlim()
+    needed_right = left + (last_x - left) / (1.0 - fraction)
+    if needed_right > right:
+        ax.set_xlim(left, needed_right)

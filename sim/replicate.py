@@ -24,7 +24,7 @@ from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.setback_uncertainty import replication_convergence
 from churnsim.calibration.speed_uncertainty import replication_compute_factor, with_compute_scaled
 from churnsim.calibration.statistics import mean_with_ci95
-from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_columns, summary_columns
+from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_at_most_column, speedup_columns, summary_columns
 
 from .iteration import shared_iteration_model
 from .results import RunResult
@@ -123,6 +123,34 @@ def _paired_speedups(runs: pd.DataFrame, method: str, baseline: str) -> list[flo
     return [float(r) for r in ratios if np.isfinite(r)]
 
 
+def _times_at_least(method_runs: pd.DataFrame) -> pd.Series:
+    """Each run's time to target, or where it missed the target the time it was stopped
+    (`target.max_wall_clock_s`): a lower bound on the time it would have needed."""
+    reached = method_runs["reached_target"].astype(bool)
+    stopped_s = method_runs["wall_clock_s"] if "wall_clock_s" in method_runs else math.nan  # unknown: no bound
+    return method_runs["time_to_target_s"].where(reached, stopped_s).astype(float)
+
+
+def time_to_target_at_least_s(method_runs: pd.DataFrame) -> float:
+    """A lower bound on one method's mean time to target over all its runs; NaN without runs or
+    where a run's stopping time is not finite."""
+    times = _times_at_least(method_runs)
+    return float(times.mean()) if len(times) and bool(np.isfinite(times).all()) else math.nan
+
+
+def _paired_speedup_at_most(runs: pd.DataFrame, method: str, baseline: str) -> float:
+    """An upper bound on the mean paired speed-up T_baseline / T_method over every replication (the
+    method's missed runs count at their stopping time); NaN unless the baseline reached the target
+    in every replication the method ran."""
+    method_runs = runs[runs["method"] == method]
+    baseline_times = runs[runs["method"] == baseline].set_index("replication")["time_to_target_s"].astype(float)
+    method_times = pd.Series(_times_at_least(method_runs).to_numpy(), index=method_runs["replication"])
+    paired = baseline_times.reindex(method_times.index)
+    if method_times.empty or not (np.isfinite(paired).all() and np.isfinite(method_times).all()):
+        return math.nan
+    return float((paired / method_times).mean())
+
+
 def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.DataFrame:
     """One row per (scenario, failure rate, method): time to target and paired speed-ups with 95 % CIs.
 
@@ -130,8 +158,10 @@ def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.Da
     `scenario`: a grid point is one scenario, so each is constant within a row's runs.
     """
     rows = []
-    keys = ["scenario", "failure_probability_per_stage_hour"]
-    for (scenario_name, probability), group in runs.groupby(keys, sort=False, dropna=False):
+    # The grid columns are keys too: points of a grid that share a scenario name (a what-if's
+    # interval study) must not be pooled, since replication r of each is a different run.
+    keys = ["scenario", *grid_columns, "failure_probability_per_stage_hour"]
+    for (scenario_name, *_, probability), group in runs.groupby(keys, sort=False, dropna=False):
         for method, method_runs in group.groupby("method", sort=False):
             mean, low, high = mean_with_ci95(method_runs["time_to_target_s"].tolist())
             row = {
@@ -144,11 +174,13 @@ def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.Da
                 "time_to_target_mean_s": mean,
                 "time_to_target_ci95_low_s": low,
                 "time_to_target_ci95_high_s": high,
+                "time_to_target_at_least_s": time_to_target_at_least_s(method_runs),
                 "setbacks_calibrated": bool(method_runs["setbacks_calibrated"].all()),
                 "setback_source": method_runs["setback_source"].iloc[0] if "setback_source" in method_runs else None,
             }
             for baseline in speedup_baselines():
                 row.update(zip(speedup_columns(baseline), mean_with_ci95(_paired_speedups(group, method, baseline))))
+                row[speedup_at_most_column(baseline)] = _paired_speedup_at_most(group, method, baseline)
             rows.append(row)
     columns = list(summary_columns())
     return pd.DataFrame(rows, columns=columns[:1] + list(grid_columns) + columns[1:])

@@ -27,7 +27,7 @@ import pandas as pd
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
 from churnsim.calibration.statistics import mean_with_ci95
-from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS, speedup_columns
+from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS, speedup_at_most_column, speedup_columns
 
 Role = Literal["method", "reference", "ablation"]
 RATE_COLUMN = "failure_probability_per_stage_hour"
@@ -83,6 +83,11 @@ class MethodStanding:
     time_to_target_s: Estimate
     speedup: dict[str, Estimate]
     """Paired speed-up T_baseline / T_method over each speed-up baseline."""
+    time_to_target_at_least_s: float | None = None
+    """A lower bound on the mean over every replication, the runs that missed the target counted at
+    the time they were stopped; the mean itself where every run reached it (None when unknown)."""
+    speedup_at_most: dict[str, float | None] = field(default_factory=dict)
+    """The matching upper bound on each speed-up; None where the baseline missed the target too."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +164,12 @@ def _standing(row: pd.Series) -> MethodStanding:
         fraction_reached=finite_or_none(row.get("fraction_reached")),
         time_to_target_s=Estimate.from_row(row, "time_to_target_mean_s", "time_to_target_ci95_low_s", "time_to_target_ci95_high_s"),
         speedup={baseline: Estimate.from_row(row, *speedup_columns(baseline)) for baseline in speedup_baselines() if speedup_columns(baseline)[0] in row},
+        time_to_target_at_least_s=finite_or_none(row.get("time_to_target_at_least_s")),
+        speedup_at_most={
+            baseline: finite_or_none(row.get(speedup_at_most_column(baseline)))
+            for baseline in speedup_baselines()
+            if speedup_at_most_column(baseline) in row
+        },
     )
 
 
@@ -190,18 +201,16 @@ def duration_unit(largest_s: float) -> tuple[str, float]:
     return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
 
 
-def _at_least_s(runs: pd.DataFrame) -> float | None:
-    """A lower bound on the mean time to target of `runs` (one method's): a run that did not reach
-    the target counts at the time it was stopped (`target.max_wall_clock_s`), which it would have
-    needed more than."""
-    if runs.empty or "reached_target" not in runs:
-        return None
-    reached = runs["reached_target"].astype(bool)
-    times = runs["time_to_target_s"].where(reached, runs["wall_clock_s"]).astype(float)
-    return float(times.mean()) if all(math.isfinite(value) for value in times) else None
+def _cannot_be_told_apart(winner: MethodStanding, other: MethodStanding) -> bool:
+    """Their 95 % intervals overlap, and where `other` missed the target in some replications (its
+    interval covers only the runs that reached it) its lower bound is within the winner's interval."""
+    if not winner.time_to_target_s.overlaps(other.time_to_target_s):
+        return False
+    at_least, winner_high = other.time_to_target_at_least_s, winner.time_to_target_s.ci95_high
+    return _reached_everywhere(other) or at_least is None or winner_high is None or at_least <= winner_high
 
 
-def _point_caveats(standings: Sequence[MethodStanding], runs: pd.DataFrame | None) -> list[str]:
+def _point_caveats(standings: Sequence[MethodStanding]) -> list[str]:
     caveats = []
     for standing in standings:
         if standing.role == "ablation" or standing.fraction_reached is None or standing.fraction_reached >= 1.0:
@@ -213,7 +222,7 @@ def _point_caveats(standings: Sequence[MethodStanding], runs: pd.DataFrame | Non
             f"{standing.method} reached the target in {standing.fraction_reached:.0%} of replications; "
             "its time to target is the mean of those that did, so it is optimistic"
         )
-        at_least = _at_least_s(runs[runs["method"] == standing.method]) if runs is not None else None
+        at_least = standing.time_to_target_at_least_s
         if at_least is not None:
             name, seconds = duration_unit(at_least)
             caveat += f"; counting the others at the time they were stopped (target.max_wall_clock_s), at least {at_least / seconds:.1f} {name}"
@@ -221,9 +230,8 @@ def _point_caveats(standings: Sequence[MethodStanding], runs: pd.DataFrame | Non
     return caveats
 
 
-def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = (), runs: pd.DataFrame | None = None) -> PointVerdict:
-    """The verdict over the rows of one scenario at one failure rate (one row per method); with the
-    point's `runs`, a method that did not always reach the target gets a lower bound on its time."""
+def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> PointVerdict:
+    """The verdict over the rows of one scenario at one failure rate (one row per method)."""
     first = rows.iloc[0]
     standings = _ordered(_standing(row) for _, row in rows.iterrows())
     candidates = [s for s in standings if s.role == "method" and s.time_to_target_s.mean is not None]
@@ -231,7 +239,7 @@ def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = (), runs:
     tied: tuple[str, ...] = ()
     speedup: dict[str, Estimate | None] = {}
     if winner is not None:
-        tied = tuple(s.method for s in candidates[1:] if winner.time_to_target_s.overlaps(s.time_to_target_s))
+        tied = tuple(s.method for s in candidates[1:] if _cannot_be_told_apart(winner, s))
         for baseline in speedup_baselines():
             estimate = winner.speedup.get(baseline)
             speedup[baseline] = estimate if estimate is not None and estimate.mean is not None else None
@@ -245,7 +253,7 @@ def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = (), runs:
         winner_speedup=speedup,
         cannot_be_told_apart_from=tied,
         standings=standings,
-        caveats=tuple(_point_caveats(standings, runs)),
+        caveats=tuple(_point_caveats(standings)),
     )
 
 
@@ -264,14 +272,9 @@ def verdict_from_summary(
     points = []
     for _, scenario_rows in summary.groupby("scenario", sort=False):
         rates = scenario_rows[RATE_COLUMN].astype(float)
-        scenario_runs = runs[runs["scenario"] == scenario_rows["scenario"].iloc[0]] if runs is not None else None
         for rate in sorted(set(rates[rates.notna()])) + ([math.nan] if rates.isna().any() else []):
             rows = scenario_rows[rates.isna()] if math.isnan(rate) else scenario_rows[rates == rate]
-            point_runs = None
-            if scenario_runs is not None and RATE_COLUMN in scenario_runs:
-                run_rates = scenario_runs[RATE_COLUMN].astype(float)
-                point_runs = scenario_runs[run_rates.isna()] if math.isnan(rate) else scenario_runs[run_rates == rate]
-            points.append(point_verdict(rows, grid_columns=grid_columns, runs=point_runs))
+            points.append(point_verdict(rows, grid_columns=grid_columns))
     caveats = list(notes) + (steady_overhead_caveats(runs) if runs is not None else [])
     return Verdict(points=tuple(points), caveats=tuple(dict.fromkeys(caveats)))
 

@@ -36,6 +36,9 @@ def _results_directory(tmp_path, *, not_reached: bool = True):
         summary.loc[failing, [c for c in summary.columns if c.startswith(("time_to_target_", "speedup_"))]] = np.nan
         partial = (summary["method"] == "redundant") & highest
         summary.loc[partial, "fraction_reached"] = 2 / 3
+        # Its bounds, the missed run counted when it was stopped: 10 h at least, 0.5× at most.
+        summary.loc[partial, "time_to_target_at_least_s"] = 10 * 3600.0
+        summary.loc[partial, ["speedup_vs_checkpoint_at_most", "speedup_vs_redundant_at_most"]] = 0.5
     for name, table in {
         "runs": runs, "summary": summary, "trajectories": trajectories, "checkpoint_intervals": _intervals(),
         "validation": _validation_with_a_measured_zero(), "iteration_spans": _spans(),
@@ -150,9 +153,24 @@ def test_x_marks_sit_above_every_data_point(figures):
     assert mark.get_ydata()[0] > (top_of_data - low) / (high - low)  # axes fraction
 
 
-def test_a_partly_reached_point_says_how_many_replications_reached(figures):
+def test_a_partly_reached_point_says_how_many_replications_reached_and_its_bound(figures):
     texts = [text.get_text() for text in figures["time_to_target"].axes[0].texts]
-    assert "2/3" in texts
+    hours = [text for text in texts if text.startswith("2/3, ≥")]
+    assert hours and all(text in ("2/3, ≥10", "2/3, ≥600", "2/3, ≥36000") for text in hours)  # in the figure's unit
+    over_checkpoint = figures["speedup"].axes[0]  # the partly reached method, redundant, is the other panel's baseline
+    assert "2/3, ≤0.50" in [text.get_text() for text in over_checkpoint.texts]
+
+
+def test_partly_reached_labels_stay_inside_their_axes(figures):
+    """The labels sit right of their point; at the last rate the axis widens to hold them, since a
+    legend may sit just outside it."""
+    for name in ("time_to_target", "speedup"):
+        figure = figures[name]
+        renderer = figure.canvas.get_renderer()
+        for ax in figure.axes:
+            frame = ax.get_window_extent(renderer)
+            for text in ax.texts:
+                assert text.get_window_extent(renderer).x1 <= frame.x1 + 1, f"{name}: {text.get_text()!r} runs past its axes"
 
 
 def test_badput_shows_hours_and_shares(figures):

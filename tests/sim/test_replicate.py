@@ -59,6 +59,24 @@ def test_speedups_are_paired_ratios_within_each_replication():
     assert math.isnan(summary.loc["checkfree", "speedup_vs_redundant_mean"])  # no redundant runs
 
 
+def test_points_of_a_grid_that_share_a_scenario_name_are_summarised_apart():
+    """A what-if's interval study runs every interval under the scenario's own name: replication 0
+    at interval 10 and at interval 20 are different runs, not one."""
+    runs = pd.DataFrame(
+        {
+            "scenario": "s", "failure_probability_per_stage_hour": 0.1, "interval_iterations": [10, 10, 20, 20],
+            "replication": [0, 0, 0, 0], "method": ["checkpoint", "checkfree"] * 2,
+            "time_to_target_s": [200.0, 100.0, 400.0, 100.0], "wall_clock_s": [200.0, 100.0, 400.0, 100.0],
+            "reached_target": True, "setbacks_calibrated": False,
+        }
+    )
+    summary = summary_table(runs, ["interval_iterations"]).set_index(["interval_iterations", "method"])
+    assert len(summary) == 4
+    assert summary.loc[(10, "checkfree"), "speedup_vs_checkpoint_mean"] == pytest.approx(2.0)
+    assert summary.loc[(20, "checkfree"), "speedup_vs_checkpoint_at_most"] == pytest.approx(4.0)
+    assert summary.loc[(20, "checkpoint"), "time_to_target_mean_s"] == pytest.approx(400.0)
+
+
 def test_grid_settings_parse_and_expand():
     assert parse_grid_setting("pipeline.num_microbatches=2,4") == ("pipeline.num_microbatches", (2, 4))
     points = grid_points([("a", (1, 2)), ("b", ("x",))])

@@ -7,9 +7,12 @@ import math
 
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from churnsim.calibration.base import strict_json_loads
 from churnsim.calibration.tables import SUMMARY_COLUMNS
+from churnsim.report import print_point_table
+from churnsim.sim.replicate import summary_table
 from churnsim.sim.verdict import steady_overhead_caveats, verdict_from_summary
 
 
@@ -86,20 +89,68 @@ def test_a_method_that_missed_the_target_in_some_replications_does_not_win_on_it
     assert any("checkfree reached the target in 60% of replications" in caveat for caveat in point.caveats)
 
 
-def test_with_its_runs_a_method_that_missed_the_target_gets_a_lower_bound_counting_the_stopped_runs():
-    summary = frame(summary_row("checkfree", 50.0, 1.0, reached=0.6), summary_row("checkpoint", 80.0, 1.0))
+def _runs_with_two_stopped_checkfree_runs(*, checkpoint_missed_once: bool = False) -> pd.DataFrame:
+    """Five replications: checkpoint reaches the target in 80 h; checkfree in 48, 50, 52 h three
+    times and is stopped at a 30-day limit twice."""
     hour = 3600.0
-    runs = pd.DataFrame(
-        {
-            "scenario": "s", "failure_probability_per_stage_hour": 0.1, "method": "checkfree",
-            "reached_target": [True, True, True, False, False],
-            "time_to_target_s": [48 * hour, 50 * hour, 52 * hour, math.nan, math.nan],
-            "wall_clock_s": [48 * hour, 50 * hour, 52 * hour, 720 * hour, 720 * hour],  # stopped at a 30-day limit
-        }
-    )
-    (point,) = verdict_from_summary(summary, runs=runs).points
+    checkpoint_times = [80 * hour] * 5
+    if checkpoint_missed_once:
+        checkpoint_times[0] = math.nan
+    rows = [
+        {"method": "checkfree", "replication": r, "reached_target": math.isfinite(t), "time_to_target_s": t, "wall_clock_s": w}
+        for r, (t, w) in enumerate(zip([48 * hour, 50 * hour, 52 * hour, math.nan, math.nan], [48 * hour, 50 * hour, 52 * hour, 720 * hour, 720 * hour]))
+    ] + [
+        {"method": "checkpoint", "replication": r, "reached_target": math.isfinite(t), "time_to_target_s": t, "wall_clock_s": 720 * hour if math.isnan(t) else t}
+        for r, t in enumerate(checkpoint_times)
+    ]
+    return pd.DataFrame(rows).assign(scenario="s", failure_probability_per_stage_hour=0.1, setbacks_calibrated=False)
+
+
+def test_a_method_that_missed_the_target_gets_bounds_counting_its_stopped_runs():
+    summary = summary_table(_runs_with_two_stopped_checkfree_runs()).set_index("method")
+    hour = 3600.0
+    assert summary.loc["checkfree", "time_to_target_mean_s"] == pytest.approx(50 * hour)  # the three that reached: optimistic
+    assert summary.loc["checkfree", "time_to_target_at_least_s"] == pytest.approx(318 * hour)  # (48 + 50 + 52 + 2 × 720) / 5
+    at_most = (80 / 48 + 80 / 50 + 80 / 52 + 2 * 80 / 720) / 5
+    assert summary.loc["checkfree", "speedup_vs_checkpoint_at_most"] == pytest.approx(at_most)
+    assert summary.loc["checkfree", "speedup_vs_checkpoint_mean"] > 1.5 > at_most  # the paired mean over three reads faster
+    # Where every run reached the target the bounds are the estimates themselves.
+    assert summary.loc["checkpoint", "time_to_target_at_least_s"] == pytest.approx(80 * hour)
+    assert summary.loc["checkpoint", "speedup_vs_checkpoint_at_most"] == pytest.approx(1.0)
+
+    (point,) = verdict_from_summary(summary.reset_index()).points
     (caveat,) = [caveat for caveat in point.caveats if caveat.startswith("checkfree reached the target in 60%")]
     assert caveat.endswith("counting the others at the time they were stopped (target.max_wall_clock_s), at least 318.0 h")
+    (standing,) = [s for s in point.standings if s.method == "checkfree"]
+    assert standing.time_to_target_at_least_s == pytest.approx(318 * hour)
+    assert standing.speedup_at_most["checkpoint"] == pytest.approx(at_most)
+
+
+def test_nothing_bounds_a_speedup_over_a_baseline_that_missed_the_target_too():
+    summary = summary_table(_runs_with_two_stopped_checkfree_runs(checkpoint_missed_once=True)).set_index("method")
+    assert math.isnan(summary.loc["checkfree", "speedup_vs_checkpoint_at_most"])
+    assert summary.loc["checkfree", "time_to_target_at_least_s"] == pytest.approx(318 * 3600.0)
+
+
+def test_a_partly_reached_method_whose_lower_bound_is_past_the_winners_interval_can_be_told_apart():
+    hour = 3600.0
+    winner = summary_row("checkpoint", 80.0, 1.0)
+    slower_for_sure = summary_row("checkfree", 79.0, 3.0, reached=0.6) | {"time_to_target_at_least_s": 318 * hour}
+    maybe_faster = summary_row("async_checkpoint", 79.5, 3.0, reached=0.8) | {"time_to_target_at_least_s": 80.5 * hour}
+    (point,) = verdict_from_summary(frame(winner, slower_for_sure, maybe_faster)).points
+    assert point.winner == "checkpoint"
+    assert point.cannot_be_told_apart_from == ("async_checkpoint",)  # its bound lies within checkpoint's [79, 81] h
+
+
+def test_the_table_shows_bounds_for_a_method_that_missed_the_target():
+    console = Console(width=160, record=True)
+    (point,) = verdict_from_summary(summary_table(_runs_with_two_stopped_checkfree_runs())).points
+    print_point_table(point, console)
+    text = console.export_text()
+    (checkfree_line,) = [line for line in text.splitlines() if "checkfree" in line]
+    assert "60%" in checkfree_line and "≥ 318.0" in checkfree_line and "≤ 1.01" in checkfree_line
+    assert "50.0" not in checkfree_line  # the optimistic mean of the three that reached is only in the caveat
+    assert "missed runs counted at the time they were stopped" in " ".join(text.split())
 
 
 def test_no_winner_when_no_real_method_reached_the_target():
