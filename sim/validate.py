@@ -475,9 +475,14 @@ def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> t
         raise InputError(f"run record {record.manifest.run_id!r}: method {record.manifest.method!r} is not in its scenario's methods")
     result = simulate_run(scenario, method, replay_failures(record), replication=record.manifest.replication, seed=record.manifest.seed)
     summary = dict(record.manifest.summary)
-    missing = [key for key in ("healthy_iteration_time_s", "checkpoint_stall_s", "recovery_downtime_s", "reached_target", "wall_clock_s") if key not in summary]
+    seconds_fields = ("healthy_iteration_time_s", "checkpoint_stall_s", "recovery_downtime_s", "wall_clock_s")
+    missing = [key for key in (*seconds_fields, "reached_target") if key not in summary]
     if missing:
         raise InputError(f"run record {record.manifest.run_id!r}: manifest.json field 'summary' lacks {', '.join(missing)}; re-write the record with churnsim simulate")
+    wrong = [f"{key} (not a number)" for key in seconds_fields if isinstance(summary[key], (bool, str)) or summary[key] is None]
+    wrong += ["reached_target (not true or false)"] if not isinstance(summary["reached_target"], bool) else []
+    if wrong:
+        raise InputError(f"run record {record.manifest.run_id!r}: manifest.json field 'summary' has {', '.join(wrong)}; re-write the record with churnsim simulate")
     measured = _observed_from_simulation(
         scenario, summary, record.metrics, time_to_target_s=float(summary["wall_clock_s"]) if summary["reached_target"] else math.nan
     )

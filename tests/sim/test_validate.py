@@ -4,6 +4,7 @@ bad records and fitted runs are refused with one clear message."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -164,6 +165,24 @@ def test_malformed_metrics_error_names_the_file_and_the_column(simulated_records
         validate_runs([broken], None)
     message = str(error.value)
     assert "metrics.csv" in message and "'wall_time_s'" in message and "row 2" in message
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("healthy_iteration_time_s", "fast", "healthy_iteration_time_s (not a number)"),
+    ("wall_clock_s", None, "wall_clock_s (not a number)"),
+    ("reached_target", "yes", "reached_target (not true or false)"),
+])
+def test_a_simulated_records_summary_of_the_wrong_type_is_refused(simulated_records, tmp_path, field, value, said):
+    _, paths = simulated_records
+    broken = tmp_path / "broken-summary"
+    broken.mkdir()
+    for name in ("metrics.csv", "spans.csv", "failures.csv"):
+        (broken / name).write_bytes((paths[0] / name).read_bytes())
+    manifest = json.loads((paths[0] / "manifest.json").read_text())
+    manifest["summary"][field] = value
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=re.escape(f"manifest.json field 'summary' has {said}; re-write the record")):
+        validate_runs([broken], None)
 
 
 def test_a_directory_without_records_is_refused(tmp_path):
