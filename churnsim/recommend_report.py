@@ -21,6 +21,17 @@ def _iterations(value: float | None) -> str:
     return "—" if value is None else f"{value:.0f}"
 
 
+def _candidate_time(candidate, unit: tuple[str, float]) -> str:
+    """Its time to target; where it missed the target in some replications, the lower bound first,
+    then the optimistic mean of those that reached it."""
+    reached = candidate.fraction_reached
+    if reached is None or reached >= 1.0 or candidate.time_to_target_s.mean is None:
+        return _duration(candidate.time_to_target_s, unit) if candidate.time_to_target_s.mean is not None else "never reached the target"
+    over_those = f"reached in {reached:.0%}: {_duration(candidate.time_to_target_s, unit)} over those"
+    at_least = candidate.time_to_target_at_least_s
+    return f"≥ {at_least / unit[1]:.1f} ({over_those})" if at_least is not None else f"{over_those}, optimistic"
+
+
 def recommendation_lines(recommendation) -> list[str]:
     times = [c.time_to_target_s.mean for c in recommendation.best_per_method if c.time_to_target_s.mean is not None]
     unit = _unit(max(times, default=0.0))
@@ -35,11 +46,11 @@ def recommendation_lines(recommendation) -> list[str]:
     lines.append("Each method at its best knobs:")
     for candidate in recommendation.best_per_method:
         knobs = f" ({_knobs(candidate.knobs)})" if candidate.knobs else ""
-        lines.append(f"  {candidate.method}{knobs}: {_duration(candidate.time_to_target_s, unit)}")
+        lines.append(f"  {candidate.method}{knobs}: {_candidate_time(candidate, unit)}")
     for study in recommendation.interval_studies:
         delta = "—" if study.checkpoint_cost_s is None else f"{study.checkpoint_cost_s:.3g} s"
         mtbf = "—" if study.mean_time_between_failures_s is None else f"{study.mean_time_between_failures_s:.4g} s"
-        grid = ", ".join(f"{c.knobs[study.interval_field]}: {_duration(c.time_to_target_s, unit)}" for c in study.grid)
+        grid = ", ".join(f"{c.knobs[study.interval_field]}: {_candidate_time(c, unit)}" for c in study.grid)
         lines.append(
             f"{study.method} {study.interval_field}: simulated best {_iterations(study.best_interval_iterations)} "
             f"(fit {_iterations(study.fitted_optimum_iterations)}), Young {_iterations(study.young_interval_iterations)}, "
@@ -48,7 +59,7 @@ def recommendation_lines(recommendation) -> list[str]:
         lines.append(f"  grid: {grid}")
     if recommendation.edge_fallbacks:
         lines.append("edge_fallback: " + ", ".join(
-            f"{c.knobs['edge_fallback']} {_duration(c.time_to_target_s, unit)}" for c in recommendation.edge_fallbacks))
+            f"{c.knobs['edge_fallback']} {_candidate_time(c, unit)}" for c in recommendation.edge_fallbacks))
     for case in recommendation.robustness:
         name = "setbacks ×" if case.uncertain_input == "setback_scale" else "failure rate ×"
         if case.winner_changes is None:

@@ -42,11 +42,11 @@ from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
 from .analytic import IntervalOptimum, interval_optimum_from_runs
-from .replicate import replication_tasks
+from .replicate import replication_tasks, time_to_target_at_least_s
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
 from .untuned_intervals import interval_beyond_edge, tune_intervals
-from .verdict import Estimate, _json_safe, finite_or_none
+from .verdict import Estimate, _json_safe, cannot_be_told_apart, finite_or_none
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 """Multiples of Daly's interval (Young's where Daly's is missing) in the interval grid."""
@@ -68,6 +68,10 @@ class Candidate:
     """The knobs this variant sets (empty: the scenario's config as given)."""
     fraction_reached: float | None
     time_to_target_s: Estimate
+    """The mean over the replications that reached the target."""
+    time_to_target_at_least_s: float | None = None
+    """A lower bound on the mean over all of them, the missed runs counted at the time they were
+    stopped (`sim.replicate.time_to_target_at_least_s`); None where unknown."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +153,7 @@ def _candidates(runs: pd.DataFrame, knobs: dict[str, dict[str, Any]], case: str)
             knobs=knobs[str(key)],
             fraction_reached=finite_or_none(group["reached_target"].mean()),
             time_to_target_s=Estimate.of_values(group["time_to_target_s"].tolist()),
+            time_to_target_at_least_s=finite_or_none(time_to_target_at_least_s(group)),
         )
     return out
 
@@ -404,7 +409,7 @@ def recommend(
     edge = tuple(sorted((c for c in base.values() if "edge_fallback" in c.knobs), key=_sort_key))
     ranked = _best_per_method(list(base.values()))
     winner = ranked[0] if ranked and ranked[0].time_to_target_s.mean is not None else None
-    tied = tuple(c.method for c in ranked[1:] if winner is not None and winner.time_to_target_s.overlaps(c.time_to_target_s))
+    tied = tuple(c.method for c in ranked[1:] if winner is not None and cannot_be_told_apart(winner, c))
     if winner is not None and winner.fraction_reached != 1.0:
         caveats.append(f"{winner.method} reached the target in {winner.fraction_reached:.0%} of replications; its mean is optimistic")
     robustness = _robustness(ledger, ranked, winner, setback_scales, rate_factors)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Protocol, Sequence
 
 import pandas as pd
 
@@ -192,7 +192,7 @@ def _ordered(standings: Iterable[MethodStanding]) -> tuple[MethodStanding, ...]:
     return tuple(real + reference + ablations)
 
 
-def _reached_everywhere(standing: MethodStanding) -> bool:
+def _reached_everywhere(standing: TimedToTarget) -> bool:
     return standing.fraction_reached is not None and standing.fraction_reached >= 1.0
 
 
@@ -201,9 +201,22 @@ def duration_unit(largest_s: float) -> tuple[str, float]:
     return ("h", 3600.0) if largest_s >= 3 * 3600 else ("min", 60.0) if largest_s >= 180 else ("s", 1.0)
 
 
-def _cannot_be_told_apart(winner: MethodStanding, other: MethodStanding) -> bool:
+class TimedToTarget(Protocol):
+    """What the tie rule reads: a `MethodStanding`, or a recommendation's candidate."""
+
+    @property
+    def fraction_reached(self) -> float | None: ...
+    @property
+    def time_to_target_s(self) -> Estimate: ...
+    @property
+    def time_to_target_at_least_s(self) -> float | None: ...
+
+
+def cannot_be_told_apart(winner: TimedToTarget, other: TimedToTarget) -> bool:
     """Their 95 % intervals overlap, and where `other` missed the target in some replications (its
-    interval covers only the runs that reached it) its lower bound is within the winner's interval."""
+    interval covers only the runs that reached it) its lower bound is within the winner's interval.
+
+    Also `sim.recommend`'s rule for its candidates, which carry the same three fields."""
     if not winner.time_to_target_s.overlaps(other.time_to_target_s):
         return False
     at_least, winner_high = other.time_to_target_at_least_s, winner.time_to_target_s.ci95_high
@@ -239,7 +252,7 @@ def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> Po
     tied: tuple[str, ...] = ()
     speedup: dict[str, Estimate | None] = {}
     if winner is not None:
-        tied = tuple(s.method for s in candidates[1:] if _cannot_be_told_apart(winner, s))
+        tied = tuple(s.method for s in candidates[1:] if cannot_be_told_apart(winner, s))
         for baseline in speedup_baselines():
             estimate = winner.speedup.get(baseline)
             speedup[baseline] = estimate if estimate is not None and estimate.mean is not None else None

@@ -8,6 +8,7 @@ on its grid around Daly's interval, the grid point nearest that optimum.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -17,7 +18,9 @@ import pytest
 from churnsim.calibration.base import strict_json_loads
 from churnsim.calibration.churn import WeibullChurn
 from churnsim.calibration.methods import method_from_name
-from churnsim.sim.recommend import interval_beyond_edge, recommend
+from churnsim.recommend_report import recommendation_lines
+from churnsim.sim.recommend import Candidate, Recommendation, interval_beyond_edge, recommend
+from churnsim.sim.verdict import Estimate, cannot_be_told_apart
 
 from test_analytic import CHECKPOINT_S, ITERATION_S, one_stage_scenario
 
@@ -165,3 +168,23 @@ def test_at_a_scaled_failure_rate_the_checkpoint_interval_is_tuned_again_by_daly
     assert case.note.startswith("checkpoint at interval_iterations = ") and case.note.endswith("tuned at this rate")
     retuned = int(case.note.split("= ")[1].split(",")[0])
     assert retuned == pytest.approx(math.sqrt(2 * CHECKPOINT_S * MTBF_S / 4) - CHECKPOINT_S, rel=0.15)
+
+
+def test_a_candidate_that_missed_the_target_is_shown_by_its_lower_bound_and_is_not_tied_past_it():
+    hour = 3600.0
+    winner = Candidate(method="redundant", knobs={}, fraction_reached=1.0, time_to_target_s=Estimate(mean=230 * hour, ci95_low=225 * hour, ci95_high=234 * hour))
+    # Its two runs that reached the target give a wide optimistic interval over the winner's; the
+    # run stopped at the limit puts its mean past 600 h.
+    partial = Candidate(
+        method="checkfree", knobs={"edge_fallback": "checkpoint"}, fraction_reached=2 / 3,
+        time_to_target_s=Estimate(mean=557 * hour, ci95_low=-232 * hour, ci95_high=1347 * hour), time_to_target_at_least_s=611.5 * hour,
+    )  # fmt: skip
+    assert winner.time_to_target_s.overlaps(partial.time_to_target_s) and not cannot_be_told_apart(winner, partial)
+    assert cannot_be_told_apart(winner, dataclasses.replace(partial, time_to_target_at_least_s=233 * hour))
+    recommendation = Recommendation(
+        scenario="s", replications=3, winner="redundant", winner_knobs={}, winner_time_to_target_s=winner.time_to_target_s,
+        cannot_be_told_apart_from=(), best_per_method=(winner, partial), interval_studies=(), edge_fallbacks=(partial,), robustness=(),
+    )  # fmt: skip
+    lines = recommendation_lines(recommendation)
+    assert "  checkfree (edge_fallback = checkpoint): ≥ 611.5 (reached in 67%: 557.0 [-232.0, 1347.0] over those)" in lines
+    assert "edge_fallback: checkpoint ≥ 611.5 (reached in 67%: 557.0 [-232.0, 1347.0] over those)" in lines
