@@ -301,15 +301,6 @@ def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> t
     return rate.setting, tuple(dict.fromkeys(values))  # a rate of 0 scales to 0 at every factor
 
 
-def rate_sweep_setting(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> str | None:
-    """`rate_sweep` as a `--set` argument, `churn.FIELD=v1,v2,...`."""
-    swept = rate_sweep(churn, factors)
-    if swept is None:
-        return None
-    path, values = swept
-    return f"{path}=" + ",".join(f"{value:.6g}" for value in values)
-
-
 ChurnConfig = Annotated[
     Union[NoChurn, StageHourlyChurn, PoissonChurn, WeibullChurn, BurstChurn, TraceChurn, ScheduleChurn],
     Field(discriminator="kind"),

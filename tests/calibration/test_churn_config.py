@@ -23,8 +23,8 @@ from churnsim.calibration.churn import (
     WeibullChurn,
     builtin_trace_files,
     churn_with_rate_scaled,
-    rate_sweep_setting,
     parse_churn_config,
+    rate_sweep,
     resolve_trace_path,
     stage_hourly_probability_to_rate_per_s,
     stage_hourly_to_per_iteration_probability,
@@ -243,11 +243,11 @@ def test_churn_without_a_rate_is_not_scaled_and_a_bad_factor_is_refused():
 
 
 def test_the_sweep_of_a_churns_own_rate_names_its_field_at_half_once_and_twice_its_rate():
-    assert rate_sweep_setting(PoissonChurn(kind="poisson", failures_per_node_hour=240.0)) == "churn.failures_per_node_hour=0,120,240,480"
-    assert rate_sweep_setting(BurstChurn(kind="burst", bursts_per_hour=0.4)) == "churn.bursts_per_hour=0,0.2,0.4,0.8"
-    assert rate_sweep_setting(WeibullChurn(kind="weibull", shape=0.7, mean_lifetime_s=5000.0)) == "churn.mean_lifetime_s=10000,5000,2500"
+    assert rate_sweep(PoissonChurn(kind="poisson", failures_per_node_hour=240.0)) == ("churn.failures_per_node_hour", (0.0, 120.0, 240.0, 480.0))
+    assert rate_sweep(BurstChurn(kind="burst", bursts_per_hour=0.4)) == ("churn.bursts_per_hour", (0.0, 0.2, 0.4, 0.8))
+    assert rate_sweep(WeibullChurn(kind="weibull", shape=0.7, mean_lifetime_s=5000.0)) == ("churn.mean_lifetime_s", (10000.0, 5000.0, 2500.0))
     trace = TraceChurn(kind="trace", path="bamboo/p3-trace.csv", format="bamboo_csv")
-    assert rate_sweep_setting(trace) == "churn.time_scale=2,1,0.5"
-    assert rate_sweep_setting(ScheduleChurn(kind="schedule", path="failures.csv")) is None
-    assert rate_sweep_setting(NoChurn(kind="none")) is None
-    assert rate_sweep_setting(PoissonChurn(kind="poisson", failures_per_node_hour=0.0)) == "churn.failures_per_node_hour=0"
+    assert rate_sweep(trace) == ("churn.time_scale", (2.0, 1.0, 0.5))
+    assert rate_sweep(ScheduleChurn(kind="schedule", path="failures.csv")) is None
+    assert rate_sweep(NoChurn(kind="none")) is None
+    assert rate_sweep(PoissonChurn(kind="poisson", failures_per_node_hour=0.0)) == ("churn.failures_per_node_hour", (0.0,))

@@ -107,17 +107,17 @@ def test_a_sweep_of_a_poisson_churn_s_rate_puts_it_on_the_x_axis_in_seconds(tmp_
 
 
 def test_a_sweep_of_a_traces_own_time_scale_draws_one_figure_with_it_on_the_x_axis(tmp_path):
-    """A sweep of a trace's own time scale (rate_sweep_setting; `whatif` asks at such values without
-    --rates) puts every point on one x axis, as a swept hourly probability's does."""
+    """A sweep of a trace's own time scale (`whatif` asks at such values without --rates) puts every
+    point on one x axis, as a swept hourly probability's does."""
     import matplotlib.pyplot as plt
 
-    from churnsim.calibration.churn import rate_sweep_setting
+    from churnsim.calibration.churn import rate_sweep
     from churnsim.calibration.presets import preset
     from churnsim.calibration.tables import SUMMARY_COLUMNS
     from churnsim.figures.grid import grid_points
     from churnsim.figures.time_to_target import plot_time_to_target
 
-    setting = rate_sweep_setting(preset("spot-p3-trace").churn)
+    setting = "churn.time_scale=" + ",".join(f"{value:g}" for value in rate_sweep(preset("spot-p3-trace").churn)[1])
     assert setting == "churn.time_scale=2,1,0.5"
     out = tmp_path / "out"
     main(["sweep", "--preset", "spot-p3-trace", "--set", setting, "--method", "checkpoint", "--method", "redundant",
