@@ -59,10 +59,10 @@ class PowerLawLossCurve(StrictModel):
     """L(i) = floor_loss + scale · (i + offset_iterations)^(−exponent), i = effective iterations."""
 
     kind: Literal["power_law"] = "power_law"
-    floor_loss: float = Field(ge=0)
-    scale: float = Field(gt=0)
-    exponent: float = Field(gt=0)
-    offset_iterations: float = Field(1.0, gt=0)
+    floor_loss: float = Field(ge=0, allow_inf_nan=False)
+    scale: float = Field(gt=0, allow_inf_nan=False)
+    exponent: float = Field(gt=0, allow_inf_nan=False)
+    offset_iterations: float = Field(1.0, gt=0, allow_inf_nan=False)
     r_squared: float | None = None
     """Goodness of fit when the curve was fitted to measured losses."""
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
+
 import pytest
 
 from churnsim.calibration import builtin
 from churnsim.calibration.apply import MINIMUM_SETBACK_SAMPLES_TO_TRANSFER
 from churnsim.calibration.builtin import load_builtin_calibration, resolve_calibration
+from churnsim.calibration.calibration_file import Calibration, load_calibration
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.presets import PRESETS, checkfree_124m_geo, preset
 
@@ -101,3 +106,25 @@ def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
     assert given.compute.carried_from == "" and compute_carry_note(given) is None
     # Settings that leave the setup alone give the preset with them applied, as before.
     assert preset("cpu-tiny", {"seed": 3}).model_dump(exclude={"name", "seed"}) == preset("cpu-tiny").model_dump(exclude={"name", "seed"})
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("recovery", "checkfree", "rebuild_s"), "Infinity"),
+    (("convergence", "baseline", "floor_loss"), "1e999"),  # parsed as infinity
+    (("optimizer_step", "median_s"), "NaN"),
+])
+def test_a_calibration_with_a_number_that_is_not_finite_is_refused_naming_it(tmp_path, path, value):
+    data = json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (tmp_path / "calibration.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=re.escape(".".join(path[1:] if path[0] == "convergence" else path))):
+        load_calibration(str(tmp_path / "calibration.json"))
+
+
+def test_a_calibrations_bandwidth_may_be_infinite():
+    data = json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text())
+    data["link"]["bandwidth_bytes_per_s"] = "Infinity"
+    assert math.isinf(Calibration.model_validate(data).link.bandwidth_bytes_per_s)
