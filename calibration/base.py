@@ -6,6 +6,7 @@ reports the first problem as `<file>: <field path> = <value>: <what is wrong>; <
 """
 
 import json
+import math
 import os
 import tempfile
 import threading
@@ -29,6 +30,19 @@ class StrictModel(BaseModel):
 
     # Infinite bandwidths are legal values; JSON has no literal for them, so they travel as "Infinity".
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, ser_json_inf_nan="strings")
+
+
+def first_non_finite_number(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first NaN or infinite number in `value` (a model's `model_dump()`),
+    leaving out bandwidths, which may be Infinity (no limit); None when every number is finite."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) or "bandwidth" in path else path
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, child in children:
+        found = first_non_finite_number(child, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -4,12 +4,11 @@ JSON, validated like every contract file. Durations are medians with a spread (t
 range) and the number of samples behind them, so a reader can judge how much to trust them.
 """
 
-import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .base import SCHEMA_VERSION, StrictModel, load_model, save_model
+from .base import SCHEMA_VERSION, StrictModel, first_non_finite_number, load_model, save_model
 from .compute_cost import ComputeCostModel
 from .convergence import ConvergenceSpec
 from .scenario import ModelSpec, PipelineSpec
@@ -122,22 +121,11 @@ class Calibration(StrictModel):
     @model_validator(mode="after")
     def _numbers_are_finite(self) -> "Calibration":
         """Every number a fit gives is finite; only a bandwidth may be Infinity (no limit)."""
-        where = _first_non_finite(self.model_dump(), "")
+        where = first_non_finite_number(self.model_dump())
         if where is not None:
             raise ValueError(f"{where} is not a finite number; only a bandwidth may be Infinity: re-run churnsim calibrate or fix the value")
         return self
 
-
-def _first_non_finite(value: Any, path: str) -> str | None:
-    """The dotted path of the first NaN or infinite number under `value`, bandwidths excepted."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) or "bandwidth" in path.rsplit(".", 1)[-1] else path
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, child in children:
-        found = _first_non_finite(child, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
-    return None
 
 
 def load_calibration(path: str) -> Calibration:

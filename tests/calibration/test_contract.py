@@ -100,6 +100,30 @@ def test_target_loss_below_the_floor_is_rejected():
         validate_model(Scenario, data, "scenario.json")
 
 
+@pytest.mark.parametrize("path", [
+    "recovery.restart_s",  # failed an assertion in the simulator
+    "model.checkpoint_bytes_per_parameter",  # hung the simulation
+    "target.loss",  # reached at once
+    "convergence.setbacks.checkfree.interior.mean_iterations",
+])
+def test_a_scenario_number_that_is_not_finite_is_refused_naming_it(path):
+    data = json.loads(preset("checkfree-500m-geo-10pct").model_dump_json())
+    node = data
+    for key in path.split(".")[:-1]:
+        node = node[key]
+    node[path.rsplit(".", 1)[-1]] = "Infinity"
+    with pytest.raises(InputError, match=f"scenario.json: {path} is not a finite number; only a bandwidth may be Infinity"):
+        validate_model(Scenario, data, "scenario.json")
+
+
+def test_a_scenario_bandwidth_may_be_infinite():
+    data = json.loads(preset("checkfree-500m-geo-10pct").model_dump_json())
+    data["network"]["same_site_bandwidth_bytes_per_s"] = "Infinity"
+    data["storage"][0]["read_bandwidth_bytes_per_s"] = "Infinity"
+    scenario = validate_model(Scenario, data, "scenario.json")
+    assert math.isinf(scenario.network.same_site_bandwidth_bytes_per_s) and math.isinf(scenario.storage[0].read_bandwidth_bytes_per_s)
+
+
 def test_wrong_schema_version_is_rejected():
     data = json.loads(preset("checkfree-500m-geo-10pct").model_dump_json())
     data["schema_version"] = 2
