@@ -78,8 +78,11 @@ def answer_text(point) -> str:
     if point.winner is None:
         return "no method reached the target in any replication; raise target.max_wall_clock_s or lower the failure rate."
     unit = _unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
-    text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
     labels = {standing.method: standing.label for standing in point.standings}
+    winner = next((s for s in point.standings if s.method == point.winner), None)
+    if winner is not None and _missed_some(winner) and winner.time_to_target_at_least_s is not None:
+        return _answer_without_a_sure_winner(point, winner, labels)
+    text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
     comparisons = []
     for baseline, estimate in point.winner_speedup.items():
         label = labels.get(baseline, baseline)
@@ -96,6 +99,36 @@ def answer_text(point) -> str:
     if point.cannot_be_told_apart_from:
         tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
         text += f"; cannot be told apart from {tied} (95 % intervals overlap)"
+    return text + "."
+
+
+def _answer_without_a_sure_winner(point, winner, labels: dict[str, str]) -> str:
+    """When every real method missed the target in some replications: the first by its lower bound,
+    with its speed-ups' upper bounds, since none of their means covers every replication."""
+    at_least = winner.time_to_target_at_least_s
+    name, seconds = _unit(at_least)
+    text = (
+        f"no method reached the target in every replication; {_named(point.winner, point.winner_label)} comes first by its lower bound, "
+        f"at least {at_least / seconds:.1f} {name} (it reached the target in {winner.fraction_reached:.0%} of replications; "
+        "the others counted at the time they were stopped)"
+    )
+    comparisons = []
+    for baseline in point.winner_speedup:
+        label = labels.get(baseline, baseline)
+        at_most = winner.speedup_at_most.get(baseline)
+        if baseline == point.winner:
+            comparisons.append(f"it is the {label} baseline")
+        elif at_most is not None:
+            comparisons.append(f"speed-up at most {at_most:.2f}× over {label}")
+        elif baseline in labels:
+            comparisons.append(f"no bound on its speed-up over {label}, which missed the target too")
+        else:
+            comparisons.append(f"{label} not run")
+    if comparisons:
+        text += "; " + ", ".join(comparisons)
+    if point.cannot_be_told_apart_from:
+        tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
+        text += f"; cannot be told apart from {tied}"
     return text + "."
 
 

@@ -179,12 +179,18 @@ def _registry_order(method: str) -> int:
 
 
 def _ordered(standings: Iterable[MethodStanding]) -> tuple[MethodStanding, ...]:
-    """Real methods fastest first (unreached last), then the reference, then ablations in registry order."""
+    """Real methods fastest first (those that missed the target in some replications after those that
+    never did, by their lower bounds; those that never reached it last), then the reference, then
+    ablations in registry order."""
     standings = list(standings)
 
     def by_time(standing: MethodStanding) -> tuple:
-        mean = standing.time_to_target_s.mean
-        return (mean is None, not _reached_everywhere(standing), mean if mean is not None else 0.0, _registry_order(standing.method))
+        # A method that missed the target in some replications ranks by its lower bound, which
+        # counts the runs it missed, rather than by the mean of those it reached.
+        time = standing.time_to_target_s.mean
+        if time is not None and not _reached_everywhere(standing) and standing.time_to_target_at_least_s is not None:
+            time = standing.time_to_target_at_least_s
+        return (time is None, not _reached_everywhere(standing), time if time is not None else 0.0, _registry_order(standing.method))
 
     real = sorted((s for s in standings if s.role == "method"), key=by_time)
     reference = [s for s in standings if s.role == "reference"]

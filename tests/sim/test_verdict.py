@@ -11,7 +11,7 @@ from rich.console import Console
 
 from churnsim.calibration.base import strict_json_loads
 from churnsim.calibration.tables import SUMMARY_COLUMNS
-from churnsim.report import print_point_table
+from churnsim.report import answer_text, print_point_table
 from churnsim.sim.replicate import summary_table
 from churnsim.sim.verdict import steady_overhead_caveats, verdict_from_summary
 
@@ -185,3 +185,19 @@ def test_a_method_with_a_markedly_slower_healthy_iteration_gets_a_caveat():
     )
     caveats = steady_overhead_caveats(runs)
     assert len(caveats) == 1 and caveats[0].startswith("checkfree_plus: a failure-free iteration takes 1.75×")
+
+
+def test_when_every_method_missed_the_target_somewhere_the_first_is_the_lowest_bound_and_the_answer_says_so():
+    hour = 3600.0
+    fast_but_rarely = summary_row("checkfree", 50.0, 1.0, reached=0.2) | {"time_to_target_at_least_s": 586 * hour}
+    slower_but_mostly = summary_row("checkpoint", 150.0, 5.0, reached=0.8) | {
+        "time_to_target_at_least_s": 264 * hour, "speedup_vs_checkpoint_at_most": 1.0, "speedup_vs_redundant_at_most": math.nan,
+    }
+    (point,) = verdict_from_summary(frame(fast_but_rarely, slower_but_mostly)).points
+    assert point.winner == "checkpoint"  # by 264 h at least against 586 h, not by the means over the runs that reached
+    assert [s.method for s in point.standings] == ["checkpoint", "checkfree"]
+    assert answer_text(point) == (
+        "no method reached the target in every replication; checkpoint (sync) comes first by its lower bound, "
+        "at least 264.0 h (it reached the target in 80% of replications; the others counted at the time they were stopped); "
+        "it is the checkpoint (sync) baseline, redundant not run."
+    )
