@@ -11,9 +11,9 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import InputError
 
@@ -43,6 +43,22 @@ def first_non_finite_number(value: Any, path: str = "") -> str | None:
         if found is not None:
             return found
     return None
+
+
+class FiniteNumbersModel(StrictModel):
+    """A contract file whose every number is finite, bandwidths excepted (Infinity: no limit).
+
+    Its check runs before the subclass's own validators, which, like the simulator, may assume it.
+    """
+
+    how_to_fix: ClassVar[str] = "give a number"
+
+    @model_validator(mode="after")
+    def _numbers_are_finite(self) -> "FiniteNumbersModel":
+        where = first_non_finite_number(self.model_dump())
+        if where is not None:
+            raise ValueError(f"{where} is not a finite number; only a bandwidth may be Infinity (no limit): {self.how_to_fix}")
+        return self
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

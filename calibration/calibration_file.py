@@ -4,11 +4,11 @@ JSON, validated like every contract file. Durations are medians with a spread (t
 range) and the number of samples behind them, so a reader can judge how much to trust them.
 """
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from .base import SCHEMA_VERSION, StrictModel, first_non_finite_number, load_model, save_model
+from .base import SCHEMA_VERSION, FiniteNumbersModel, StrictModel, load_model, save_model
 from .compute_cost import ComputeCostModel
 from .convergence import ConvergenceSpec
 from .scenario import ModelSpec, PipelineSpec
@@ -71,7 +71,9 @@ class Provenance(StrictModel):
     """Run records the parameters were fitted on (never the ones validated against)."""
 
 
-class Calibration(StrictModel):
+class Calibration(FiniteNumbersModel):
+    how_to_fix: ClassVar[str] = "re-run churnsim calibrate or fix the value"
+
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(min_length=1)
     device: Literal["cpu", "cuda"] = "cpu"
@@ -117,14 +119,6 @@ class Calibration(StrictModel):
     storage: tuple[TierBandwidth, ...] = ()
     recovery: dict[str, RecoveryTimes] = Field(default_factory=dict)
     convergence: ConvergenceSpec
-
-    @model_validator(mode="after")
-    def _numbers_are_finite(self) -> "Calibration":
-        """Every number a fit gives is finite; only a bandwidth may be Infinity (no limit)."""
-        where = first_non_finite_number(self.model_dump())
-        if where is not None:
-            raise ValueError(f"{where} is not a finite number; only a bandwidth may be Infinity: re-run churnsim calibrate or fix the value")
-        return self
 
 
 

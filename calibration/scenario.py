@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, PlainSerializer, field_validator, model_validator
 
-from .base import SCHEMA_VERSION, StrictModel, first_non_finite_number, load_model, save_model, validate_model
+from .base import SCHEMA_VERSION, FiniteNumbersModel, StrictModel, load_model, save_model, validate_model
 from .churn import ChurnConfig
 from .convergence import ConvergenceSpec, iterations_for_target
 from .errors import InputError
@@ -350,7 +350,9 @@ def tokens_per_iteration(model: ModelSpec, pipeline: PipelineSpec) -> int:
     return model.sequence_length * pipeline.microbatch_size * pipeline.num_microbatches * pipeline.data_parallel_degree
 
 
-class Scenario(StrictModel):
+class Scenario(FiniteNumbersModel):
+    # Every number finite (FiniteNumbersModel): an infinite restart time used to fail an assertion in
+    # the simulator, an infinite checkpoint size to hang it.
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(min_length=1)
     description: str = ""
@@ -374,15 +376,6 @@ class Scenario(StrictModel):
     @property
     def tokens_per_iteration(self) -> int:
         return tokens_per_iteration(self.model, self.pipeline)
-
-    @model_validator(mode="after")
-    def _numbers_are_finite(self) -> "Scenario":
-        # Runs first: the checks below and the simulator assume finite numbers (an infinite restart
-        # time used to fail an assertion; an infinite checkpoint size hung the simulation).
-        where = first_non_finite_number(self.model_dump())
-        if where is not None:
-            raise ValueError(f"{where} is not a finite number; only a bandwidth may be Infinity (no limit): give a number")
-        return self
 
     @model_validator(mode="after")
     def _convergence_at_own_batch_and_size(self) -> "Scenario":

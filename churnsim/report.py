@@ -74,61 +74,47 @@ def tuned_answer_line(point) -> str | None:
 
 
 def answer_text(point) -> str:
-    """`answer_line` without the point's title."""
+    """`answer_line` without the point's title.
+
+    Where every real method missed the target in some replications, the winner comes first by its
+    lower bound, and its speed-ups are upper bounds: none of their means covers every replication.
+    """
     if point.winner is None:
         return "no method reached the target in any replication; raise target.max_wall_clock_s or lower the failure rate."
-    unit = _unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
     labels = {standing.method: standing.label for standing in point.standings}
     winner = next((s for s in point.standings if s.method == point.winner), None)
+    named = _named(point.winner, point.winner_label)
     if winner is not None and _missed_some(winner) and winner.time_to_target_at_least_s is not None:
-        return _answer_without_a_sure_winner(point, winner, labels)
-    text = f"{_named(point.winner, point.winner_label)} reaches the target first, in {_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
+        name, seconds = _unit(winner.time_to_target_at_least_s)
+        text = (
+            f"no method reached the target in every replication; {named} comes first by its lower bound, "
+            f"at least {winner.time_to_target_at_least_s / seconds:.1f} {name} (it reached the target in "
+            f"{winner.fraction_reached:.0%} of replications; the others counted at the time they were stopped)"
+        )
+        bounds = {baseline: winner.speedup_at_most.get(baseline) for baseline in point.winner_speedup}
+        speedups = {baseline: None if bound is None else f"speed-up at most {bound:.2f}×" for baseline, bound in bounds.items()}
+        baseline_missed = "no bound on its speed-up over {label}, which missed the target too"
+    else:
+        unit = _unit(point.winner_time_to_target_s.ci95_high or point.winner_time_to_target_s.mean)
+        text = f"{named} reaches the target first, in {_duration(point.winner_time_to_target_s, unit, suffix=' ' + unit[0])}"
+        speedups = {
+            baseline: None if estimate is None else f"speed-up {_ratio(estimate, suffix='×')}" for baseline, estimate in point.winner_speedup.items()
+        }
+        baseline_missed = "{label} never reached the target"
     comparisons = []
-    for baseline, estimate in point.winner_speedup.items():
+    for baseline, speedup in speedups.items():
         label = labels.get(baseline, baseline)
         if baseline == point.winner:
             comparisons.append(f"it is the {label} baseline")
-        elif estimate is not None:
-            comparisons.append(f"speed-up {_ratio(estimate, suffix='×')} over {label}")
-        elif baseline in labels:
-            comparisons.append(f"{label} never reached the target")
+        elif speedup is not None:
+            comparisons.append(f"{speedup} over {label}")
         else:
-            comparisons.append(f"{label} not run")
+            comparisons.append(baseline_missed.format(label=label) if baseline in labels else f"{label} not run")
     if comparisons:
         text += "; " + ", ".join(comparisons)
     if point.cannot_be_told_apart_from:
         tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
         text += f"; cannot be told apart from {tied} (95 % intervals overlap)"
-    return text + "."
-
-
-def _answer_without_a_sure_winner(point, winner, labels: dict[str, str]) -> str:
-    """When every real method missed the target in some replications: the first by its lower bound,
-    with its speed-ups' upper bounds, since none of their means covers every replication."""
-    at_least = winner.time_to_target_at_least_s
-    name, seconds = _unit(at_least)
-    text = (
-        f"no method reached the target in every replication; {_named(point.winner, point.winner_label)} comes first by its lower bound, "
-        f"at least {at_least / seconds:.1f} {name} (it reached the target in {winner.fraction_reached:.0%} of replications; "
-        "the others counted at the time they were stopped)"
-    )
-    comparisons = []
-    for baseline in point.winner_speedup:
-        label = labels.get(baseline, baseline)
-        at_most = winner.speedup_at_most.get(baseline)
-        if baseline == point.winner:
-            comparisons.append(f"it is the {label} baseline")
-        elif at_most is not None:
-            comparisons.append(f"speed-up at most {at_most:.2f}× over {label}")
-        elif baseline in labels:
-            comparisons.append(f"no bound on its speed-up over {label}, which missed the target too")
-        else:
-            comparisons.append(f"{label} not run")
-    if comparisons:
-        text += "; " + ", ".join(comparisons)
-    if point.cannot_be_told_apart_from:
-        tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
-        text += f"; cannot be told apart from {tied}"
     return text + "."
 
 

@@ -137,15 +137,20 @@ def test_validating_a_run_the_calibration_was_fitted_on_is_refused(simulated_rec
         validate_runs(paths, calibration_implied_by(scenario, fit_run_ids=(fitted,)))
 
 
+def _with_manifest_changed(record, directory, change) -> None:
+    """A copy of `record` in `directory` whose manifest `change` (a function of its JSON data) edits."""
+    directory.mkdir()
+    for name in ("metrics.csv", "spans.csv", "failures.csv"):
+        (directory / name).write_bytes((record / name).read_bytes())
+    manifest = json.loads((record / "manifest.json").read_text())
+    change(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_malformed_manifest_error_names_the_file_and_the_field(simulated_records, tmp_path):
     _, paths = simulated_records
     broken = tmp_path / "broken"
-    broken.mkdir()
-    for name in ("metrics.csv", "spans.csv", "failures.csv"):
-        (broken / name).write_bytes((paths[0] / name).read_bytes())
-    manifest = json.loads((paths[0] / "manifest.json").read_text())
-    manifest["seed"] = "not-a-seed"
-    (broken / "manifest.json").write_text(json.dumps(manifest))
+    _with_manifest_changed(paths[0], broken, lambda manifest: manifest.update(seed="not-a-seed"))
     with pytest.raises(InputError) as error:
         validate_runs([broken], None)
     message = str(error.value)
@@ -175,12 +180,7 @@ def test_malformed_metrics_error_names_the_file_and_the_column(simulated_records
 def test_a_simulated_records_summary_of_the_wrong_type_is_refused(simulated_records, tmp_path, field, value, said):
     _, paths = simulated_records
     broken = tmp_path / "broken-summary"
-    broken.mkdir()
-    for name in ("metrics.csv", "spans.csv", "failures.csv"):
-        (broken / name).write_bytes((paths[0] / name).read_bytes())
-    manifest = json.loads((paths[0] / "manifest.json").read_text())
-    manifest["summary"][field] = value
-    (broken / "manifest.json").write_text(json.dumps(manifest))
+    _with_manifest_changed(paths[0], broken, lambda manifest: manifest["summary"].update({field: value}))
     with pytest.raises(InputError, match=re.escape(f"manifest.json field 'summary' has {said}; re-write the record")):
         validate_runs([broken], None)
 
