@@ -83,3 +83,24 @@ def test_a_state_slower_than_healthy_is_degraded_slowdown():
     assert goodput_s == pytest.approx(40.0)
     assert badput["degraded_slowdown_s"] == pytest.approx(10.0)
     assert badput["communication_s"] == pytest.approx(0.0)
+
+
+def test_links_that_make_an_iteration_faster_on_shared_cores_take_the_saving_off_the_bubble():
+    # Compute alone 10.5 s an iteration (half bubble), with links 10 s: the links reordered who
+    # waited for a core. Communication is 0, the 0.5 s an iteration comes off the bubble.
+    goodput_s, badput = split([(4 * 10.0, 10.0)], progress=4, compute_only_s=10.5, bubble_fraction=0.5, wall_clock_s=40.0)
+    assert goodput_s == pytest.approx(21.0)
+    assert badput["communication_s"] == 0.0
+    assert badput["bubble_s"] == pytest.approx(21.0 - 4 * 0.5)
+    assert goodput_s + sum(badput.values()) == pytest.approx(40.0)
+
+
+def test_a_method_route_faster_than_the_plain_pipeline_on_shared_cores_books_no_negative_overhead():
+    """cpu-tiny with a 0.5 s embedding backward: CheckFree+'s swapped route ran 5 ms an iteration
+    faster than the plain pipeline, and the run failed an assertion of this module."""
+    scenario = preset("cpu-tiny")
+    compute = scenario.compute.model_copy(update={"embedding_backward_s": 0.5})
+    scenario = scenario.model_copy(update={"compute": compute})
+    result = simulate_run(scenario, method_from_name("checkfree_plus"), (), iteration_model=MODEL)
+    assert min(result.goodput_s, *result.badput.values()) >= 0.0
+    assert result.goodput_s + sum(result.badput.values()) == pytest.approx(result.wall_clock_s, rel=1e-9)
