@@ -88,7 +88,15 @@ class PowerLawLossCurve(StrictModel):
                 f"target loss {target_loss} is at or below the loss floor {self.floor_loss:.4g} of the "
                 "convergence model: it is never reached; choose a higher target.loss"
             )
-        progress = ((target_loss - self.floor_loss) / self.scale) ** (-1.0 / self.exponent) - self.offset_iterations
+        try:
+            progress = ((target_loss - self.floor_loss) / self.scale) ** (-1.0 / self.exponent) - self.offset_iterations
+        except OverflowError:
+            progress = math.inf
+        if not math.isfinite(progress):
+            raise InputError(
+                f"target loss {target_loss} is reached after more iterations than a number can hold (loss curve floor "
+                f"{self.floor_loss:.4g}, scale {self.scale:.4g}, exponent {self.exponent:.4g}); check convergence.baseline or raise target.loss"
+            )
         return max(progress, 0.0)
 
 

@@ -282,3 +282,11 @@ def test_seconds_by_method_that_is_not_one_is_refused_in_one_line(extra, says):
         validate_model(type(preset("cpu-tiny")), data, "mine.json")
     message = str(refused.value)
     assert says in message and "\n" not in message and message.startswith("mine.json")
+
+
+def test_a_loss_curve_that_reaches_the_target_beyond_any_number_of_iterations_is_refused_in_one_line():
+    """A scale of 1e300 overflowed the power law and `whatif --calibration` ended in a traceback."""
+    data = json.loads(preset("checkfree-500m-geo-10pct").model_dump_json())
+    data["convergence"]["baseline"]["scale"] = 1e300
+    with pytest.raises(InputError, match="reached after more iterations than a number can hold .*check convergence.baseline"):
+        validate_model(Scenario, data, "scenario.json")
