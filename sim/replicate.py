@@ -115,12 +115,18 @@ def runs_table(scenario: Scenario, results: Iterable[RunResult]) -> pd.DataFrame
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 
-def _paired_speedups(runs: pd.DataFrame, method: str, baseline: str) -> list[float]:
-    times = runs.pivot_table(index="replication", columns="method", values="time_to_target_s", aggfunc="first")
+def _paired_speedups(times: pd.DataFrame, method: str, baseline: str) -> list[float]:
+    """T_baseline / T_method per replication where both reached the target; `times` is one point's
+    times to target, a row per replication and a column per method (`_by_replication`)."""
     if baseline not in times or method not in times:
         return []
     ratios = times[baseline] / times[method]
     return [float(r) for r in ratios if np.isfinite(r)]
+
+
+def _by_replication(group: pd.DataFrame, values: pd.Series) -> pd.DataFrame:
+    """`values` (one per run of `group`, one point's runs) as a row per replication and a column per method."""
+    return group.assign(value=values).pivot_table(index="replication", columns="method", values="value", aggfunc="first")
 
 
 def _times_at_least(method_runs: pd.DataFrame) -> pd.Series:
@@ -138,17 +144,17 @@ def time_to_target_at_least_s(method_runs: pd.DataFrame) -> float:
     return float(times.mean()) if len(times) and bool(np.isfinite(times).all()) else math.nan
 
 
-def _paired_speedup_at_most(runs: pd.DataFrame, method: str, baseline: str) -> float:
+def _paired_speedup_at_most(times: pd.DataFrame, times_at_least: pd.DataFrame, method: str, baseline: str) -> float:
     """An upper bound on the mean paired speed-up T_baseline / T_method over every replication (the
-    method's missed runs count at their stopping time); NaN unless the baseline reached the target
-    in every replication the method ran."""
-    method_runs = runs[runs["method"] == method]
-    baseline_times = runs[runs["method"] == baseline].set_index("replication")["time_to_target_s"].astype(float)
-    method_times = pd.Series(_times_at_least(method_runs).to_numpy(), index=method_runs["replication"])
-    paired = baseline_times.reindex(method_times.index)
-    if method_times.empty or not (np.isfinite(paired).all() and np.isfinite(method_times).all()):
+    method's missed runs count at their stopping time, `times_at_least`); NaN unless the baseline
+    reached the target in every replication the method ran."""
+    if method not in times_at_least or baseline not in times:
         return math.nan
-    return float((paired / method_times).mean())
+    bound = times_at_least[method].dropna()  # the replications the method ran
+    paired = times[baseline].reindex(bound.index)
+    if bound.empty or not np.isfinite(paired).all():
+        return math.nan
+    return float((paired / bound).mean())
 
 
 def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.DataFrame:
@@ -162,6 +168,9 @@ def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.Da
     # interval study) must not be pooled, since replication r of each is a different run.
     keys = ["scenario", *grid_columns, "failure_probability_per_stage_hour"]
     for (scenario_name, *_, probability), group in runs.groupby(keys, sort=False, dropna=False):
+        # One table of the point's times per replication serves every (method, baseline) pair.
+        times = _by_replication(group, group["time_to_target_s"])
+        times_at_least = _by_replication(group, _times_at_least(group))
         for method, method_runs in group.groupby("method", sort=False):
             mean, low, high = mean_with_ci95(method_runs["time_to_target_s"].tolist())
             row = {
@@ -179,8 +188,10 @@ def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.Da
                 "setback_source": method_runs["setback_source"].iloc[0] if "setback_source" in method_runs else None,
             }
             for baseline in speedup_baselines():
-                row.update(zip(speedup_columns(baseline), mean_with_ci95(_paired_speedups(group, method, baseline))))
-                row[speedup_at_most_column(baseline)] = _paired_speedup_at_most(group, method, baseline)
+                row.update(zip(speedup_columns(baseline), mean_with_ci95(_paired_speedups(times, method, baseline))))
+                row[speedup_at_most_column(baseline)] = (
+                    _paired_speedup_at_most(times, times_at_least, method, baseline) if math.isfinite(row["time_to_target_at_least_s"]) else math.nan
+                )
             rows.append(row)
     columns = list(summary_columns())
     return pd.DataFrame(rows, columns=columns[:1] + list(grid_columns) + columns[1:])
