@@ -46,7 +46,7 @@ from .replicate import replication_tasks, time_to_target_at_least_s
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep
 from .untuned_intervals import interval_beyond_edge, tune_intervals
-from .verdict import Estimate, _json_safe, cannot_be_told_apart, finite_or_none
+from .verdict import Estimate, _json_safe, cannot_be_told_apart, finite_or_none, ranking_time_s
 
 INTERVAL_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 """Multiples of Daly's interval (Young's where Daly's is missing) in the interval grid."""
@@ -132,8 +132,8 @@ def _variant_key(method: str, knobs: dict[str, Any]) -> str:
 
 
 def _sort_key(candidate: Candidate) -> tuple[bool, float]:
-    mean = candidate.time_to_target_s.mean
-    return (candidate.fraction_reached != 1.0, mean if mean is not None else math.inf)
+    time = ranking_time_s(candidate)
+    return (candidate.fraction_reached != 1.0, time if time is not None else math.inf)
 
 
 def _tasks(scenario: Scenario, variants: dict[str, MethodConfig], case: str, replications: int) -> list[SweepTask]:

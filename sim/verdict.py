@@ -185,11 +185,7 @@ def _ordered(standings: Iterable[MethodStanding]) -> tuple[MethodStanding, ...]:
     standings = list(standings)
 
     def by_time(standing: MethodStanding) -> tuple:
-        # A method that missed the target in some replications ranks by its lower bound, which
-        # counts the runs it missed, rather than by the mean of those it reached.
-        time = standing.time_to_target_s.mean
-        if time is not None and not _reached_everywhere(standing) and standing.time_to_target_at_least_s is not None:
-            time = standing.time_to_target_at_least_s
+        time = ranking_time_s(standing)
         return (time is None, not _reached_everywhere(standing), time if time is not None else 0.0, _registry_order(standing.method))
 
     real = sorted((s for s in standings if s.role == "method"), key=by_time)
@@ -216,6 +212,16 @@ class TimedToTarget(Protocol):
     def time_to_target_s(self) -> Estimate: ...
     @property
     def time_to_target_at_least_s(self) -> float | None: ...
+
+
+def ranking_time_s(timed: TimedToTarget) -> float | None:
+    """What methods are ranked by: the mean time to target, or for one that missed the target in
+    some replications its lower bound, which counts the runs it missed (the mean of those it reached
+    flatters it); None where it never reached the target."""
+    time = timed.time_to_target_s.mean
+    if time is not None and not _reached_everywhere(timed) and timed.time_to_target_at_least_s is not None:
+        return timed.time_to_target_at_least_s
+    return time
 
 
 def cannot_be_told_apart(winner: TimedToTarget, other: TimedToTarget) -> bool:
