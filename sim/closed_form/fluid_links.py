@@ -145,6 +145,13 @@ EXACT_CLASS_LIMIT = 24
 this many classes; beyond, in virtual service time (the replay would cost O(classes²) per admission)."""
 
 
+ONE_PASS_FROM = 16
+"""Beyond this many watched batches on a link in virtual service time, their ends are found in one
+pass over its classes (`FluidLink._virtual_ends_s`) instead of one pass each: transfers that pile up
+across thousands of failures (a link far too slow for the failure rate) made each admission cost
+batches × classes."""
+
+
 class FluidLink:
     """One direction of a link or one storage tier: flows share the bandwidth equally.
 
@@ -234,8 +241,12 @@ class FluidLink:
         if self._mode == "exact":
             self._project_exact()
         else:
-            for earlier, _ in earlier_ends:
-                if left.get(id(earlier), 0) > 0:
+            active = [earlier for earlier, _ in earlier_ends if left.get(id(earlier), 0) > 0]
+            if len(active) > ONE_PASS_FROM:
+                for earlier, end_s in zip(active, self._virtual_ends_s(active)):
+                    earlier.end_s = end_s
+            else:
+                for earlier in active:
                     earlier.end_s = self._virtual_end_s(earlier)
             batch.end_s = self._virtual_end_s(batch)
             work = 0.0
@@ -339,6 +350,24 @@ class FluidLink:
         for level, _, count, _ in self._levels:
             work += count * ((level if level < top else top) - virtual)
         return self._last_s + max(work, 0.0) / self.bandwidth_bytes_per_s
+
+    def _virtual_ends_s(self, batches: list) -> list:
+        """`_virtual_end_s` of every batch in one pass over the classes (by the batches' top finish
+        levels in order), not one pass each: the same sums in another order, so equal up to rounding."""
+        virtual, levels = self._virtual, self._levels
+        total_count = 0
+        for entry in levels:
+            total_count += entry[2]
+        ends = [0.0] * len(batches)
+        below_work, below_count, index = 0.0, 0, 0
+        for top, position in sorted((self._top[id(batch)], position) for position, batch in enumerate(batches)):
+            while index < len(levels) and levels[index][0] < top:
+                below_work += levels[index][2] * (levels[index][0] - virtual)
+                below_count += levels[index][2]
+                index += 1
+            work = below_work + (total_count - below_count) * (top - virtual)
+            ends[position] = self._last_s + max(work, 0.0) / self.bandwidth_bytes_per_s
+        return ends
 
     def _advance_virtual_to(self, time_s: float) -> None:
         """Make final the departures before `time_s`, then bring the service level to `time_s`."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from churnsim.sim.closed_form.engine import IdleDuration
-from churnsim.sim.closed_form.fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
+from churnsim.sim.closed_form.fluid_links import ONE_PASS_FROM, FlowBatch, FluidLink, processor_sharing_end_s
 from churnsim.sim.links import ProcessorSharingLink
 
 BANDWIDTHS = st.sampled_from((7.0, 1e6, 62.5e6, 3.3e9))
@@ -94,6 +94,31 @@ def _check_busy_link(bandwidth: float, latency: float, batches, *, exact: bool) 
 def test_a_crowded_link_switches_to_virtual_time_and_still_agrees(bandwidth, latency, batches) -> None:
     """More active classes than `EXACT_CLASS_LIMIT` (abandoned transfers piling up): to rounding."""
     _check_busy_link(bandwidth, latency, batches, exact=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    bandwidth=st.sampled_from((1e6, 62.5e6)),
+    batches=st.lists(
+        st.tuples(st.floats(min_value=0.0, max_value=5.0), st.lists(st.floats(min_value=1e6, max_value=1e8), min_size=1, max_size=2)),
+        min_size=40,
+        max_size=60,
+    ),
+)
+def test_many_watched_batches_are_retimed_in_one_pass_as_one_by_one_and_as_the_event_model(bandwidth, batches) -> None:
+    """Beyond `ONE_PASS_FROM` watched batches the ends come from one pass over the classes: they
+    agree with one pass per batch to rounding, and with the event model."""
+    _check_busy_link(bandwidth, 0.0, batches, exact=False)
+    fluid = FluidLink(bandwidth_bytes_per_s=bandwidth, latency_s=0.0)
+    added: list[FlowBatch] = []
+    for start_s, sizes in sorted(batches, key=lambda batch: batch[0]):
+        batch = FlowBatch(start_s, tuple(sizes), None, fluid)
+        fluid.add(batch, watched=list(added))
+        added.append(batch)
+    active = [batch for batch in added if fluid._left.get(id(batch), 0) > 0]
+    if fluid._mode == "virtual" and len(active) > ONE_PASS_FROM:
+        one_by_one = [fluid._virtual_end_s(batch) for batch in active]
+        assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(fluid._virtual_ends_s(active), one_by_one))
 
 
 @settings(max_examples=150, deadline=None)
