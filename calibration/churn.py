@@ -275,26 +275,33 @@ def rate_field_of_setting(setting: str) -> RateField | None:
     return next((rate for rate in RATE_FIELD_OF_KIND.values() if rate.setting == setting), None)
 
 
+def own_rate(churn: object) -> tuple[RateField, float] | None:
+    """The field that sets `churn`'s failure rate and its value; None without one (no churn, a fixed
+    schedule of failure times)."""
+    rate = RATE_FIELD_OF_KIND.get(getattr(churn, "kind", None))  # type: ignore[arg-type]
+    return None if rate is None else (rate, float(getattr(churn, rate.field)))
+
+
 def churn_with_rate_scaled(churn: object, factor: float) -> object | None:
     """`churn` failing `factor` times as often, its shape kept; None where there is no rate to scale
     (no failures, or a fixed schedule of failure times)."""
     if not (factor > 0.0 and math.isfinite(factor)):
         raise InputError(f"failure-rate factor {factor}: must be a positive number")
-    kind = getattr(churn, "kind", None)
-    if not isinstance(churn, StrictModel) or kind not in RATE_FIELD_OF_KIND:
+    own = own_rate(churn)
+    if not isinstance(churn, StrictModel) or own is None:
         return None
-    rate = RATE_FIELD_OF_KIND[kind]
-    return churn.model_copy(update={rate.field: rate.scaled(getattr(churn, rate.field), factor)})
+    rate, value = own
+    return churn.model_copy(update={rate.field: rate.scaled(value, factor)})
 
 
 def rate_sweep(churn: object, factors: tuple[float, ...] = (0.5, 1.0, 2.0)) -> tuple[str, tuple[float, ...]] | None:
     """(`churn.FIELD`, values): the scenario field and values that sweep `churn`'s own failure rate
     at `factors` times itself, from no failures where the field is a rate (0 per hour); None without
     a rate (no churn, a fixed schedule)."""
-    kind = getattr(churn, "kind", None)
-    if kind not in RATE_FIELD_OF_KIND:
+    own = own_rate(churn)
+    if own is None:
         return None
-    rate = RATE_FIELD_OF_KIND[kind]
+    rate, _ = own
     values = [float(getattr(churn_with_rate_scaled(churn, factor), rate.field)) for factor in factors]
     if rate.scaled is operator.mul:
         values.insert(0, 0.0)

@@ -8,7 +8,7 @@ from typing import Callable
 
 import pandas as pd
 
-from churnsim.calibration.churn import RATE_FIELD_OF_KIND
+from churnsim.calibration.churn import own_rate
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import write_table
 
@@ -46,10 +46,10 @@ def with_own_rate_named(verdict: Verdict, scenario: Scenario) -> Verdict:
     """The answer's points with the scenario's own churn rate among their settings, so that a title
     says it (`cpu-tiny, at 240 failures per node-hour`); the hourly probability has a column of its
     own, and a churn without a rate (none, a schedule) has nothing to say."""
-    rate = RATE_FIELD_OF_KIND.get(scenario.churn.kind)
-    if rate is None or scenario.churn.kind == "stage_hourly":
+    own = own_rate(scenario.churn)
+    if own is None or scenario.churn.kind == "stage_hourly":
         return verdict
-    setting = {rate.setting: float(getattr(scenario.churn, rate.field))}
+    setting = {own[0].setting: own[1]}
     return replace(verdict, points=tuple(replace(point, grid={**point.grid, **setting}) for point in verdict.points))
 
 

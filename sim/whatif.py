@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.churn import RATE_FIELD_OF_KIND, StageHourlyChurn, rate_field_of_setting, rate_sweep
+from churnsim.calibration.churn import RATE_FIELD_OF_KIND, StageHourlyChurn, own_rate, rate_field_of_setting, rate_sweep
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
 from churnsim.calibration.scenario import Scenario
@@ -86,11 +86,11 @@ def whatif_plan(
     where the scenario's churn is that model, has none, or has no rate to scale (a fixed schedule, a
     rate of 0); otherwise under the scenario's own churn at `OWN_CHURN_FACTORS` times its rate (and at none
     where the churn model can say so), the interval study at its own rate."""
-    keeps_churn = failure_rates is None and scenario.churn.kind != "stage_hourly" and _scalable_rate(scenario.churn)
-    own = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if keeps_churn else None
-    if own is not None:
-        rate_setting, rates = own
-        study_rate: float | None = float(getattr(scenario.churn, RATE_FIELD_OF_KIND[scenario.churn.kind].field))
+    own = own_rate(scenario.churn) if failure_rates is None and scenario.churn.kind != "stage_hourly" else None
+    swept = rate_sweep(scenario.churn, QUICK_OWN_CHURN_FACTORS if quick else OWN_CHURN_FACTORS) if own is not None and own[1] > 0 else None
+    if own is not None and swept is not None:
+        rate_setting, rates = swept
+        study_rate: float | None = own[1]
     else:
         rate_setting = RATE_SETTING
         rates = tuple(failure_rates) if failure_rates is not None else QUICK_FAILURE_RATES if quick else WHATIF_FAILURE_RATES
@@ -214,9 +214,10 @@ def few_failures_note(scenario: Scenario, runs: pd.DataFrame) -> str | None:
 
 
 def _scalable_rate(churn: Any) -> bool:
-    """Whether `churn` has a failure rate above 0 to ask at multiples of (`whatif_plan`)."""
-    swept = rate_sweep(churn)
-    return swept is not None and any(swept[1])
+    """Whether `churn` has a failure rate above 0 to ask at multiples of (`whatif_plan`): a mean
+    lifetime or a time scale is always above 0, a rate may be 0."""
+    own = own_rate(churn)
+    return own is not None and own[1] > 0
 
 
 def churn_replaced_note(scenario: Scenario) -> str | None:

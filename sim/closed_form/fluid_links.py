@@ -145,13 +145,6 @@ EXACT_CLASS_LIMIT = 24
 this many classes; beyond, in virtual service time (the replay would cost O(classes²) per admission)."""
 
 
-ONE_PASS_FROM = 16
-"""Beyond this many watched batches on a link in virtual service time, their ends are found in one
-pass over its classes (`FluidLink._virtual_ends_s`) instead of one pass each: transfers that pile up
-across thousands of failures (a link far too slow for the failure rate) made each admission cost
-batches × classes."""
-
-
 class FluidLink:
     """One direction of a link or one storage tier: flows share the bandwidth equally.
 
@@ -241,14 +234,9 @@ class FluidLink:
         if self._mode == "exact":
             self._project_exact()
         else:
-            active = [earlier for earlier, _ in earlier_ends if left.get(id(earlier), 0) > 0]
-            if len(active) > ONE_PASS_FROM:
-                for earlier, end_s in zip(active, self._virtual_ends_s(active)):
-                    earlier.end_s = end_s
-            else:
-                for earlier in active:
-                    earlier.end_s = self._virtual_end_s(earlier)
-            batch.end_s = self._virtual_end_s(batch)
+            retimed = [earlier for earlier, _ in earlier_ends if left.get(id(earlier), 0) > 0] + [batch]
+            for retimed_batch, end_s in zip(retimed, self._virtual_ends_s(retimed)):
+                retimed_batch.end_s = end_s
             work = 0.0
             for level, _, count, _ in self._levels:
                 work += count * (level - self._virtual)
@@ -342,18 +330,12 @@ class FluidLink:
         self._left[id(batch)] = len(batch.sizes)
         self._top[id(batch)] = virtual + sizes[-1]
 
-    def _virtual_end_s(self, batch: FlowBatch) -> float:
-        """When `batch`'s last flow leaves, were nothing else to come: every active flow is served until
-        it leaves or the service level reaches the batch's largest finish level, whichever first."""
-        top, virtual = self._top[id(batch)], self._virtual
-        work = 0.0
-        for level, _, count, _ in self._levels:
-            work += count * ((level if level < top else top) - virtual)
-        return self._last_s + max(work, 0.0) / self.bandwidth_bytes_per_s
-
     def _virtual_ends_s(self, batches: list) -> list:
-        """`_virtual_end_s` of every batch in one pass over the classes (by the batches' top finish
-        levels in order), not one pass each: the same sums in another order, so equal up to rounding."""
+        """When each batch's last flow leaves, were nothing else to come: every active flow is served
+        until it leaves or the service level reaches the batch's largest finish level, whichever
+        first. One pass over the classes serves every batch (by their top finish levels in order):
+        transfers piling up across thousands of failures once made each admission cost batches ×
+        classes with a pass per batch."""
         virtual, levels = self._virtual, self._levels
         total_count = 0
         for entry in levels:
