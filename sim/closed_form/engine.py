@@ -532,7 +532,7 @@ class ClosedFormRun:
                     self._state_changed = False
                     return background_s
                 continue
-            if arrival_s > end_s:
+            if arrival_s > end_s or arrival_s == _INFINITY:  # no failure left; end_s may be infinite too
                 break
             self.now = arrival_s
             effective = self._arrive()

@@ -306,6 +306,21 @@ def test_paper_preset_matches_for_every_method() -> None:
     _run_both(scenario, failures_for_replication(scenario, replication=1), "checkfree-500m-geo-33pct")
 
 
+def test_a_wait_that_never_ends_stops_at_the_deadline_in_both_engines() -> None:
+    """A remote tier of 1e-300 B/s makes every checkpoint write and reload last forever (an infinite
+    wait, past the last failure): the closed form used to fail an assertion there. Both engines stop
+    such runs at the deadline; the no-failure run never touches that tier and still finishes."""
+    scenario = preset("checkfree-500m-geo-33pct")
+    slowest = len(scenario.storage) - 1
+    storage = list(scenario.storage)
+    storage[slowest] = storage[slowest].model_copy(update={"write_bandwidth_bytes_per_s": 1e-300, "read_bandwidth_bytes_per_s": 1e-300})
+    scenario = scenario.model_copy(update={"storage": tuple(storage), "target": TargetSpec(iterations=600, max_wall_clock_s=60 * 3600.0)})
+    failures = failures_for_replication(scenario, replication=1)
+    _run_both(scenario, failures, "a tier that never finishes")
+    reached = {method.name: simulate_run_and_policy(scenario, method, failures).result.reached_target for method in scenario.methods}
+    assert not reached["checkpoint"] and reached["none"], reached
+
+
 def test_p3_trace_replay_matches_for_every_method() -> None:
     """The p3 trace replay of benchmarks/scenarios/spot-p3-trace-span.json, its first two hours."""
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios" / "spot-p3-trace-span.json"
