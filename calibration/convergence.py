@@ -116,6 +116,22 @@ class SetbackSpec(StrictModel):
     """Progress below which a rebuild costs only `mean_iterations` (early in training a rebuilt stage
     re-learns within the lab's window)."""
 
+    @model_validator(mode="after")
+    def _intervals_hold_their_values(self) -> "SetbackSpec":
+        # A reversed or one-sided interval would otherwise be dropped without a word by the draws
+        # (calibration/setback_uncertainty.py uses an interval only when both ends bracket the value).
+        for value_name, low_name, high_name in (
+            ("mean_iterations", "ci95_low_iterations", "ci95_high_iterations"),
+            ("per_progress_iteration", "per_progress_ci95_low", "per_progress_ci95_high"),
+        ):
+            value, low, high = getattr(self, value_name), getattr(self, low_name), getattr(self, high_name)
+            if (low is None) != (high is None):
+                raise ValueError(f"give both {low_name} and {high_name}, or neither")
+            bounded = low is not None and all(math.isfinite(number) for number in (value, low, high))  # the rest: FiniteNumbersModel
+            if bounded and not low <= value <= high:
+                raise ValueError(f"{value_name} {value:g} lies outside its interval [{low_name} {low:g}, {high_name} {high:g}]; give an interval that contains it")
+        return self
+
     def in_iterations_worth(self, worth: float) -> "SetbackSpec":
         """The same setback counted in iterations that are each worth `worth` of this one's."""
         update: dict[str, float] = {"mean_iterations": self.mean_iterations / worth, "progress_offset_iterations": self.progress_offset_iterations / worth}

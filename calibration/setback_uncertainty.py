@@ -62,12 +62,13 @@ def setback_at(spec: SetbackSpec, z: float) -> float:
 
 
 def spec_at(spec: SetbackSpec, z: float) -> SetbackSpec:
-    """`spec` with its mean and its growth with progress both at quantile `z` (one draw moves both)."""
-    return spec.model_copy(
-        update={
-            "mean_iterations": setback_at(spec, z),
-            "per_progress_iteration": _two_piece(spec.per_progress_iteration, spec.per_progress_ci95_low, spec.per_progress_ci95_high, z),
-        }
+    """`spec` with its mean and its growth with progress both at quantile `z` (one draw moves both): a
+    known value now, so without the intervals it was drawn from."""
+    return SetbackSpec(
+        mean_iterations=setback_at(spec, z),
+        num_samples=spec.num_samples,
+        per_progress_iteration=_two_piece(spec.per_progress_iteration, spec.per_progress_ci95_low, spec.per_progress_ci95_high, z),
+        progress_offset_iterations=spec.progress_offset_iterations,
     )
 
 

@@ -42,6 +42,22 @@ def test_a_setback_without_an_interval_is_used_as_it_is():
     assert replication_convergence(defaults, seed=0, replication=3) is defaults
 
 
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"mean_iterations": 12.0, "ci95_low_iterations": 30.0, "ci95_high_iterations": 40.0}, "mean_iterations 12 lies outside"),
+        ({"mean_iterations": 12.0, "ci95_low_iterations": 20.0, "ci95_high_iterations": 3.0}, "mean_iterations 12 lies outside"),
+        ({"mean_iterations": 12.0, "ci95_low_iterations": 3.0}, "give both ci95_low_iterations and ci95_high_iterations"),
+        ({"mean_iterations": 0.0, "per_progress_iteration": 0.4, "per_progress_ci95_low": 0.5, "per_progress_ci95_high": 0.6}, "per_progress_iteration 0.4 lies outside"),
+    ],
+)
+def test_an_interval_that_does_not_hold_its_value_is_refused(fields, words):
+    """The draws use an interval only when it brackets the value; any other would be dropped silently."""
+    with pytest.raises(ValidationError, match=words):
+        SetbackSpec(**fields)
+    assert setback_at(SetbackSpec(mean_iterations=12.0, ci95_low_iterations=12.0, ci95_high_iterations=12.0), 1.0) == 12.0
+
+
 def test_each_replication_draws_its_own_setbacks_reproducibly_from_its_own_stream():
     convergence = uncertain_convergence()
     draws = [replication_convergence(convergence, seed=7, replication=r).setback_iterations("checkfree", "interior") for r in range(6)]
