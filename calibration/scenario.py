@@ -425,6 +425,16 @@ class Scenario(FiniteNumbersModel):
                         f"compute.{field} lists {len(value)} stages but pipeline.num_stages is {stages}; "
                         "give one time per stage, or one number for every stage"
                     )
+        # Each is finite alone, but their product with the model's size can overflow to inf bytes,
+        # which no transfer ends (1e300 checkpoint bytes a parameter hung a processor-sharing link).
+        parameters = self.model.num_parameters
+        for field, total_bytes in (
+            ("weight_bytes_per_parameter", parameters * self.model.weight_bytes_per_parameter),
+            ("checkpoint_bytes_per_parameter", parameters * self.model.checkpoint_bytes_per_parameter),
+            ("activation_bytes_per_element", self.activation_bytes),
+        ):
+            if not math.isfinite(total_bytes):
+                raise ValueError(f"model.{field} {getattr(self.model, field):g} makes the model's bytes overflow to {total_bytes}; give a smaller size")
         tier_names = [tier.name for tier in self.storage]
         if len(set(tier_names)) != len(tier_names):
             raise ValueError(f"storage tier names repeat: {tier_names}")

@@ -133,11 +133,30 @@ class PipelineState:
             "link_bandwidth_bytes_per_s",
             ((math.inf,) * num_nodes,) * num_nodes if bandwidth_matrix is None else bandwidth_matrix,
             num_nodes, allow_zero=False))
+        self._check_transfers_end()
         cores = self.shared_cores
         if cores is not None and not (isinstance(cores, int) and cores >= 1):
             raise InputError(f"shared_cores = {cores!r} must be None or an integer >= 1")
         self._set("swap_odd_microbatches", bool(self.swap_odd_microbatches))
         self._set("redundant_forward", bool(self.redundant_forward))
+
+    def _check_transfers_end(self) -> None:
+        # Like every operation, a transfer must end within LONGEST_DURATION_S: at 1e-300 B/s one
+        # overflowed to an iteration of inf s, and the time accounting to NaN.
+        matrix = self.link_bandwidth_bytes_per_s
+        assert matrix is not None
+        slowest = min((value for a, row in enumerate(matrix) for b, value in enumerate(row) if a != b), default=math.inf)
+        if self.activation_bytes / slowest > LONGEST_DURATION_S:
+            raise InputError(
+                f"the slowest link ({slowest:g} B/s) would take more than {LONGEST_DURATION_S:g} s (31.7 years) to carry "
+                f"{self.activation_bytes:g} activation bytes; give the network larger bandwidths"
+            )
+        largest_gradient = max((*self.gradient_bytes_per_stage, self.embedding_gradient_bytes, self.head_gradient_bytes))
+        if self.data_parallel_degree > 1 and largest_gradient / self.allreduce_bandwidth_bytes_per_s > LONGEST_DURATION_S:
+            raise InputError(
+                f"the all-reduce's bandwidth ({self.allreduce_bandwidth_bytes_per_s:g} B/s) would take more than {LONGEST_DURATION_S:g} s "
+                f"(31.7 years) to carry {largest_gradient:g} gradient bytes; give it a larger bandwidth"
+            )
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

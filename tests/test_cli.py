@@ -128,6 +128,11 @@ def test_broken_scenario_file_names_the_field(tmp_path, assert_one_line_error):
         # progress line; a hop of 10^308 s overflowed the iteration's clock and simulate hung.
         ("network", "latency_s", "Infinity", ("scenario.json", "network.uniform.latency_s")),
         ("compute", "block_forward_s", [0.003, 0.003, 0.003, 1e308], ("scenario.json", "block_forward_s", "31.7 years")),
+        # Found by scanning extreme values: a link of 1e-300 B/s made an iteration of inf s (the time
+        # accounting failed on NaN); 1e300 bytes a parameter made a checkpoint of inf bytes, which
+        # hung a processor-sharing link.
+        ("network", "bandwidth_bytes_per_s", 1e-300, ("scenario.json", "slowest link (1e-300 B/s)", "31.7 years")),
+        ("model", "checkpoint_bytes_per_parameter", 1e305, ("scenario.json", "model.checkpoint_bytes_per_parameter 1e+305", "overflow")),
     ],
 )
 def test_a_time_the_simulator_cannot_run_is_refused_before_any_progress_line(section, field, value, fragments, tmp_path, assert_one_line_error):

@@ -245,7 +245,10 @@ def test_deadlock_raises_and_names_the_stuck_stage_and_operation(monkeypatch):
      (dict(schedule="zigzag"), "schedule"),
      (dict(node_of_stage=(0,)), "node_of_stage"),
      (dict(link_bandwidth_bytes_per_s=((1.0, 0.0), (1.0, 1.0))), "link_bandwidth_bytes_per_s"),
-     (dict(data_parallel_degree=0), "data_parallel_degree")],
+     (dict(data_parallel_degree=0), "data_parallel_degree"),
+     # Transfers that would outlast 31.7 years (at 1e-300 B/s an iteration took inf s).
+     (dict(activation_bytes=1e6, link_bandwidth_bytes_per_s=((1.0, 1e-300), (1.0, 1.0))), r"slowest link \(1e-300 B/s\)"),
+     (dict(data_parallel_degree=2, gradient_bytes_per_stage=(1e6, 1e6), allreduce_bandwidth_bytes_per_s=1e-300), r"all-reduce's bandwidth \(1e-300 B/s\)")],
 )
 def test_invalid_states_raise_input_error_naming_the_field(fields, field_name):
     base = dict(num_stages=2, num_microbatches=2, schedule="gpipe", block_forward_s=(1.0, 1.0),
