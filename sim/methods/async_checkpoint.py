@@ -53,6 +53,12 @@ class _Snapshot:
     parts_at_level: list[int] = field(default_factory=list)
 
 
+MAX_HOST_BUFFER_SLOTS = 2**20
+"""Snapshots a stage's host buffer holds at most, however small a snapshot: the cap binds only where
+more than a million snapshots wait on flushes at once, and keeps the count a size the engines can
+index (1e-300 checkpoint bytes a parameter made it 10^300, which the closed form's window could not hold)."""
+
+
 class AsyncCheckpointPolicy(RecoveryPolicy):
     name = "async_checkpoint"
 
@@ -66,7 +72,7 @@ class AsyncCheckpointPolicy(RecoveryPolicy):
             tuple(serialization_s(scenario, stage, name) for stage in range(self.num_stages)) for name in self.levels
         )
         self.slots_per_stage = tuple(
-            2 if config.host_buffer_bytes is None else max(1, int(config.host_buffer_bytes // size))
+            2 if config.host_buffer_bytes is None else max(1, min(MAX_HOST_BUFFER_SLOTS, int(config.host_buffer_bytes // size)))
             for size in self.stage_bytes
         )
         names = {tier.name for tier in scenario.storage}

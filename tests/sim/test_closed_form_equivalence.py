@@ -321,6 +321,18 @@ def test_a_wait_that_never_ends_stops_at_the_deadline_in_both_engines() -> None:
     assert not reached["checkpoint"] and reached["none"], reached
 
 
+def test_a_host_buffer_of_countless_tiny_snapshots_gives_the_event_models_results() -> None:
+    """1e-300 checkpoint bytes a parameter: the host buffer holds 10^300 snapshots by division, which
+    the closed form's window could not take (OverflowError); both engines cap it alike."""
+    from churnsim.sim.methods.async_checkpoint import MAX_HOST_BUFFER_SLOTS, AsyncCheckpointPolicy
+
+    scenario = preset("datastates-30b-dp16", {"model.checkpoint_bytes_per_parameter": 1e-300})
+    method = next(method for method in scenario.methods if method.name == "async_checkpoint")
+    assert method.host_buffer_bytes is not None
+    assert set(AsyncCheckpointPolicy(method, scenario).slots_per_stage) == {MAX_HOST_BUFFER_SLOTS}
+    _run_both(scenario, failures_for_replication(scenario), "tiny snapshots")
+
+
 def test_p3_trace_replay_matches_for_every_method() -> None:
     """The p3 trace replay of benchmarks/scenarios/spot-p3-trace-span.json, its first two hours."""
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios" / "spot-p3-trace-span.json"
