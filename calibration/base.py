@@ -45,6 +45,28 @@ def first_non_finite_number(value: Any, path: str = "") -> str | None:
     return None
 
 
+LONGEST_DURATION_S = 1e9
+"""No duration a calibration measured, and no compute time or latency the simulator is given, may
+exceed this (31.7 years): sums of such times must stay finite (an iteration of 10^308 s overflowed
+the simulator's clock to inf), and a figure's axis must be able to hold them."""
+
+
+def first_endless_duration(value: Any, path: str = "", *, duration: bool = False) -> str | None:
+    """The dotted path of the first duration in `value` (a `model_dump()`) longer than
+    LONGEST_DURATION_S either way: a number under a key ending in `_s` (a mapping of them, such as
+    per-method seconds, included), bandwidths (`_per_s`) excepted; None when there is none."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return path if duration and abs(value) > LONGEST_DURATION_S else None
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, child in children:
+        name = str(key)
+        is_duration = duration or (name.endswith("_s") and not name.endswith("_per_s"))
+        found = first_endless_duration(child, f"{path}.{name}" if path else name, duration=is_duration)
+        if found is not None:
+            return found
+    return None
+
+
 class FiniteNumbersModel(StrictModel):
     """A contract file whose every number is finite, bandwidths excepted (Infinity: no limit).
 

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, PlainSerializer, field_validator, model_validator
 
-from .base import SCHEMA_VERSION, FiniteNumbersModel, StrictModel, load_model, save_model, validate_model
+from .base import LONGEST_DURATION_S, SCHEMA_VERSION, FiniteNumbersModel, StrictModel, load_model, save_model, validate_model
 from .churn import ChurnConfig
 from .convergence import ConvergenceSpec, iterations_for_target
 from .errors import InputError
@@ -310,8 +310,9 @@ class TrainingSpec(StrictModel):
     """How a real run trains this scenario (`churnsim real run`). The simulator reads none of it: its
     convergence model stands for the loss these settings produce."""
 
-    learning_rate: float = Field(1e-3, gt=0)
-    """AdamW learning rate (1e-3: the built-in cpu-tiny calibration's runs)."""
+    learning_rate: float = Field(1e-3, gt=0, le=1.0)
+    """AdamW learning rate (1e-3: the built-in cpu-tiny calibration's runs). At most 1: AdamW moves
+    each weight by about the rate every step, and 1e300 overflowed the optimizer's float32 mid-run."""
     eval_every_iterations: int = Field(10, ge=1)
     """Held-out loss after every this many iterations, and after the last."""
     num_eval_batches: int = Field(2, ge=1)
@@ -324,7 +325,7 @@ class TrainingSpec(StrictModel):
     """cpu: gloo; cuda: NCCL, one GPU per stage process."""
     deterministic: bool = True
     """torch deterministic algorithms, one thread per stage: a rollback replays bit for bit."""
-    peer_timeout_s: float = Field(30.0, gt=0)
+    peer_timeout_s: float = Field(30.0, gt=0, le=LONGEST_DURATION_S)
     """Longest wait for a peer stage; a lost peer ends the run with an error. `churnsim real run`'s
     launcher also ends the run, naming the rank, when a rank's heartbeat is older than half of it
     (a stopped or frozen process)."""
@@ -340,9 +341,10 @@ class TrainingSpec(StrictModel):
     """Directory of the checkpoints' remote level (`checkpoint`'s remote tier, `async_checkpoint`'s
     second level, the fallback and edge checkpoints), e.g. on another file system; each run keeps
     its own `<run id>/stage-<s>` below it. None: `<run dir>/checkpoints`."""
-    remote_checkpoint_bytes_per_s: float | None = Field(None, gt=0)
+    remote_checkpoint_bytes_per_s: float | None = Field(None, ge=1.0)
     """Bandwidth of the path to the remote level: writes to it and reads from it are paced to this
-    rate, so that its cost is measurable on one machine. None: as fast as the disk."""
+    rate, so that its cost is measurable on one machine. None: as fast as the disk. At least 1 B/s:
+    the pacing sleeps, and at 1e-300 B/s a sleep overflowed the clock mid-run."""
 
 
 def tokens_per_iteration(model: ModelSpec, pipeline: PipelineSpec) -> int:

@@ -30,6 +30,7 @@ from .model import ModelConfig
 from .trainer import TrainingConfig
 
 FP32_BYTES = 4
+INT64_BYTES = 8
 # Weights, gradients and AdamW's two moments, all fp32 (real runs train in fp32).
 TRAINING_STATE_BYTES_PER_PARAMETER = 4 * FP32_BYTES
 # A process's own footprint with torch loaded (measured on CPU: ≈ 0.3 GB resident per rank).
@@ -132,7 +133,10 @@ def estimate_footprint(scenario: Scenario) -> RunFootprint:
     in_flight = pipeline.num_microbatches if pipeline.schedule == "gpipe" else min(pipeline.num_microbatches, num_stages)
     activation_bytes = in_flight * model.num_layers * per_layer_bytes
     logits_bytes = 3 * FP32_BYTES * tokens_per_microbatch * model.vocab_size  # logits, softmax, gradient
-    memory = state_bytes + activation_bytes + logits_bytes + num_stages * PROCESS_OVERHEAD_BYTES
+    # Every stage process builds the held-out batches (real/trainer.py): int64 windows of T + 1 tokens,
+    # their offsets, and the inputs and targets cut from them, about four copies.
+    evaluation_bytes = num_stages * 4 * INT64_BYTES * scenario.training.num_eval_batches * pipeline.microbatch_size * (model.sequence_length + 1)
+    memory = state_bytes + activation_bytes + logits_bytes + evaluation_bytes + num_stages * PROCESS_OVERHEAD_BYTES
     tokens_per_iteration = tokens_per_microbatch * pipeline.num_microbatches
     flops = 6.0 * model.num_parameters * tokens_per_iteration * scenario.target_iterations
     return RunFootprint(memory_bytes=memory, training_flops=flops)
@@ -162,7 +166,8 @@ def check_fits_machine(scenario: Scenario, *, memory_bytes: float | None = None,
             f"scenario {scenario.name!r} needs about {footprint.memory_bytes / gib:.1f} GiB for a real run "
             f"({scenario.model.num_parameters / 1e6:.0f}M parameters with AdamW state, activations, {scenario.pipeline.num_stages} "
             f"processes) but this machine has {available / gib:.1f} GiB available: shrink model.num_layers, "
-            "model.hidden_size or pipeline.microbatch_size (e.g. --set model.hidden_size=64), or run on bigger machines with torchrun"
+            "model.hidden_size, pipeline.microbatch_size or training.num_eval_batches (e.g. --set model.hidden_size=64), "
+            "or run on bigger machines with torchrun"
         )
     if scenario.training.device == "cpu":
         cores = num_cores if num_cores is not None else (os.cpu_count() or 1)

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from churnsim.calibration.base import LONGEST_DURATION_S
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.network import link_matrices
 from churnsim.calibration.pipeline_schedule import SCHEDULES
@@ -202,9 +203,6 @@ class PipelineState:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
 
-LONGEST_DURATION_S = 1e9
-"""No compute time or latency may exceed this (31.7 years): sums of such times must stay finite, and
-an iteration of 10^308 s overflowed the simulator's clock to inf and NaN, where it waited forever."""
 
 
 def _non_negative(name: str, value: Any, *, seconds: bool = False) -> float:

@@ -95,6 +95,12 @@ def test_a_real_run_injects_the_failures_simulate_samples(tmp_path):
         (["--preset", "checkfree-1.5b-geo-10pct", "--method", "checkfree"], "GiB available: shrink"),
         (["--preset", "cpu-tiny", "--method", "checkfree", "--set", "model.num_layers=256", "--set", "model.hidden_size=4096",
           "--set", "model.num_heads=32"], "GiB available: shrink"),
+        # Found by scanning extreme values: each failed mid-run with a traceback and a half-written run.
+        (["--preset", "cpu-tiny", "--method", "none", "--set", "training.num_eval_batches=1000000000000"], "GiB available: shrink"),
+        (["--preset", "cpu-tiny", "--method", "none", "--set", "training.learning_rate=1e300"], "training.learning_rate"),
+        (["--preset", "cpu-tiny", "--method", "none", "--set", "training.peer_timeout_s=1e300"], "training.peer_timeout_s"),
+        (["--preset", "cpu-tiny", "--method", "checkpoint", "--set", "training.remote_checkpoint_bytes_per_s=1e-300"],
+         "training.remote_checkpoint_bytes_per_s"),
         (["no-such-scenario.json", "--method", "checkfree"], "no-such-scenario.json"),
         (["--method", "checkfree"], "give a scenario file or --preset NAME"),
     ],
