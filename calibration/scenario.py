@@ -245,8 +245,9 @@ class StorageTier(StrictModel):
     name: str = Field(min_length=1)
     write_bandwidth_bytes_per_s: float = Field(gt=0)
     read_bandwidth_bytes_per_s: float = Field(gt=0)
-    latency_s: float = Field(0.0, ge=0, allow_inf_nan=False)
-    fixed_cost_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # At most 31.7 years, as every latency the simulator takes (sim/pipeline_state.py).
+    latency_s: float = Field(0.0, ge=0, le=LONGEST_DURATION_S, allow_inf_nan=False)
+    fixed_cost_s: float = Field(0.0, ge=0, le=LONGEST_DURATION_S, allow_inf_nan=False)
     """Seconds every transfer to or from this tier costs beyond `latency_s` whatever its size: a
     calibration's measured fixed cost of a checkpoint write (serialisation, checksums, fsync, rename).
     A calibration sets it rather than adding to the latency, so applying one to a scenario that was

@@ -290,3 +290,13 @@ def test_a_loss_curve_that_reaches_the_target_beyond_any_number_of_iterations_is
     data["convergence"]["baseline"]["scale"] = 1e300
     with pytest.raises(InputError, match="reached after more iterations than a number can hold .*check convergence.baseline"):
         validate_model(Scenario, data, "scenario.json")
+
+
+@pytest.mark.parametrize("field", ["latency_s", "fixed_cost_s"])
+def test_a_storage_delay_past_the_longest_duration_is_refused_naming_it(field):
+    """A remote tier's fixed cost of 1e300 s ran every replay to the 30-day limit, minutes per what-if;
+    a storage delay is held to the simulator's 31.7 years like every latency."""
+    data = json.loads(preset("spot-p3-trace").model_dump_json())
+    data["storage"][-1][field] = 1e300
+    with pytest.raises(InputError, match=rf"scenario.json: field 'storage.{len(data['storage']) - 1}.{field}' = 1e\+300: .*less than or equal to 1000000000"):
+        validate_model(Scenario, data, "scenario.json")
