@@ -74,12 +74,19 @@ class FiniteNumbersModel(StrictModel):
     """
 
     how_to_fix: ClassVar[str] = "give a number"
+    durations_are_measured: ClassVar[bool] = False
+    """True (a calibration): every duration also lies within LONGEST_DURATION_S either way, since
+    runs measured them (a warm-up of 1e300 s got past the finite check and broke validate's figure)."""
 
     @model_validator(mode="after")
     def _numbers_are_finite(self) -> "FiniteNumbersModel":
-        where = first_non_finite_number(self.model_dump())
+        numbers = self.model_dump()
+        where = first_non_finite_number(numbers)
         if where is not None:
             raise ValueError(f"{where} is not a finite number; only a bandwidth may be Infinity (no limit): {self.how_to_fix}")
+        where = first_endless_duration(numbers) if self.durations_are_measured else None
+        if where is not None:
+            raise ValueError(f"{where} is more than {LONGEST_DURATION_S:g} s (31.7 years) either way, which no run measures: {self.how_to_fix}")
         return self
 
 

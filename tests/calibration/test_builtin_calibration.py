@@ -142,6 +142,23 @@ def test_a_calibration_with_a_number_that_is_not_finite_is_refused_naming_it(tmp
         load_calibration(str(tmp_path / "calibration.json"))
 
 
+@pytest.mark.parametrize(("path", "value"), [
+    (("warmup_extra_s",), 1e300),  # got past the finite check; validate's figure then overflowed
+    (("evaluation", "median_s"), 1e300),
+    (("method_iteration_extra_s", "redundant"), -2e9),  # a mapping of seconds, and either way
+])
+def test_a_calibration_with_a_duration_no_run_measures_is_refused_naming_it(tmp_path, path, value):
+    data = json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (tmp_path / "calibration.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=re.escape(".".join(path)) + r" is more than 1e\+09 s \(31.7 years\) either way"):
+        load_calibration(str(tmp_path / "calibration.json"))
+    assert Calibration.model_validate(json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text()))  # its bandwidths (2.7e9 B/s) are no durations
+
+
 def test_a_calibrations_bandwidth_may_be_infinite():
     data = json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text())
     data["link"]["bandwidth_bytes_per_s"] = "Infinity"
