@@ -438,6 +438,16 @@ class Scenario(FiniteNumbersModel):
         ):
             if not math.isfinite(total_bytes):
                 raise ValueError(f"model.{field} {getattr(self.model, field):g} makes the model's bytes overflow to {total_bytes}; give a smaller size")
+        # Like a link's transfers (sim/pipeline_state.py), a tier's must end within 31.7 years: at 1e-300
+        # B/s every replay of a what-if ran to its 30-day limit, minutes per answer.
+        stage_checkpoint_bytes = max(self.stage_parameters(stage) for stage in range(stages)) * self.model.checkpoint_bytes_per_parameter
+        for tier in self.storage:
+            slowest = min(tier.write_bandwidth_bytes_per_s, tier.read_bandwidth_bytes_per_s)
+            if stage_checkpoint_bytes / slowest > LONGEST_DURATION_S:
+                raise ValueError(
+                    f"storage tier {tier.name!r} ({slowest:g} B/s) would take more than {LONGEST_DURATION_S:g} s (31.7 years) "
+                    f"to write or read a stage's checkpoint of {stage_checkpoint_bytes:g} bytes; give it a larger bandwidth"
+                )
         tier_names = [tier.name for tier in self.storage]
         if len(set(tier_names)) != len(tier_names):
             raise ValueError(f"storage tier names repeat: {tier_names}")

@@ -300,3 +300,13 @@ def test_a_storage_delay_past_the_longest_duration_is_refused_naming_it(field):
     data["storage"][-1][field] = 1e300
     with pytest.raises(InputError, match=rf"scenario.json: field 'storage.{len(data['storage']) - 1}.{field}' = 1e\+300: .*less than or equal to 1000000000"):
         validate_model(Scenario, data, "scenario.json")
+
+
+def test_a_storage_tier_too_slow_for_one_checkpoint_in_31_7_years_is_refused():
+    """At 1e-300 B/s every replay ran to the 30-day limit; like a link's, a tier's transfers must end."""
+    data = json.loads(preset("spot-p3-trace").model_dump_json())
+    data["storage"][-1]["write_bandwidth_bytes_per_s"] = 1e-300
+    with pytest.raises(InputError, match=r"storage tier 'remote' \(1e-300 B/s\) would take more than 1e\+09 s \(31.7 years\) to write or read"):
+        validate_model(Scenario, data, "scenario.json")
+    data["storage"][-1]["write_bandwidth_bytes_per_s"] = 10.0  # slow, but a checkpoint still ends (in 12 years)
+    assert validate_model(Scenario, data, "scenario.json").storage[-1].write_bandwidth_bytes_per_s == 10.0
