@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import validate_model
+from .base import LONGEST_DURATION_S, first_endless_duration, validate_model
 from .calibration_file import Calibration
 from .convergence import MethodSetbacks
 from .errors import InputError
@@ -125,7 +125,14 @@ def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> E
             "compute model describes runs whose edge stages hold the embedding and head (edge_stages)"
         )
     carried_from = f"{setup_description(calibration.model, calibration.pipeline)} of calibration {calibration.name!r}"
-    return compute_model.compute_for(scenario.model, scenario.pipeline).model_copy(update={"carried_from": carried_from})
+    carried = compute_model.compute_for(scenario.model, scenario.pipeline)
+    endless = first_endless_duration(carried.model_dump())
+    if endless is not None:  # the user wrote none of these times: name where they came from
+        raise InputError(
+            f"scenario {scenario.name!r}: the compute model of {carried_from} gives compute.{endless} over {LONGEST_DURATION_S:g} s "
+            "(31.7 years) on this setup; check its coefficients"
+        )
+    return carried.model_copy(update={"carried_from": carried_from})
 
 
 def _measured_join_s(calibration: Calibration) -> float | None:

@@ -284,38 +284,32 @@ def build_pipeline_state(
     if separate:
         # The stages all-reduce only their blocks; the embedding node all-reduces the rest.
         gradient_bytes = tuple(count * model.parameters_per_layer * weight_bytes for count in layers)
-    try:
-        return PipelineState(
-            num_stages=num_stages,
-            num_microbatches=pipeline.num_microbatches,
-            schedule=pipeline.schedule,
-            block_forward_s=block_forward_s,
-            block_backward_s=block_backward_s,
-            embedding_forward_s=embedding_forward_s,
-            embedding_backward_s=embedding_backward_s,
-            head_forward_s=head_forward_s,
-            head_backward_s=head_backward_s,
-            activation_bytes=scenario.activation_bytes,
-            node_of_stage=node_of_stage,
-            link_latency_s=latency,
-            link_bandwidth_bytes_per_s=bandwidth,
-            swap_odd_microbatches=swap_odd_microbatches,
-            redundant_forward=redundant_forward,
-            embedding_node=num_stages if separate else None,
-            embedding_gradient_bytes=model.embedding_parameters * weight_bytes if separate else 0.0,
-            head_gradient_bytes=model.head_parameters * weight_bytes if separate else 0.0,
-            data_parallel_degree=pipeline.data_parallel_degree,
-            gradient_bytes_per_stage=gradient_bytes,
-            allreduce_bandwidth_bytes_per_s=network.allreduce_bandwidth_bytes_per_s,
-            allreduce_latency_s=network.allreduce_latency_s,
-            optimizer_step_s=compute.optimizer_step_s,
-            shared_cores=shared_cores,
-        )
-    except InputError as error:
-        if isinstance(compute, ExplicitCompute) and compute.carried_from:
-            # The user wrote none of these times: say where they came from.
-            raise InputError(f"{error} (carried from {compute.carried_from} by the calibration's compute model: check its coefficients)") from None
-        raise
+    return PipelineState(
+        num_stages=num_stages,
+        num_microbatches=pipeline.num_microbatches,
+        schedule=pipeline.schedule,
+        block_forward_s=block_forward_s,
+        block_backward_s=block_backward_s,
+        embedding_forward_s=embedding_forward_s,
+        embedding_backward_s=embedding_backward_s,
+        head_forward_s=head_forward_s,
+        head_backward_s=head_backward_s,
+        activation_bytes=scenario.activation_bytes,
+        node_of_stage=node_of_stage,
+        link_latency_s=latency,
+        link_bandwidth_bytes_per_s=bandwidth,
+        swap_odd_microbatches=swap_odd_microbatches,
+        redundant_forward=redundant_forward,
+        embedding_node=num_stages if separate else None,
+        embedding_gradient_bytes=model.embedding_parameters * weight_bytes if separate else 0.0,
+        head_gradient_bytes=model.head_parameters * weight_bytes if separate else 0.0,
+        data_parallel_degree=pipeline.data_parallel_degree,
+        gradient_bytes_per_stage=gradient_bytes,
+        allreduce_bandwidth_bytes_per_s=network.allreduce_bandwidth_bytes_per_s,
+        allreduce_latency_s=network.allreduce_latency_s,
+        optimizer_step_s=compute.optimizer_step_s,
+        shared_cores=shared_cores,
+    )
 
 
 def compute_only_state(state: PipelineState) -> PipelineState:
