@@ -123,20 +123,25 @@ def test_an_impossible_carried_time_names_the_compute_model_it_came_from():
     assert calibrated_compute(two, calibration).carried_from  # the unbroken model carries as before
 
 
-@pytest.mark.parametrize(("path", "value"), [
-    (("recovery", "checkfree", "rebuild_s"), "Infinity"),
-    (("convergence", "baseline", "floor_loss"), "1e999"),  # parsed as infinity
-    (("optimizer_step", "median_s"), "NaN"),
-])
-def test_a_calibration_with_a_number_that_is_not_finite_is_refused_naming_it(tmp_path, path, value):
+def _builtin_calibration_with(tmp_path, path: tuple[str, ...], value) -> str:
+    """The built-in cpu-tiny calibration with one value replaced, written to a file; its path."""
     data = json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text())
     node = data
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
     (tmp_path / "calibration.json").write_text(json.dumps(data))
+    return str(tmp_path / "calibration.json")
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("recovery", "checkfree", "rebuild_s"), "Infinity"),
+    (("convergence", "baseline", "floor_loss"), "1e999"),  # parsed as infinity
+    (("optimizer_step", "median_s"), "NaN"),
+])
+def test_a_calibration_with_a_number_that_is_not_finite_is_refused_naming_it(tmp_path, path, value):
     with pytest.raises(InputError, match=re.escape(".".join(path[1:] if path[0] == "convergence" else path))):
-        load_calibration(str(tmp_path / "calibration.json"))
+        load_calibration(_builtin_calibration_with(tmp_path, path, value))
 
 
 @pytest.mark.parametrize(("path", "value"), [
@@ -145,14 +150,8 @@ def test_a_calibration_with_a_number_that_is_not_finite_is_refused_naming_it(tmp
     (("method_iteration_extra_s", "redundant"), -2e9),  # a mapping of seconds, and either way
 ])
 def test_a_calibration_with_a_duration_no_run_measures_is_refused_naming_it(tmp_path, path, value):
-    data = json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text())
-    node = data
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    (tmp_path / "calibration.json").write_text(json.dumps(data))
     with pytest.raises(InputError, match=re.escape(".".join(path)) + r" is more than 1e\+09 s \(31.7 years\) either way"):
-        load_calibration(str(tmp_path / "calibration.json"))
+        load_calibration(_builtin_calibration_with(tmp_path, path, value))
     assert Calibration.model_validate(json.loads(builtin.builtin_calibration_path("cpu-tiny").read_text()))  # its bandwidths (2.7e9 B/s) are no durations
 
 
