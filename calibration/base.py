@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Iterator, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -32,39 +32,51 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, ser_json_inf_nan="strings")
 
 
-def first_non_finite_number(value: Any, path: str = "") -> str | None:
-    """The dotted path of the first NaN or infinite number in `value` (a model's `model_dump()`),
-    leaving out bandwidths, which may be Infinity (no limit); None when every number is finite."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) or "bandwidth" in path else path
+def _leaf_numbers(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], float]]:
+    """Every number in `value` (a model's `model_dump()`) with the keys that lead to it."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield path, value
+        return
     children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
     for key, child in children:
-        found = first_non_finite_number(child, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
-    return None
+        yield from _leaf_numbers(child, (*path, str(key)))
+
+
+def _is_bandwidth(path: tuple[str, ...]) -> bool:
+    return any("bandwidth" in key for key in path)
+
+
+def _is_duration(path: tuple[str, ...]) -> bool:
+    """Under a key ending in `_s` (a mapping of them too, such as per-method seconds), bandwidths
+    (`_per_s`) excepted."""
+    return any(key.endswith("_s") and not key.endswith("_per_s") for key in path)
+
+
+def first_non_finite_number(value: Any) -> str | None:
+    """The dotted path of the first NaN or infinite number in `value` (a model's `model_dump()`),
+    leaving out bandwidths, which may be Infinity (no limit); None when every number is finite."""
+    return next((".".join(path) for path, number in _leaf_numbers(value) if not math.isfinite(number) and not _is_bandwidth(path)), None)
 
 
 LONGEST_DURATION_S = 1e9
-"""No duration a calibration measured, and no compute time or latency the simulator is given, may
-exceed this (31.7 years): sums of such times must stay finite (an iteration of 10^308 s overflowed
-the simulator's clock to inf), and a figure's axis must be able to hold them."""
+"""No duration a calibration measured, and no compute time, latency or single transfer the simulator
+is given, may exceed this (31.7 years): sums of such times must stay finite (an iteration of 10^308 s
+overflowed the simulator's clock to inf), and a figure's axis must be able to hold them."""
 
 
-def first_endless_duration(value: Any, path: str = "", *, duration: bool = False) -> str | None:
+def first_endless_duration(value: Any) -> str | None:
     """The dotted path of the first duration in `value` (a `model_dump()`) longer than
-    LONGEST_DURATION_S either way: a number under a key ending in `_s` (a mapping of them, such as
-    per-method seconds, included), bandwidths (`_per_s`) excepted; None when there is none."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return path if duration and abs(value) > LONGEST_DURATION_S else None
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, child in children:
-        name = str(key)
-        is_duration = duration or (name.endswith("_s") and not name.endswith("_per_s"))
-        found = first_endless_duration(child, f"{path}.{name}" if path else name, duration=is_duration)
-        if found is not None:
-            return found
-    return None
+    LONGEST_DURATION_S either way; None when there is none."""
+    return next((".".join(path) for path, number in _leaf_numbers(value) if _is_duration(path) and abs(number) > LONGEST_DURATION_S), None)
+
+
+def endless_transfer(what: str, bandwidth_bytes_per_s: float, size_bytes: float, carrying: str, fix: str = "give it a larger bandwidth") -> str | None:
+    """Why moving `size_bytes` over `what` would outlast LONGEST_DURATION_S ("`what` (its bandwidth)
+    would take more than ... to `carrying`; `fix`"), or None when it ends: the one rule for links,
+    the all-reduce and storage tiers."""
+    if size_bytes / bandwidth_bytes_per_s <= LONGEST_DURATION_S:
+        return None
+    return f"{what} ({bandwidth_bytes_per_s:g} B/s) would take more than {LONGEST_DURATION_S:g} s (31.7 years) to {carrying}; {fix}"
 
 
 class FiniteNumbersModel(StrictModel):

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, PlainSerializer, field_validator, model_validator
 
-from .base import LONGEST_DURATION_S, SCHEMA_VERSION, FiniteNumbersModel, StrictModel, load_model, save_model, validate_model
+from .base import LONGEST_DURATION_S, SCHEMA_VERSION, FiniteNumbersModel, StrictModel, endless_transfer, load_model, save_model, validate_model
 from .churn import ChurnConfig
 from .convergence import ConvergenceSpec, iterations_for_target
 from .errors import InputError
@@ -443,11 +443,11 @@ class Scenario(FiniteNumbersModel):
         stage_checkpoint_bytes = max(self.stage_parameters(stage) for stage in range(stages)) * self.model.checkpoint_bytes_per_parameter
         for tier in self.storage:
             slowest = min(tier.write_bandwidth_bytes_per_s, tier.read_bandwidth_bytes_per_s)
-            if stage_checkpoint_bytes / slowest > LONGEST_DURATION_S:
-                raise ValueError(
-                    f"storage tier {tier.name!r} ({slowest:g} B/s) would take more than {LONGEST_DURATION_S:g} s (31.7 years) "
-                    f"to write or read a stage's checkpoint of {stage_checkpoint_bytes:g} bytes; give it a larger bandwidth"
-                )
+            problem = endless_transfer(
+                f"storage tier {tier.name!r}", slowest, stage_checkpoint_bytes, f"write or read a stage's checkpoint of {stage_checkpoint_bytes:g} bytes"
+            )
+            if problem is not None:
+                raise ValueError(problem)
         tier_names = [tier.name for tier in self.storage]
         if len(set(tier_names)) != len(tier_names):
             raise ValueError(f"storage tier names repeat: {tier_names}")

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from churnsim.calibration.base import LONGEST_DURATION_S
+from churnsim.calibration.base import LONGEST_DURATION_S, endless_transfer
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.network import link_matrices
 from churnsim.calibration.pipeline_schedule import SCHEDULES
@@ -147,17 +147,17 @@ class PipelineState:
         matrix = self.link_bandwidth_bytes_per_s
         assert matrix is not None
         slowest = min((value for a, row in enumerate(matrix) for b, value in enumerate(row) if a != b), default=math.inf)
-        if self.activation_bytes / slowest > LONGEST_DURATION_S:
-            raise InputError(
-                f"the slowest link ({slowest:g} B/s) would take more than {LONGEST_DURATION_S:g} s (31.7 years) to carry "
-                f"{self.activation_bytes:g} activation bytes; give the network larger bandwidths"
+        problem = endless_transfer(
+            "the slowest link", slowest, self.activation_bytes, f"carry {self.activation_bytes:g} activation bytes",
+            "give the network larger bandwidths",
+        )
+        if problem is None and self.data_parallel_degree > 1:
+            largest_gradient = max((*self.gradient_bytes_per_stage, self.embedding_gradient_bytes, self.head_gradient_bytes))
+            problem = endless_transfer(
+                "the all-reduce's bandwidth", self.allreduce_bandwidth_bytes_per_s, largest_gradient, f"carry {largest_gradient:g} gradient bytes"
             )
-        largest_gradient = max((*self.gradient_bytes_per_stage, self.embedding_gradient_bytes, self.head_gradient_bytes))
-        if self.data_parallel_degree > 1 and largest_gradient / self.allreduce_bandwidth_bytes_per_s > LONGEST_DURATION_S:
-            raise InputError(
-                f"the all-reduce's bandwidth ({self.allreduce_bandwidth_bytes_per_s:g} B/s) would take more than {LONGEST_DURATION_S:g} s "
-                f"(31.7 years) to carry {largest_gradient:g} gradient bytes; give it a larger bandwidth"
-            )
+        if problem is not None:
+            raise InputError(problem)
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -201,8 +201,6 @@ class PipelineState:
     def as_dict(self) -> dict[str, Any]:
         """Init fields only, e.g. for a manifest."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-
 
 
 def _non_negative(name: str, value: Any, *, seconds: bool = False) -> float:

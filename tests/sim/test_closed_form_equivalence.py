@@ -308,8 +308,10 @@ def test_paper_preset_matches_for_every_method() -> None:
 
 def test_a_wait_that_never_ends_stops_at_the_deadline_in_both_engines() -> None:
     """A remote tier of 1e-300 B/s makes every checkpoint write and reload last forever (an infinite
-    wait, past the last failure): the closed form used to fail an assertion there. Both engines stop
-    such runs at the deadline; the no-failure run never touches that tier and still finishes."""
+    wait, past the last failure): the closed form used to fail an assertion there. A scenario file
+    or `--set` with such a tier is now refused, so this one is built without validation
+    (`model_copy`), as a library user can. Both engines stop such runs at the deadline; the
+    no-failure run never touches that tier and still finishes."""
     scenario = preset("checkfree-500m-geo-33pct")
     slowest = len(scenario.storage) - 1
     storage = list(scenario.storage)
