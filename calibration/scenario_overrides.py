@@ -8,7 +8,7 @@ as a whole Scenario, so an override gets the same one-line errors as a scenario 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic import ValidationError
 
@@ -25,9 +25,12 @@ def parse_grid_setting(text: str) -> GridSetting:
         raise InputError(f"--set {text!r}: expected FIELD=VALUE[,VALUE...], e.g. pipeline.num_stages=4,8")
     path, _, values_text = text.partition("=")
     path = path.strip()
-    values = [value.strip() for value in values_text.split(",") if value.strip()]
-    if not path or not values:
+    values = [value.strip() for value in values_text.split(",")]
+    if not path or values == [""]:
         raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
+    if "" in values:
+        # A doubled or trailing comma is a typo more often than a wish to drop a value.
+        raise InputError(f"--set {text!r}: value {values.index('') + 1} is empty; remove the extra comma")
     parsed = []
     for value in values:
         try:
@@ -35,6 +38,15 @@ def parse_grid_setting(text: str) -> GridSetting:
         except json.JSONDecodeError:
             parsed.append(value)
     return path, tuple(parsed)
+
+
+def repeated_value(values: Sequence[Any]) -> Any | None:
+    """The first value given twice in `values` (`0.1` and `0.10` are one value), else None. A grid or a
+    list of failure rates must not repeat one: its runs would be counted twice as if independent."""
+    for index, value in enumerate(values):
+        if any(value == earlier for earlier in values[:index]):
+            return value
+    return None
 
 
 def _assign(data: Any, path: str, value: Any) -> None:

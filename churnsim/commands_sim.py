@@ -310,12 +310,15 @@ def recommend_command(
 def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
     from churnsim.calibration.errors import InputError
 
+    parts = [part.strip() for part in text.split(",")]
+    if parts == [""]:
+        raise InputError(f"{flag} is empty: give at least one value")
+    if "" in parts:
+        raise InputError(f"{flag} {text!r}: value {parts.index('') + 1} is empty; remove the extra comma")
     try:
-        values = tuple(float(part) for part in text.split(",") if part.strip())
+        values = tuple(float(part) for part in parts)
     except ValueError:
         raise InputError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0,0.05,0.1") from None
-    if not values:
-        raise InputError(f"{flag} is empty: give at least one value")
     if any(not 0.0 <= value < 1.0 for value in values):
         raise InputError(f"{flag} {text!r}: failure probabilities per stage-hour must be in [0, 1), e.g. 0.1 for 10 %/h")
     return values

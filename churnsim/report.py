@@ -45,7 +45,9 @@ def point_title(point) -> str:
     where = ", ".join(_grid_words(path, value) for path, value in point.grid.items())
     base = point.scenario.split("[", 1)[0] if point.grid else point.scenario
     hourly = point.failure_probability_per_stage_hour
-    rate = "" if hourly is None else f"at {RATE_FIELD_OF_KIND['stage_hourly'].words(hourly)}"
+    stage_hourly = RATE_FIELD_OF_KIND["stage_hourly"]
+    # A grid over the stage-hourly rate has already named it among the grid's words.
+    rate = "" if hourly is None or stage_hourly.setting in point.grid else f"at {stage_hourly.words(hourly)}"
     return ", ".join(part for part in (base, where, rate) if part)
 
 

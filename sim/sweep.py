@@ -21,7 +21,7 @@ import pandas as pd
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
-from churnsim.calibration.scenario_overrides import GridSetting, apply_settings
+from churnsim.calibration.scenario_overrides import GridSetting, apply_settings, repeated_value
 from churnsim.calibration.tables import write_table
 
 from .outputs import scenario_notes, write_manifest
@@ -35,6 +35,10 @@ def grid_points(grid: Sequence[GridSetting]) -> list[dict[str, Any]]:
     paths = [path for path, _ in grid]
     if len(set(paths)) != len(paths):
         raise InputError(f"--set names a field twice: {paths}; give all its values in one --set")
+    for path, values in grid:
+        repeated = repeated_value(values)
+        if repeated is not None:
+            raise InputError(f"--set {path}: the value {repeated!r} is given twice; give each value once")
     return [dict(zip(paths, combination)) for combination in itertools.product(*(values for _, values in grid))]
 
 

@@ -20,7 +20,9 @@ import pandas as pd
 from churnsim.calibration.churn import RATE_FIELD_OF_KIND, StageHourlyChurn, own_rate, rate_field_of_setting, rate_sweep
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
+from churnsim.calibration.errors import InputError
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.scenario_overrides import repeated_value
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
 
 from .analytic import interval_optimum_from_runs
@@ -94,6 +96,9 @@ def whatif_plan(
     else:
         rate_setting = RATE_SETTING
         rates = tuple(failure_rates) if failure_rates is not None else QUICK_FAILURE_RATES if quick else WHATIF_FAILURE_RATES
+        repeated = repeated_value([float(rate) for rate in rates])
+        if repeated is not None:
+            raise InputError(f"--rates: {repeated:g} is given twice; give each failure rate once")
         study_rate = 0.10
     return WhatIfPlan(
         scenario=scenario,

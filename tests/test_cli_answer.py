@@ -142,15 +142,17 @@ def test_whatif_says_when_rates_given_replace_the_scenarios_own_churn():
 def test_a_point_at_a_churns_own_rate_names_the_rate_in_words():
     from churnsim.report import point_title
 
-    def title(grid: dict) -> str:
+    def title(grid: dict, **columns) -> str:
         row = {column: math.nan for column in SUMMARY_COLUMNS}
-        row.update(scenario="tiny[x]", method="checkpoint", fraction_reached=1.0, time_to_target_mean_s=7.0, **grid)
+        row.update(scenario="tiny[x]", method="checkpoint", fraction_reached=1.0, time_to_target_mean_s=7.0, **grid, **columns)
         (point,) = verdict_from_summary(pd.DataFrame([row]), grid_columns=list(grid)).points
         return point_title(point)
 
     assert title({"churn.failures_per_node_hour": 240.0}) == "tiny, at 240 failures per node-hour"
     assert title({"churn.mean_lifetime_s": 5400.0}) == "tiny, at a mean lifetime of 1.5 h"
     assert title({"pipeline.num_microbatches": 8, "churn.time_scale": 0.5}) == "tiny, pipeline.num_microbatches = 8, at trace time scale 0.5"
+    # A grid over the stage-hourly rate names it once, not again as the point's rate.
+    assert title({"churn.failure_probability_per_stage_hour": 0.1}, failure_probability_per_stage_hour=0.1) == "tiny, at 10 %/h per stage"
 
 
 def test_simulate_names_the_scenarios_own_churn_rate_in_its_answer():

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import preset
 from churnsim.calibration.statistics import mean_with_ci95
@@ -83,6 +84,21 @@ def test_grid_settings_parse_and_expand():
     assert points == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
     changed = apply_settings(small_scenario(), {"pipeline.num_microbatches": 8})
     assert changed.pipeline.num_microbatches == 8 and "num_microbatches=8" in changed.name
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [("a=1,,2", "value 2 is empty"), ("a=1,", "value 2 is empty"), ("a=", "the grid is empty"), ("a=,", "value 1 is empty")],
+)
+def test_a_grid_setting_with_an_empty_value_is_refused(text, fragment):
+    with pytest.raises(InputError, match=fragment):
+        parse_grid_setting(text)
+
+
+def test_a_grid_that_repeats_a_value_is_refused():
+    # 0.1 and 0.10 are one point: its replications would be counted twice, as if independent.
+    with pytest.raises(InputError, match="the value 0.1 is given twice"):
+        grid_points([parse_grid_setting("churn.failure_probability_per_stage_hour=0.1,0.10")])
 
 
 def test_local_pool_and_inline_runs_give_identical_tables():
