@@ -413,7 +413,7 @@ class Scenario(FiniteNumbersModel):
         if split is not None:
             if len(split) != stages:
                 raise ValueError(
-                    f"pipeline.layers_per_stage lists {len(split)} stages but pipeline.num_stages is {stages}; give one count per stage"
+                    f"pipeline.layers_per_stage lists {len(split)} stage{'s' if len(split) != 1 else ''} but pipeline.num_stages is {stages}; give one count per stage"
                 )
             if sum(split) != layers:
                 raise ValueError(
@@ -425,7 +425,7 @@ class Scenario(FiniteNumbersModel):
                 value = getattr(self.compute, field)
                 if isinstance(value, tuple) and len(value) != stages:
                     raise ValueError(
-                        f"compute.{field} lists {len(value)} stages but pipeline.num_stages is {stages}; "
+                        f"compute.{field} lists {len(value)} stage{'s' if len(value) != 1 else ''} but pipeline.num_stages is {stages}; "
                         "give one time per stage, or one number for every stage"
                     )
         # Each is finite alone, but their product with the model's size can overflow to inf bytes,

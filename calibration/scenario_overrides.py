@@ -19,13 +19,34 @@ from .scenario import ModelSpec, PipelineSpec, Scenario, method_pipeline_problem
 GridSetting = tuple[str, tuple[Any, ...]]
 
 
+def _top_level_parts(text: str) -> list[str]:
+    """`text` split at the commas outside JSON brackets and strings: `[6,6],[4,8]` → `[6,6]`, `[4,8]`."""
+    parts, depth, quoted, escaped, start = [], 0, False, False, 0
+    for index, char in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quoted:
+            escaped, quoted = char == "\\", char != '"'
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    return [*parts, text[start:]]
+
+
 def parse_grid_setting(text: str) -> GridSetting:
-    """`churn.failure_probability_per_stage_hour=0.05,0.1` → (path, (0.05, 0.1)); values are JSON scalars or bare strings."""
+    """`churn.failure_probability_per_stage_hour=0.05,0.1` → (path, (0.05, 0.1)); values are JSON
+    values (a list keeps its commas: `pipeline.layers_per_stage=[6,6],[4,8]` is two values) or bare strings."""
     if "=" not in text:
         raise InputError(f"--set {text!r}: expected FIELD=VALUE[,VALUE...], e.g. pipeline.num_stages=4,8")
     path, _, values_text = text.partition("=")
     path = path.strip()
-    values = [value.strip() for value in values_text.split(",")]
+    values = [value.strip() for value in _top_level_parts(values_text)]
     if not path or values == [""]:
         raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
     if "" in values:

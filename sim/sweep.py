@@ -9,6 +9,7 @@ returns exactly the numbers of the local pool for the same seeds.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
@@ -56,9 +57,11 @@ def run_sweep_task(sweep_task: SweepTask) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = runs_table(scenario, results)
     trajectories = trajectories_table(scenario, results) if sweep_task.keep_trajectories else pd.DataFrame()
     for path, value in sweep_task.settings.items():
-        runs[path] = value
+        # A list or mapping (`pipeline.layers_per_stage=[3,3,3,3]`) is one cell, as its JSON text.
+        cell = json.dumps(value, separators=(",", ":")) if isinstance(value, (list, dict)) else value
+        runs[path] = cell
         if not trajectories.empty:
-            trajectories[path] = value
+            trajectories[path] = cell
     return runs, trajectories
 
 

@@ -80,6 +80,9 @@ def test_points_of_a_grid_that_share_a_scenario_name_are_summarised_apart():
 
 def test_grid_settings_parse_and_expand():
     assert parse_grid_setting("pipeline.num_microbatches=2,4") == ("pipeline.num_microbatches", (2, 4))
+    # A JSON list keeps its commas; a quoted string too.
+    assert parse_grid_setting("pipeline.layers_per_stage=[6,6],[4,8]") == ("pipeline.layers_per_stage", ([6, 6], [4, 8]))
+    assert parse_grid_setting('a={"b":[1,2]},"c,d",e') == ("a", ({"b": [1, 2]}, "c,d", "e"))
     points = grid_points([("a", (1, 2)), ("b", ("x",))])
     assert points == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
     changed = apply_settings(small_scenario(), {"pipeline.num_microbatches": 8})

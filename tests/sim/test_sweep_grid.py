@@ -128,3 +128,16 @@ def test_a_sweep_of_a_traces_own_time_scale_draws_one_figure_with_it_on_the_x_ax
     assert ax.get_xlabel() == "trace time scale (larger: fewer preemptions)"
     assert sorted(drawn["lines"][0].get_xdata()) == [0.5, 1.0, 2.0]
     plt.close("all")
+
+
+def test_a_sweep_over_a_list_field_keeps_each_list_whole(tmp_path):
+    # `--set` splits values at the commas outside brackets, and a table cell holds a list as its JSON text.
+    out = tmp_path / "out"
+    main([
+        "sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "pipeline.layers_per_stage=[3,3,3,3],[2,3,3,4]",
+        "--method", "checkpoint", "--method", "redundant", "--replications", "2", "--workers", "1", "--out", str(out),
+    ])
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["pipeline.layers_per_stage"]) == ["[3,3,3,3]", "[3,3,3,3]", "[2,3,3,4]", "[2,3,3,4]"]
+    assert set(summary["method"]) == {"checkpoint", "redundant"}
+    assert set(pd.read_csv(out / "runs.csv")["pipeline.layers_per_stage"]) == {"[3,3,3,3]", "[2,3,3,4]"}
