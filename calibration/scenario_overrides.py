@@ -47,7 +47,9 @@ def parse_grid_setting(text: str) -> GridSetting:
     path, _, values_text = text.partition("=")
     path = path.strip()
     values = [value.strip() for value in _top_level_parts(values_text)]
-    if not path or values == [""]:
+    if not path:
+        raise InputError(f"--set {text!r}: no field before '='; e.g. pipeline.num_stages=4,8")
+    if values == [""]:
         raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
     if "" in values:
         # A doubled or trailing comma is a typo more often than a wish to drop a value.

@@ -91,7 +91,7 @@ def test_grid_settings_parse_and_expand():
 
 @pytest.mark.parametrize(
     "text, fragment",
-    [("a=1,,2", "value 2 is empty"), ("a=1,", "value 2 is empty"), ("a=", "the grid is empty"), ("a=,", "value 1 is empty")],
+    [("a=1,,2", "value 2 is empty"), ("a=1,", "value 2 is empty"), ("a=", "the grid is empty"), ("a=,", "value 1 is empty"), ("=1", "no field before '='")],
 )
 def test_a_grid_setting_with_an_empty_value_is_refused(text, fragment):
     with pytest.raises(InputError, match=fragment):
