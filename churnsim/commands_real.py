@@ -133,7 +133,7 @@ def real_run_command(
             result = launch_local(config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume)
         except RunAborted as error:
             aborted = error
-    if aborted is not None:  # one line, after the progress bar is gone
-        sys.stderr.write(f"churnsim: error: {aborted}\n")
+    if aborted is not None:  # one line, after the progress bar is gone, and how to continue where the run can
+        sys.stderr.write("".join(f"{line}\n" for line in (f"churnsim: error: {aborted}", *getattr(aborted, "__notes__", ()))))
         raise typer.Exit(1)
     Console().print(summary_paragraph(result, out=out), soft_wrap=True)

@@ -28,7 +28,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import traceback
 import warnings
 import threading
 import time
@@ -168,13 +167,67 @@ def _worker(
         rank=rank, world_size=world_size, device=device, timeout_s=timeout_s, master_addr="127.0.0.1", master_port=port
     )
     try:
-        value = function(communicator, *arguments)
+        try:
+            value = function(communicator, *arguments)
+        except Exception as error:
+            _write_stage_error(_stage_error_path(directory, rank), error)
+            raise
         gathered = communicator.gather_objects(value, destination=0)
         if rank == 0:
             with open(os.path.join(directory, "results.bin"), "wb") as file:
                 file.write(encode(gathered))  # JSON + raw tensors: reading it back runs no code
     finally:
         destroy_process_group()
+
+
+def _stage_error_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"error-{rank}.json")
+
+
+def _write_stage_error(path: str, error: BaseException) -> None:
+    """When and why a stage process failed, for the launcher's one-line error (and to tell the first
+    failure from its peers' "connection closed by peer" that follow it)."""
+    record = {"time_s": time.time(), "type": type(error).__name__, "message": " ".join(str(error).split())}
+    with open(path, "w") as file:
+        json.dump(record, file)
+
+
+def _incarnation_error_path(directory: str, stage: int, incarnation: int) -> str:
+    """A hard-failure run's error file: one per process a stage had (a replacement is a new incarnation)."""
+    return os.path.join(directory, f"error-{stage}-{incarnation}.json")
+
+
+def _read_stage_error(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return None
+
+
+def _failed_stage_error(rank: int, record: dict[str, Any], after: str = "") -> RunAborted:
+    return RunAborted(f"stage/rank {rank} failed: {record['type']}: {record['message']}{after}", rank=rank)
+
+
+def _stage_failure(directory: str, failure: Exception, processes: list[Any]) -> RunAborted:
+    """One line for a run whose stage process failed. A rank a signal ended (the out-of-memory killer)
+    without an exception of its own is the cause; else the rank whose exception came first, since
+    the others mostly fail because it went away ("connection closed by peer"). The launcher's own
+    SIGTERM to the survivors does not count."""
+    records = [(record, rank) for rank in range(len(processes)) if (record := _read_stage_error(_stage_error_path(directory, rank)))]
+    recorded = {rank for _, rank in records}
+    for rank, process in enumerate(processes):
+        code = process.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM and rank not in recorded:
+            return RunAborted(
+                f"stage/rank {rank} was ended by signal {signal.Signals(-code).name} (the out-of-memory killer or another "
+                "process); the launcher ended the run",
+                rank=rank,
+            )
+    if not records:
+        return RunAborted(f"a stage process failed: {failure}")
+    first, rank = min(records, key=lambda record_and_rank: record_and_rank[0]["time_s"])
+    return _failed_stage_error(rank, first, f"; {len(records) - 1} other stage(s) failed after it" if len(records) > 1 else "")
 
 
 def _stalled_rank(directory: str, processes: list[Any], limit_s: float) -> tuple[int, float] | None:
@@ -299,8 +352,11 @@ def run_distributed(
                 if stalled is not None:
                     context.processes[stalled[0]].kill()  # a stopped process ignores SIGTERM
                     raise _stall_error(*stalled)
-                if context.join(timeout=0, grace_period=_GRACE_S):
-                    break
+                try:
+                    if context.join(timeout=0, grace_period=_GRACE_S):
+                        break
+                except (multiprocessing.ProcessRaisedException, multiprocessing.ProcessExitedException) as failure:
+                    raise _stage_failure(directory, failure, context.processes) from failure
                 if poll is not None:
                     poll()
             with open(os.path.join(directory, "results.bin"), "rb") as file:
@@ -357,10 +413,8 @@ def _elastic_worker(
             if time.monotonic() > deadline:
                 break  # the launcher ends the run if a peer never finishes
             time.sleep(0.01)
-    except BaseException:  # noqa: BLE001 - reported to the launcher, which raises it as the run's error
-        # As torch.multiprocessing does: the launcher raises the traceback as the run's error.
-        with open(os.path.join(directory, f"error-{stage}-{settings.incarnation}.txt"), "w") as file:
-            file.write(traceback.format_exc())
+    except BaseException as error:  # noqa: BLE001 - reported to the launcher, which raises it as the run's error
+        _write_stage_error(_incarnation_error_path(directory, stage, settings.incarnation), error)
         sys.exit(1)
     finally:
         destroy_process_group()
@@ -481,18 +535,13 @@ class _Supervisor:
         if code == 0 or len(self._stages_with_results()) == self.world_size:
             self.finished.add(stage)  # a death after every result was written ends nothing
             return
-        error_path = os.path.join(self.directory, f"error-{stage}-{self.incarnations[stage]}.txt")
-        if os.path.exists(error_path):
-            with open(error_path) as file:
-                message = f"\n\n-- Process {stage} terminated with the following error:\n" + file.read()
-            raise multiprocessing.ProcessRaisedException(message, stage, process.pid)
+        record = _read_stage_error(_incarnation_error_path(self.directory, stage, self.incarnations[stage]))
+        if record is not None:
+            raise _failed_stage_error(stage, record)
         name = signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
         why = self._not_recoverable(code)
         if why is not None:
-            raise multiprocessing.ProcessExitedException(
-                f"process {stage} terminated with {'signal ' + name if name else f'exit code {code}'}; {why}",
-                error_index=stage, error_pid=process.pid, exit_code=code, signal_name=name,
-            )  # fmt: skip
+            raise RunAborted(f"stage/rank {stage} ended with {'signal ' + name if name else f'exit code {code}'}; {why}", rank=stage)
         now = time.perf_counter()
         self.deaths.append({"id": len(self.deaths), "stage": stage, "detected_perf_s": now, "exit": name})
         self.pending[stage] = now

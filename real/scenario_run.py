@@ -83,6 +83,14 @@ def training_config(scenario: Scenario, method: MethodConfig, *, replication: in
     (`Scenario.only_method` picks the method of a scenario that lists several)."""
     check_one_pipeline(scenario)
     training = scenario.training
+    lr_scale = getattr(method, "lr_scale", 1.0)
+    rebuilt_learning_rate = training.learning_rate * lr_scale
+    if rebuilt_learning_rate > 1.0:
+        # The bound training.learning_rate keeps; 1e300 overflowed the optimizer's float32 mid-run.
+        raise InputError(
+            f"methods.{method.name}.lr_scale = {lr_scale:g}: a rebuilt stage would train at training.learning_rate × "
+            f"lr_scale = {rebuilt_learning_rate:g}, over 1; lower either (the CheckFree paper scales by 1.1)"
+        )
     return TrainingConfig(
         model=model_config(scenario.model),
         num_stages=scenario.pipeline.num_stages,

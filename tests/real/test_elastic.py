@@ -57,13 +57,12 @@ class _Killed:
 def test_a_death_after_a_peer_finished_ends_the_run_at_once(tmp_path):
     # The others would wait for the dead stage's result, not at the rendezvous: a replacement's
     # generation would never form, and the run would end only after the rendezvous timeout.
-    from torch.multiprocessing import ProcessExitedException
-
     from churnsim.real.elastic import result_path
+    from churnsim.real.launch import RunAborted
 
     supervisor = _supervisor(tmp_path, 3)
     open(result_path(str(tmp_path), 0), "wb").close()
-    with pytest.raises(ProcessExitedException, match=r"stage\(s\) \[0\] had already finished"):
+    with pytest.raises(RunAborted, match=r"stage/rank 2 ended with signal SIGKILL; stage\(s\) \[0\] had already finished"):
         supervisor._exited(2, _Killed())
 
 

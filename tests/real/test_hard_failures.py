@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from torch.multiprocessing import ProcessExitedException
 
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import method_from_name
@@ -36,7 +35,7 @@ from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import save_scenario
 from churnsim.real.checkpoint import SynchronousCheckpointEngine
 from churnsim.real.journal import RankJournal
-from churnsim.real.launch import launch_local, main, rendezvous_timeout_s
+from churnsim.real.launch import RunAborted, launch_local, main, rendezvous_timeout_s
 from churnsim.real.model import MODEL_PRESETS
 from churnsim.real.pipeline import message_flow_completes
 from churnsim.real.run_directory import RECOVERIES_FILE, WORKERS_FILE
@@ -246,7 +245,7 @@ def test_killing_every_stage_at_once_fails_the_run_and_resume_continues_it(tmp_p
             for pid in json.loads((run_dir / WORKERS_FILE).read_text())["workers"].values():
                 os.kill(pid, signal.SIGKILL)
 
-    with pytest.raises(ProcessExitedException, match="every stage process died"):
+    with pytest.raises(RunAborted, match="every stage process died"):
         launch_local(config, run_dir=run_dir, on_progress=kill_everyone, progress_interval_s=0.02)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
     assert list((run_dir / "checkpoints").glob("stage-*/*.manifest.json"))

@@ -57,6 +57,31 @@ def test_a_stopped_rank_ends_the_run_within_the_timeout_and_is_named(tmp_path):
     assert stall_limit_s(TIMEOUT_S) - HEARTBEAT_INTERVAL_S - 0.5 <= stopped_for_s < TIMEOUT_S + MARGIN_S, stopped_for_s
 
 
+def _rank_one_fails(communicator, how: str) -> int:
+    """Rank 1 raises or kills itself after the start barrier; rank 0 then waits on it for a message
+    and fails too ("connection closed by peer"), after it."""
+    import torch
+
+    communicator.barrier()
+    if communicator.rank == 1:
+        if how == "raise":
+            raise ValueError("the injected fault\nof rank 1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    communicator.recv((1,), torch.int64, source=1, tag=7)
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [("raise", "stage/rank 1 failed: ValueError: the injected fault of rank 1"), ("kill", "stage/rank 1 was ended by signal SIGKILL")],
+)
+def test_a_failed_rank_is_named_with_its_own_error_not_a_peers(how, expected):
+    with pytest.raises(RunAborted) as raised:
+        run_distributed(_rank_one_fails, 2, how, timeout_s=TIMEOUT_S)
+    message = str(raised.value)
+    assert raised.value.rank == 1 and message.startswith(expected) and "\n" not in message, message
+
+
 # -- the command line --------------------------------------------------------------------------
 
 LONG_RUN = [

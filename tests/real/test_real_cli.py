@@ -101,6 +101,7 @@ def test_a_real_run_injects_the_failures_simulate_samples(tmp_path):
         (["--preset", "cpu-tiny", "--method", "none", "--set", "training.peer_timeout_s=1e300"], "training.peer_timeout_s"),
         (["--preset", "cpu-tiny", "--method", "checkpoint", "--set", "training.remote_checkpoint_bytes_per_s=1e-300"],
          "training.remote_checkpoint_bytes_per_s"),
+        (["--preset", "cpu-tiny", "--method", "copy", "--set", "methods.copy.lr_scale=1e300"], "methods.copy.lr_scale"),
         (["no-such-scenario.json", "--method", "checkfree"], "no-such-scenario.json"),
         (["--method", "checkfree"], "give a scenario file or --preset NAME"),
     ],
