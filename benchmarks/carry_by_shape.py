@@ -1,0 +1,204 @@
+"""Which pipeline shapes does the compute model carry to badly on shared cores, and is it the scheduler?
+
+The calibrate-and-validate benchmark's 3-stage setup (6 layers in 3 stages) runs about 13 % slower
+than the compute model carries to it from the calibrated setup (4 layers in 4 stages). This one
+separates the two things that setup changes: the number of stage processes sharing the cores, and
+the layers per stage. It runs no-failure real runs of `cpu-tiny` (method `none`, no churn) in six
+shapes, stages × layers per stage: 4 × 1 (the calibrated shape, the reference), 3 × 1, 5 × 1,
+3 × 2, 4 × 2 and 5 × 2, interleaved and rotated each round, and validates them against a
+calibration (`churnsim validate`). Per run it reports the carry, the run's steady step over the
+predicted one divided by the same ratio of the reference run of its round (the machine's speed of
+the moment cancels: `sim.validate.steady_step_carry`), and where /proc exists, the stage
+processes' scheduler counters (`/proc/<pid>/sched`: migrations between cores and involuntary
+context switches, per second of their CPU time). Appends an entry to
+benchmarks/results/carry-by-shape.json. A benchmark, not a test: about 4 minutes of real runs;
+run nothing else beside it.
+
+    python benchmarks/carry_by_shape.py [--rounds 3] [--calibration cpu-tiny] [--steps 80]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_common import RESULTS_DIRECTORY, machine  # noqa: E402
+
+RESULTS_FILE = RESULTS_DIRECTORY / "carry-by-shape.json"
+SHAPES = {"4x1": (4, 1), "3x1": (3, 1), "5x1": (5, 1), "3x2": (3, 2), "4x2": (4, 2), "5x2": (5, 2)}
+"""Name → (stages, layers per stage); the first is the calibrated shape, every round's reference."""
+REFERENCE = "4x1"
+SAMPLE_INTERVAL_S = 0.2
+
+
+def _scheduler_counters(pid: str) -> dict[str, float] | None:
+    counters = {}
+    try:
+        with open(f"/proc/{pid}/sched") as file:
+            for line in file:
+                key, _, value = line.partition(":")
+                try:
+                    counters[key.strip()] = float(value)
+                except ValueError:
+                    continue  # the header line
+    except OSError:
+        return None
+    return counters
+
+
+def _stage_process_ids() -> list[str]:
+    """The stage processes of a local launch: children of its fork server (the same command line)."""
+    def command_line(pid: str) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline") as file:
+                return file.read()
+        except OSError:
+            return ""
+
+    stages = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if "forkserver" not in command_line(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as file:
+                parent = file.read().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if "forkserver" in command_line(parent):
+            stages.append(pid)
+    return stages
+
+
+class _SchedulerSampler:
+    """The last scheduler counters seen of every stage process, sampled while a run goes on."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            for pid in _stage_process_ids():
+                counters = _scheduler_counters(pid)
+                if counters is not None:
+                    self.last[pid] = counters
+            self._stop.wait(SAMPLE_INTERVAL_S)
+
+    def __enter__(self) -> "_SchedulerSampler":
+        if Path("/proc/self/sched").exists():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def per_cpu_second(self) -> dict[str, float] | None:
+        cpu_s = sum(counters.get("se.sum_exec_runtime", 0.0) for counters in self.last.values()) / 1000.0
+        if not cpu_s > 0:
+            return None
+        total = lambda key: sum(counters.get(key, 0.0) for counters in self.last.values())  # noqa: E731
+        return {
+            "stage_processes": len(self.last),
+            "cpu_s": round(cpu_s, 2),
+            "migrations_per_cpu_s": round(total("se.nr_migrations") / cpu_s, 1),
+            "involuntary_switches_per_cpu_s": round(total("nr_involuntary_switches") / cpu_s, 1),
+        }
+
+
+def _run(directory: Path, shape: str, round_index: int, steps: int) -> dict:
+    stages, layers_per_stage = SHAPES[shape]
+    out = directory / f"{shape}-r{round_index}"
+    command = [
+        sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "none",
+        "--set", "churn.failures_per_node_hour=0", "--set", "target.loss=null", "--set", f"target.iterations={steps}",
+        "--set", f"model.num_layers={stages * layers_per_stage}", "--set", f"pipeline.num_stages={stages}",
+        "--set", f"seed={7 + round_index}", "--out", str(out),
+    ]  # fmt: skip
+    with _SchedulerSampler() as sampler:
+        finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"{shape}, round {round_index}: the real run failed: {finished.stderr.strip().splitlines()[-1:]}")
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    return {"shape": shape, "round": round_index, "run_id": run_id, "scheduler": sampler.per_cpu_second()}
+
+
+def _steady_over_predicted(directory: Path, calibration: str) -> dict[str, float]:
+    """run id → the run's median steady step over the calibration's prediction for it."""
+    import pandas as pd
+
+    validation = directory / "validation"
+    command = [sys.executable, "-m", "churnsim", "validate", *sorted(str(path) for path in directory.glob("*-r*")),
+               "--calibration", calibration, "--out", str(validation), "--no-figures"]  # fmt: skip
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"churnsim validate failed: {finished.stderr.strip().splitlines()[-1:]}")
+    table = pd.read_csv(validation / "validation.csv")
+    steady = table[(table["quantity"] == "steady_iteration_s") & (table["predicted"] > 0)]
+    return dict(zip(steady["run_id"], steady["measured"] / steady["predicted"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calibration", default="cpu-tiny", help="a calibration file or built-in name")
+    parser.add_argument("--steps", type=int, default=80)
+    arguments = parser.parse_args()
+    started = time.time()
+    names = list(SHAPES)
+    with tempfile.TemporaryDirectory(prefix="churnsim-carry-by-shape-") as temporary:
+        directory = Path(temporary)
+        runs = []
+        for round_index in range(arguments.rounds):
+            # Rotated each round, so that no shape always runs first or after the same neighbour.
+            for shape in names[round_index % len(names):] + names[: round_index % len(names)]:
+                runs.append(_run(directory, shape, round_index, arguments.steps))
+                print(json.dumps(runs[-1]), flush=True)
+        over_predicted = _steady_over_predicted(directory, arguments.calibration)
+    reference = {run["round"]: over_predicted[run["run_id"]] for run in runs if run["shape"] == REFERENCE}
+    for run in runs:
+        run["steady_over_predicted"] = round(over_predicted[run["run_id"]], 4)
+        run["carry"] = round(over_predicted[run["run_id"]] / reference[run["round"]], 4)
+    by_shape = {}
+    for shape in names:
+        mine = [run for run in runs if run["shape"] == shape]
+        scheduler = [run["scheduler"] for run in mine if run["scheduler"]]
+        by_shape[shape] = {
+            "stages": SHAPES[shape][0],
+            "layers_per_stage": SHAPES[shape][1],
+            "carry_median": round(statistics.median(run["carry"] for run in mine), 3),
+            "carry_by_round": [run["carry"] for run in sorted(mine, key=lambda run: run["round"])],
+            "migrations_per_cpu_s_median": statistics.median(s["migrations_per_cpu_s"] for s in scheduler) if scheduler else None,
+            "involuntary_switches_per_cpu_s_median": statistics.median(s["involuntary_switches_per_cpu_s"] for s in scheduler) if scheduler else None,
+        }
+        print(f"{shape}: carry {by_shape[shape]['carry_median']:.3f} (rounds {by_shape[shape]['carry_by_round']}), "
+              f"migrations {by_shape[shape]['migrations_per_cpu_s_median']} and involuntary switches "
+              f"{by_shape[shape]['involuntary_switches_per_cpu_s_median']} per CPU-second")  # fmt: skip
+    entry = {
+        "minutes": round((time.time() - started) / 60, 1),
+        "machine": machine(),
+        "calibration": arguments.calibration,
+        "steps": arguments.steps,
+        "rounds": arguments.rounds,
+        "by_shape": by_shape,
+        "runs": runs,
+    }
+    history = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else []
+    RESULTS_FILE.write_text(json.dumps([*history, entry], indent=1) + "\n")
+    print(f"appended to {RESULTS_FILE}")
+
+
+if __name__ == "__main__":
+    main()
