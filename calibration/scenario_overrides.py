@@ -39,6 +39,18 @@ def _top_level_parts(text: str) -> list[str]:
     return [*parts, text[start:]]
 
 
+def comma_separated(text: str, label: str, *, empty: str) -> list[str]:
+    """The values of a comma-separated flag (`_top_level_parts`), stripped; `label: empty` when there
+    is none, and a value left empty is refused rather than dropped: a doubled or trailing comma is a
+    typo more often than a wish to drop a value."""
+    values = [value.strip() for value in _top_level_parts(text)]
+    if values == [""]:
+        raise InputError(f"{label}: {empty}")
+    if "" in values:
+        raise InputError(f"{label}: value {values.index('') + 1} is empty; remove the extra comma")
+    return values
+
+
 def parse_grid_setting(text: str) -> GridSetting:
     """`churn.failure_probability_per_stage_hour=0.05,0.1` → (path, (0.05, 0.1)); values are JSON
     values (a list keeps its commas: `pipeline.layers_per_stage=[6,6],[4,8]` is two values) or bare strings."""
@@ -46,14 +58,9 @@ def parse_grid_setting(text: str) -> GridSetting:
         raise InputError(f"--set {text!r}: expected FIELD=VALUE[,VALUE...], e.g. pipeline.num_stages=4,8")
     path, _, values_text = text.partition("=")
     path = path.strip()
-    values = [value.strip() for value in _top_level_parts(values_text)]
     if not path:
         raise InputError(f"--set {text!r}: no field before '='; e.g. pipeline.num_stages=4,8")
-    if values == [""]:
-        raise InputError(f"--set {text!r}: the grid is empty; give at least one value after '='")
-    if "" in values:
-        # A doubled or trailing comma is a typo more often than a wish to drop a value.
-        raise InputError(f"--set {text!r}: value {values.index('') + 1} is empty; remove the extra comma")
+    values = comma_separated(values_text, f"--set {text!r}", empty="the grid is empty; give at least one value after '='")
     parsed = []
     for value in values:
         try:

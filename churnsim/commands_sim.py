@@ -241,7 +241,7 @@ def whatif_command(
         load_scenario_argument(scenario_path, named_preset), named_preset, parse_settings(settings), methods=methods or (),
         calibration=calibration, calibration_mode=calibration_mode,
     )
-    failure_rates = parse_float_list(rates, "--rates") if rates else None
+    failure_rates = parse_float_list(rates, "--rates") if rates is not None else None
     chosen = override_run_settings(scenario, methods=methods, replications=None, seed=None).methods if methods else ()
     if replications < 2:
         from churnsim.calibration.errors import InputError
@@ -309,12 +309,9 @@ def recommend_command(
 
 def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
     from churnsim.calibration.errors import InputError
+    from churnsim.calibration.scenario_overrides import comma_separated
 
-    parts = [part.strip() for part in text.split(",")]
-    if parts == [""]:
-        raise InputError(f"{flag} is empty: give at least one value")
-    if "" in parts:
-        raise InputError(f"{flag} {text!r}: value {parts.index('') + 1} is empty; remove the extra comma")
+    parts = comma_separated(text, f"{flag} {text!r}", empty="give at least one value")
     try:
         values = tuple(float(part) for part in parts)
     except ValueError:
