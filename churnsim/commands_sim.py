@@ -259,7 +259,7 @@ def whatif_command(
     tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)
     total = len(tasks)
-    client = connect_scheduler(scheduler) if scheduler else None
+    client = connect_scheduler(scheduler) if scheduler is not None else None
     try:
         with progress_bar(total, f"what-if on {scenario.name}") as advance:
             result = run_whatif(plan, out, workers=workers, client=client, parquet=parquet, on_task_done=advance)
@@ -360,7 +360,7 @@ def sweep_command(
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
     tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
-    client = connect_scheduler(scheduler) if scheduler else None
+    client = connect_scheduler(scheduler) if scheduler is not None else None
     try:
         with progress_bar(len(tasks), f"sweeping {scenario.name}") as advance:
             result = run_sweep(tasks, workers=workers, client=client, on_task_done=advance)
