@@ -105,17 +105,24 @@ class _SchedulerSampler:
         if self._thread.is_alive():
             self._thread.join()
 
+    def _total(self, key: str) -> float:
+        return sum(counters.get(key, 0.0) for counters in self.last.values())
+
     def per_cpu_second(self) -> dict[str, float] | None:
-        cpu_s = sum(counters.get("se.sum_exec_runtime", 0.0) for counters in self.last.values()) / 1000.0
+        cpu_s = self._total("se.sum_exec_runtime") / 1000.0  # the kernel counts it in milliseconds
         if not cpu_s > 0:
             return None
-        total = lambda key: sum(counters.get(key, 0.0) for counters in self.last.values())  # noqa: E731
         return {
             "stage_processes": len(self.last),
             "cpu_s": round(cpu_s, 2),
-            "migrations_per_cpu_s": round(total("se.nr_migrations") / cpu_s, 1),
-            "involuntary_switches_per_cpu_s": round(total("nr_involuntary_switches") / cpu_s, 1),
+            "migrations_per_cpu_s": round(self._total("se.nr_migrations") / cpu_s, 1),
+            "involuntary_switches_per_cpu_s": round(self._total("nr_involuntary_switches") / cpu_s, 1),
         }
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "(no output)"
 
 
 def _run(directory: Path, shape: str, round_index: int, steps: int) -> dict:
@@ -130,7 +137,7 @@ def _run(directory: Path, shape: str, round_index: int, steps: int) -> dict:
     with _SchedulerSampler() as sampler:
         finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
-        sys.exit(f"{shape}, round {round_index}: the real run failed: {finished.stderr.strip().splitlines()[-1:]}")
+        sys.exit(f"{shape}, round {round_index}: the real run failed: {_last_line(finished.stderr)}")
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     return {"shape": shape, "round": round_index, "run_id": run_id, "scheduler": sampler.per_cpu_second()}
 
@@ -144,7 +151,7 @@ def _steady_over_predicted(directory: Path, calibration: str) -> dict[str, float
                "--calibration", calibration, "--out", str(validation), "--no-figures"]  # fmt: skip
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
-        sys.exit(f"churnsim validate failed: {finished.stderr.strip().splitlines()[-1:]}")
+        sys.exit(f"churnsim validate failed: {_last_line(finished.stderr)}")
     table = pd.read_csv(validation / "validation.csv")
     steady = table[(table["quantity"] == "steady_iteration_s") & (table["predicted"] > 0)]
     return dict(zip(steady["run_id"], steady["measured"] / steady["predicted"]))
