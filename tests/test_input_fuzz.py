@@ -253,7 +253,11 @@ FLAG_COMMANDS = (  # on the small scenario, so that a command whose flags stay v
     ["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "x.json", "--out", "out"],
     ["plot", "missing-results"],
 )
-FLAG_VALUES = ("-1", "0", "abc", "", "1e999", "nan", "99999999999999999999", "/proc/x", "--", "=", "a=b=c", "pipeline.num_stages=")
+FLAG_VALUES = (
+    "-1", "0", "abc", "", "1e999", "nan", "99999999999999999999", "/proc/x", "--", "=", "a=b=c", "pipeline.num_stages=",
+    # Lists of values: empty, repeated and bracketed ones.
+    "0.1,,0.2", "0.1,", "0.1,0.10", "pipeline.num_microbatches=4,4", "pipeline.layers_per_stage=[1,1,1,1],[1,1,2", '"a,b"',
+)
 
 
 @pytest.mark.parametrize("index", _cases("flags"))
@@ -274,7 +278,8 @@ def test_mutated_flags(index, tmp_path, capsys):
     else:
         command += ["--set", rng.choice(["pipeline.num_microbatches=1000000000000", "churn.failure_probability_per_stage_hour=1",
                                          "target.max_wall_clock_s=1e15", "replications=1000000000", "model.num_layers=-3",
-                                         "pipeline.num_stages=100000", "seed=nan"])]
+                                         "pipeline.num_stages=100000", "seed=nan", "pipeline.layers_per_stage=[1,1,1,1]",
+                                         "pipeline.layers_per_stage=[1,[2]]", 'name="a,b"'])]
     assert_promise(command, tmp_path, capsys, f"flags case {index}: {command}")
 
 
