@@ -25,6 +25,9 @@ MAX_STAGES = 4096
 MAX_STAGE_MICROBATCHES_PER_ITERATION = 65_536
 """Stages × microbatches of one iteration, simulated per microbatch once per pipeline state."""
 MAX_REPLICATIONS = 100_000
+TOO_MANY_REPLICATIONS = f"more than the limit of {MAX_REPLICATIONS:,}; intervals narrow as 1/sqrt(replications), a few hundred are plenty"
+MAX_LOCAL_WORKERS = 1024
+"""Local worker processes a command may start (`--workers`)."""
 MAX_EXPECTED_FAILURES_PER_RUN = 200_000
 """Failures the churn model is expected to produce within `target.max_wall_clock_s`."""
 
@@ -57,6 +60,12 @@ def expected_failures_per_run(scenario: "Scenario") -> float:
     return rate_per_stage_s * num_stages * scenario.target.max_wall_clock_s
 
 
+def check_workers(workers: int | None) -> None:
+    """Refuse a `--workers` count no machine runs as local processes."""
+    if workers is not None and not 1 <= workers <= MAX_LOCAL_WORKERS:
+        raise InputError(f"--workers {workers}: must be between 1 and {MAX_LOCAL_WORKERS} local processes")
+
+
 def check_scenario_size(scenario: "Scenario", *, source: str) -> None:
     """Refuse (InputError, one line naming `source` and the field) a scenario too large to simulate."""
     stages = scenario.pipeline.num_stages
@@ -72,10 +81,7 @@ def check_scenario_size(scenario: "Scenario", *, source: str) -> None:
             "use fewer microbatches (the iteration time scales with them)"
         )
     if scenario.replications > MAX_REPLICATIONS:
-        raise InputError(
-            f"{source}: replications = {scenario.replications}: more than the limit of {MAX_REPLICATIONS:,}; "
-            "intervals narrow as 1/sqrt(replications), a few hundred are plenty"
-        )
+        raise InputError(f"{source}: replications = {scenario.replications}: {TOO_MANY_REPLICATIONS}")
     failures = expected_failures_per_run(scenario)
     if failures > MAX_EXPECTED_FAILURES_PER_RUN:
         hours = scenario.target.max_wall_clock_s / 3600.0

@@ -128,18 +128,14 @@ def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -
     return str(scenario_path) if scenario_path is not None else f"preset {preset_name}"
 
 
-MAX_LOCAL_WORKERS = 1024
-
-
 def check_up_front(scenarios, *, source: str, workers: Optional[int] = None) -> None:
     """Every check that needs no work, before any progress line: sizes, trace files, --workers, and
     the pipeline each scenario makes (times and links the simulator can run)."""
     from churnsim.calibration.errors import InputError
-    from churnsim.calibration.input_limits import check_scenario_size
+    from churnsim.calibration.input_limits import check_scenario_size, check_workers
     from churnsim.sim.pipeline_state import build_pipeline_state
 
-    if workers is not None and not 1 <= workers <= MAX_LOCAL_WORKERS:
-        raise InputError(f"--workers {workers}: must be between 1 and {MAX_LOCAL_WORKERS} local processes")
+    check_workers(workers)
     distinct = list({id(scenario): scenario for scenario in scenarios}.values())
     for scenario in distinct:
         where = source if len(distinct) == 1 else f"{source}, grid point {scenario.name!r}"

@@ -24,6 +24,7 @@ import pandas as pd
 
 from churnsim.calibration.base import atomic_write_text, read_json, strict_json_dumps
 from churnsim.calibration.errors import InputError
+from churnsim.calibration.input_limits import MAX_REPLICATIONS, TOO_MANY_REPLICATIONS, check_workers
 from churnsim.calibration.tables import write_table
 
 PAPERS: tuple[str, ...] = ("checkfree", "datastates")
@@ -46,8 +47,9 @@ def check_arguments(paper: str, *, replications: int | None = None, workers: int
         raise InputError("--replications: the DataStates-LLM runs have no failures, so one replication is exact; drop --replications")
     if replications is not None and replications < 2:
         raise InputError(f"--replications {replications}: speed-up intervals need at least 2")
-    if workers is not None and workers < 1:
-        raise InputError(f"--workers {workers}: must be >= 1")
+    if replications is not None and replications > MAX_REPLICATIONS:
+        raise InputError(f"--replications {replications}: {TOO_MANY_REPLICATIONS}")
+    check_workers(workers)
 
 
 def compute(

@@ -94,6 +94,9 @@ def test_reproduce_checkfree_lists_every_claim(tmp_path, monkeypatch):
         (["reproduce", "checkfree", "--replications", "1"], ("--replications 1", "at least 2")),
         (["reproduce", "datastates", "--replications", "3"], ("--replications", "no failures")),
         (["reproduce", "datastates", "--workers", "0"], ("--workers 0",)),
+        # Both used to start the reproduction: 100,001 replications of every setting, or 100,000 processes.
+        (["reproduce", "checkfree", "--replications", "100001"], ("--replications 100001", "limit of 100,000")),
+        (["reproduce", "checkfree", "--quick", "--workers", "100000"], ("--workers 100000", "between 1 and 1024")),
         (["reproduce"], ("Missing argument 'PAPER'",)),
     ],
 )
