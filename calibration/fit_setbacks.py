@@ -19,6 +19,15 @@ from .errors import InputError
 from .fit_convergence import setback_spec
 from .statistics import mean_with_ci95, t_quantile_975
 
+LAB_WINDOW_ITERATIONS = 30
+"""Iterations the convergence lab trains a rebuilt pipeline beside its no-failure twin."""
+
+
+def lab_failure_span(num_iterations: int, window_iterations: int = LAB_WINDOW_ITERATIONS) -> tuple[int, int]:
+    """First and last iteration a lab failure may strike: from 10 % of the run, so that the model has
+    trained, to one window before its end, so that every rebuild gets its whole window."""
+    return num_iterations // 10, num_iterations - window_iterations
+
 LAB_COLUMNS: tuple[str, ...] = (
     "seed", "method", "stage", "position", "failure_iteration", "window_iterations", "setback_iterations",
 )  # fmt: skip

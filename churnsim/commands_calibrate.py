@@ -226,15 +226,23 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     return suite_settings, device
 
 
+LARGEST_SEED = 2**63 - 1
+"""torch.manual_seed takes a signed 64-bit integer; a larger seed failed in every lab process."""
+MAX_LAB_ITERATIONS = 100_000
+"""100 times the default: 2 seeds × 1,000 iterations took 10 min on 2 CPU cores (README)."""
+
+
 def parse_seeds(text: str) -> tuple[int, ...]:
     from churnsim.calibration.errors import InputError
+    from churnsim.calibration.scenario_overrides import comma_separated
 
+    values = comma_separated(text, f"--seeds {text!r}", empty="give distinct seeds >= 0, e.g. 0,1")
     try:
-        seeds = tuple(int(value) for value in text.split(",") if value.strip())
+        seeds = tuple(int(value) for value in values)
     except ValueError:
         raise InputError(f"--seeds {text!r}: give whole numbers separated by commas, e.g. 0,1") from None
-    if not seeds or any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
-        raise InputError(f"--seeds {text!r}: give distinct seeds >= 0, e.g. 0,1")
+    if any(not 0 <= seed <= LARGEST_SEED for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds {text!r}: give distinct seeds from 0 to {LARGEST_SEED}, e.g. 0,1")
     return seeds
 
 
@@ -249,12 +257,23 @@ def calibrate_convergence(
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.calibration_file import save_calibration
     from churnsim.calibration.errors import InputError
-    from churnsim.calibration.fit_setbacks import methods_told_apart, setback_summary, with_lab_setbacks
+    from churnsim.calibration.fit_setbacks import lab_failure_span, methods_told_apart, setback_summary, with_lab_setbacks
     from churnsim.calibration.run_record import provenance_fields
 
     console = stderr_console()
     if num_iterations < 50 or num_failure_points < 1:
         raise InputError("--lab-iterations must be >= 50 and --failure-points >= 1")
+    if num_iterations > MAX_LAB_ITERATIONS:
+        raise InputError(
+            f"--lab-iterations {num_iterations}: more than the limit of {MAX_LAB_ITERATIONS:,} (2 seeds × 1,000 iterations took "
+            "10 min on 2 CPU cores); use fewer"
+        )
+    first, last = lab_failure_span(num_iterations)
+    if num_failure_points > last - first + 1:
+        raise InputError(
+            f"--failure-points {num_failure_points}: more than the {last - first + 1} iterations failures may strike in a "
+            f"{num_iterations}-iteration lab (from {first} to {last}); use fewer, or a longer --lab-iterations"
+        )
     calibration = resolve_calibration(base)
     started = time.perf_counter()
     table_path = out.with_name(f"{out.stem}-setbacks.csv")

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from churnsim.calibration.convergence import stage_position
+from churnsim.calibration.fit_setbacks import LAB_WINDOW_ITERATIONS, lab_failure_span
 from churnsim.calibration.methods import MethodConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import microbatch_route
 from churnsim.calibration.rebuild_plan import RebuildPlan, plan_rebuild
@@ -301,7 +302,7 @@ def lab_settings(
     learning_rate: float = 1e-3,
     num_iterations: int = 1000,
     num_failure_points: int = 16,
-    window_iterations: int = 30,
+    window_iterations: int = LAB_WINDOW_ITERATIONS,
     device: str = "cpu",
     corpus_max_bytes: int = CORPUS_MAX_BYTES,
 ) -> LabSettings:
@@ -310,8 +311,7 @@ def lab_settings(
     setback depends on training progress."""
     from churnsim.calibration.methods import method_names_where, method_traits
 
-    first = num_iterations // 10
-    last = num_iterations - window_iterations
+    first, last = lab_failure_span(num_iterations, window_iterations)
     if last <= first:
         raise ValueError(f"num_iterations {num_iterations} leaves no room for failures before a {window_iterations}-iteration window")
     step = (last - first) / max(num_failure_points - 1, 1)

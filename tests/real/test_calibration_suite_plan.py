@@ -61,6 +61,12 @@ def test_a_pipeline_real_runs_cannot_take_is_refused():
         (["--convergence", "--set", "model.num_layers=8"], "--convergence runs the convergence lab"),
         (["--quick", "--set", "pipeline.data_parallel_degree=2"], "data_parallel_degree = 2"),
         (["--quick", "--set", "model.hidden_size=100000"], "GiB"),
+        # Found by scanning the lab's flags: a traceback in every lab process, a lab of days, 10^8
+        # failure points built before any check, and an empty seed dropped without a word.
+        (["--convergence", "--seeds", "99999999999999999999999"], "give distinct seeds from 0 to 9223372036854775807"),
+        (["--convergence", "--lab-iterations", "1000000000"], "more than the limit of 100,000"),
+        (["--convergence", "--failure-points", "100000000"], "more than the 871 iterations failures may strike"),
+        (["--convergence", "--seeds", "1,,2"], "value 2 is empty"),
     ],
 )
 def test_calibrate_refuses_a_suite_it_cannot_run_in_one_line(arguments, fragment, tmp_path):
