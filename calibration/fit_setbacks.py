@@ -28,6 +28,7 @@ def lab_failure_span(num_iterations: int, window_iterations: int = LAB_WINDOW_IT
     trained, to one window before its end, so that every rebuild gets its whole window."""
     return num_iterations // 10, num_iterations - window_iterations
 
+
 LAB_COLUMNS: tuple[str, ...] = (
     "seed", "method", "stage", "position", "failure_iteration", "window_iterations", "setback_iterations",
 )  # fmt: skip
