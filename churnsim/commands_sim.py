@@ -213,8 +213,10 @@ def whatif_command(
     settings: list[str] = typer.Option([], "--set", help=SET_HELP),
     calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     calibration_mode: str = typer.Option("full", "--calibration-mode", help=CALIBRATION_MODE_HELP),
-    replications: int = typer.Option(10, "--replications", help="Replications per failure rate (common random numbers across methods)."),
-    quick: bool = typer.Option(False, "--quick", help="A fast smoke run: 3 replications, 3 rates, a short interval study."),
+    replications: Optional[int] = typer.Option(
+        None, "--replications", help="Replications per failure rate (default 10, 3 with --quick; common random numbers across methods)."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="A fast smoke run: 3 replications, 3 rates, a short interval study (--replications and --rates still win)."),
     out: Path = typer.Option(Path("churnsim-out"), "--out", help="Directory for tables and figures."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
@@ -239,7 +241,7 @@ def whatif_command(
     )
     failure_rates = parse_float_list(rates, "--rates") if rates is not None else None
     chosen = override_run_settings(scenario, methods=methods, replications=None, seed=None).methods if methods else ()
-    if replications < 2:
+    if replications is not None and replications < 2:
         from churnsim.calibration.errors import InputError
 
         raise InputError(f"--replications {replications}: confidence intervals need at least 2")

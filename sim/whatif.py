@@ -44,6 +44,8 @@ model can say so); `--quick` asks at `QUICK_OWN_CHURN_FACTORS`."""
 QUICK_OWN_CHURN_FACTORS: tuple[float, ...] = (1.0, 4.0)
 CHECKPOINT_INTERVALS: tuple[int, ...] = (5, 10, 20, 50, 100, 200, 500)
 QUICK_CHECKPOINT_INTERVALS: tuple[int, ...] = (10, 50, 200)
+WHATIF_REPLICATIONS = 10
+QUICK_REPLICATIONS = 3
 RATE_SETTING = RATE_FIELD_OF_KIND["stage_hourly"].setting
 
 
@@ -80,7 +82,7 @@ def whatif_plan(
     *,
     failure_rates: Sequence[float] | None = None,
     methods: Sequence[MethodConfig] = (),
-    replications: int = 10,
+    replications: int | None = None,
     quick: bool = False,
     interval_study: bool = True,
 ) -> WhatIfPlan:
@@ -105,7 +107,8 @@ def whatif_plan(
         failure_rates=tuple(float(rate) for rate in rates),
         rate_setting=rate_setting,
         methods=tuple(methods),
-        replications=3 if quick else replications,
+        # Given replications win over --quick's default, as given rates do.
+        replications=replications if replications is not None else QUICK_REPLICATIONS if quick else WHATIF_REPLICATIONS,
         interval_study_rate=study_rate if interval_study else None,
         intervals=QUICK_CHECKPOINT_INTERVALS if quick else CHECKPOINT_INTERVALS,
     )

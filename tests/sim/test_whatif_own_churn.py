@@ -28,6 +28,13 @@ def test_the_plan_keeps_a_churn_with_a_rate_and_replaces_the_hourly_one_or_one_w
     assert whatif_plan(idle, quick=True).replaces_churn  # nor has a rate of 0
 
 
+def test_given_replications_win_over_the_quick_default():
+    # --quick --replications 7 used to run 3 replications without a word.
+    paper = preset("checkfree-500m-geo-10pct")
+    assert whatif_plan(paper).replications == 10 and whatif_plan(paper, quick=True).replications == 3
+    assert whatif_plan(paper, quick=True, replications=7).replications == 7
+
+
 @pytest.fixture(scope="module")
 def tiny_whatif():
     return api.whatif("cpu-tiny", methods=["none", "checkpoint", "checkfree"], replications=2, interval_study=False, calibration="cpu-tiny")
