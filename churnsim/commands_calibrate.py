@@ -98,10 +98,16 @@ def calibrate_command(
     scenario_path: Optional[Path] = typer.Option(None, "--scenario", help="Run the suite on this scenario file's model and pipeline."),
     settings: list[str] = typer.Option([], "--set", help="FIELD=VALUE override of the scenario calibrated (dotted path); repeatable."),
     convergence: bool = typer.Option(False, "--convergence", help="Measure convergence setbacks with the convergence lab (paired forks of no-failure runs) into a copy of --base."),
-    base: str = typer.Option("cpu-tiny", "--base", help="With --convergence: the calibration (file or built-in name) whose model is trained and whose setbacks are replaced."),
-    seeds: str = typer.Option("0,1", "--seeds", help="With --convergence: seeds of the paired no-failure runs, comma-separated (one process each)."),
-    lab_iterations: int = typer.Option(1000, "--lab-iterations", help="With --convergence: length of each no-failure run; failures strike from 10 % of it on."),
-    failure_points: int = typer.Option(16, "--failure-points", help="With --convergence: failure iterations per seed (each forks an interior and an edge stage)."),
+    base: Optional[str] = typer.Option(
+        None, "--base", help="With --convergence: the calibration (file or built-in name) whose model is trained and whose setbacks are replaced (default cpu-tiny)."
+    ),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="With --convergence: seeds of the paired no-failure runs, comma-separated (one process each; default 0,1)."),
+    lab_iterations: Optional[int] = typer.Option(
+        None, "--lab-iterations", help="With --convergence: length of each no-failure run (default 1000); failures strike from 10 % of it on."
+    ),
+    failure_points: Optional[int] = typer.Option(
+        None, "--failure-points", help="With --convergence: failure iterations per seed (default 16; each forks an interior and an edge stage)."
+    ),
     setback_table: Optional[Path] = typer.Option(None, "--setback-table", help="With --convergence: fit an existing lab table (a *-setbacks.csv) instead of running the lab."),
 ) -> None:
     """Short real runs on this machine (or existing run records) → a calibration file."""
@@ -122,14 +128,22 @@ def calibrate_command(
 
     check_writable_file(out, flag="--out")  # before minutes of real runs, not after them
     configures_the_suite = preset_name is not None or scenario_path is not None or bool(settings)
+    lab_flags = {"--base": base, "--seeds": seeds, "--lab-iterations": lab_iterations, "--failure-points": failure_points, "--setback-table": setback_table}
     if convergence:
         if runs or quick or methods or configures_the_suite:
             raise InputError("--convergence runs the convergence lab on --base: drop --runs, --quick, --method, --preset, --scenario and --set")
         calibrate_convergence(
-            out, base=base, seeds=parse_seeds(seeds), num_iterations=lab_iterations, num_failure_points=failure_points, table=setback_table,
+            out, base=base or DEFAULT_LAB_BASE, seeds=parse_seeds(seeds if seeds is not None else DEFAULT_LAB_SEEDS),
+            num_iterations=lab_iterations if lab_iterations is not None else DEFAULT_LAB_ITERATIONS,
+            num_failure_points=failure_points if failure_points is not None else DEFAULT_LAB_FAILURE_POINTS, table=setback_table,
             device=device or "cpu",
-        )
+        )  # fmt: skip
         return
+    given_lab_flags = [flag for flag, value in lab_flags.items() if value is not None]
+    if given_lab_flags:
+        # Without --convergence nothing reads them: a run that ignored them would look like it had used them.
+        verb = "configures" if len(given_lab_flags) == 1 else "configure"
+        raise InputError(f"{', '.join(given_lab_flags)} {verb} the convergence lab: add --convergence, or drop {'it' if verb == 'configures' else 'them'}")
     started = time.perf_counter()
     if runs:
         if quick or runs_out is not None or methods or configures_the_suite:
@@ -226,6 +240,10 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     return suite_settings, device
 
 
+DEFAULT_LAB_BASE = "cpu-tiny"
+DEFAULT_LAB_SEEDS = "0,1"
+DEFAULT_LAB_ITERATIONS = 1000
+DEFAULT_LAB_FAILURE_POINTS = 16
 LARGEST_SEED = 2**63 - 1
 """torch.manual_seed takes a signed 64-bit integer; a larger seed failed in every lab process."""
 MAX_LAB_ITERATIONS = 100_000

@@ -25,7 +25,7 @@ def reproduce_command(
     from churnsim.out_directory import prepare_out_directory
     from churnsim.reproduce import check_arguments, compute, num_tasks, previous_reproduction, remove_previous_outputs, write_report
 
-    check_arguments(paper, replications=replications, workers=workers)
+    check_arguments(paper, replications=replications, workers=workers, quick=quick)
     out = out if out is not None else Path(f"churnsim-reproduce-{paper}")
     replace_reproduction = previous_reproduction(out)
     prepare_out_directory(out, command="reproduce", subject=paper, overwrite=overwrite)

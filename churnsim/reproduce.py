@@ -40,11 +40,13 @@ def check_paper(paper: str) -> str:
     return paper
 
 
-def check_arguments(paper: str, *, replications: int | None = None, workers: int | None = None) -> None:
+def check_arguments(paper: str, *, replications: int | None = None, workers: int | None = None, quick: bool = False) -> None:
     """One-line InputError for any bad argument, before anything runs or is written."""
     check_paper(paper)
     if paper == "datastates" and replications is not None:
         raise InputError("--replications: the DataStates-LLM runs have no failures, so one replication is exact; drop --replications")
+    if paper == "datastates" and quick:
+        raise InputError("--quick: the DataStates-LLM reproduction has no quicker form (it takes seconds); drop --quick")
     if replications is not None and replications < 2:
         raise InputError(f"--replications {replications}: speed-up intervals need at least 2")
     if replications is not None and replications > MAX_REPLICATIONS:
@@ -61,7 +63,7 @@ def compute(
     on_task_done: Callable[[], None] | None = None,
 ):
     """The `Reproduction` of `paper` (sim/reproduce_claims.py); nothing is written."""
-    check_arguments(paper, replications=replications, workers=workers)
+    check_arguments(paper, replications=replications, workers=workers, quick=quick)
     if paper == "datastates":
         from churnsim.sim.reproduce_datastates import reproduce_datastates
 

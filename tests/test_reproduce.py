@@ -97,6 +97,7 @@ def test_reproduce_checkfree_lists_every_claim(tmp_path, monkeypatch):
         # Both used to start the reproduction: 100,001 replications of every setting, or 100,000 processes.
         (["reproduce", "checkfree", "--replications", "100001"], ("--replications 100001", "limit of 100,000")),
         (["reproduce", "checkfree", "--quick", "--workers", "100000"], ("--workers 100000", "between 1 and 1024")),
+        (["reproduce", "datastates", "--quick"], ("--quick", "no quicker form")),
         (["reproduce"], ("Missing argument 'PAPER'",)),
     ],
 )

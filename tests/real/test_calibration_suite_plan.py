@@ -67,6 +67,9 @@ def test_a_pipeline_real_runs_cannot_take_is_refused():
         (["--convergence", "--lab-iterations", "1000000000"], "more than the limit of 100,000"),
         (["--convergence", "--failure-points", "100000000"], "more than the 871 iterations failures may strike"),
         (["--convergence", "--seeds", "1,,2"], "value 2 is empty"),
+        # Lab flags without --convergence used to be ignored without a word.
+        (["--quick", "--seeds", "1"], "--seeds configures the convergence lab: add --convergence"),
+        (["--runs", "records", "--lab-iterations", "100", "--failure-points", "3"], "--lab-iterations, --failure-points configure"),
     ],
 )
 def test_calibrate_refuses_a_suite_it_cannot_run_in_one_line(arguments, fragment, tmp_path):
