@@ -204,6 +204,20 @@ def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
+PARQUET_NEEDS_PYARROW = "Parquet output needs pyarrow: pip install 'churnsim[parquet]', or drop --parquet"
+
+
+def check_parquet_writer(parquet: bool) -> None:
+    """With --parquet, refuse up front where pandas has no Parquet engine, so that no command
+    simulates for minutes and then stops with its CSVs half-written."""
+    if not parquet:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None and importlib.util.find_spec("fastparquet") is None:
+        raise InputError(PARQUET_NEEDS_PYARROW)
+
+
 def write_table(frame: pd.DataFrame, path: str | Path, *, parquet: bool = False) -> list[Path]:
     """Write `frame` as CSV (and Parquet beside it when asked); returns the files written."""
     path = Path(path)
@@ -214,6 +228,6 @@ def write_table(frame: pd.DataFrame, path: str | Path, *, parquet: bool = False)
         try:
             frame.to_parquet(path.with_suffix(".parquet"), index=False)
         except ImportError:
-            raise InputError("Parquet output needs pyarrow: pip install 'churnsim[parquet]', or drop --parquet") from None
+            raise InputError(PARQUET_NEEDS_PYARROW) from None
         written.append(path.with_suffix(".parquet"))
     return written

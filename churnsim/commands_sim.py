@@ -180,6 +180,7 @@ def simulate_command(
 ) -> None:
     """Simulate one scenario: a summary table with one row per method, run records, a timeline."""
     from churnsim.calibration.scenario_overrides import parse_settings
+    from churnsim.calibration.tables import check_parquet_writer
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.simulate import simulate_scenario
@@ -193,6 +194,7 @@ def simulate_command(
         overrides=overrides, calibration=calibration, calibration_mode=calibration_mode,
     )
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
+    check_parquet_writer(parquet)
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
@@ -230,6 +232,7 @@ def whatif_command(
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
     from churnsim.sim.whatif import run_whatif, whatif_plan
+    from churnsim.calibration.tables import check_parquet_writer
 
     from churnsim.calibration.scenario_overrides import parse_settings
 
@@ -254,6 +257,7 @@ def whatif_command(
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
     rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
     check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers)
+    check_parquet_writer(parquet)
     tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)
     total = len(tasks)
@@ -341,6 +345,7 @@ def sweep_command(
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep, sweep_verdict, write_sweep
+    from churnsim.calibration.tables import check_parquet_writer
 
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
@@ -356,6 +361,7 @@ def sweep_command(
 
     points = [with_settings(base, preset_name, point, **configure) for point in grid_points(grid)]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
+    check_parquet_writer(parquet)
     tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
     client = connect_scheduler(scheduler) if scheduler is not None else None

@@ -193,3 +193,25 @@ def test_simulate_and_sweep_take_another_setup_of_the_calibrated_preset(tmp_path
           "--replications", "1", "--workers", "1", "--out", str(tmp_path / "swept")])
     swept = pd.read_csv(tmp_path / "swept" / "runs.csv")
     assert sorted(swept["pipeline.num_stages"]) == [4, 8]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["simulate", "--preset", "cpu-tiny", "--replications", "2"],
+        ["whatif", "--preset", "cpu-tiny", "--quick"],
+        ["sweep", "--preset", "cpu-tiny", "--set", "seed=1,2", "--replications", "2", "--workers", "1"],
+    ],
+)
+def test_parquet_without_an_engine_is_refused_before_anything_runs(arguments, tmp_path, capsys, monkeypatch):
+    # simulate used to run, write runs.csv and then stop at the first Parquet file.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name in ("pyarrow", "fastparquet") else find_spec(name, *rest))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*arguments, "--parquet", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["churnsim: error: Parquet output needs pyarrow: pip install 'churnsim[parquet]', or drop --parquet"]
+    assert not (tmp_path / "out").exists()
