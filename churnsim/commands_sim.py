@@ -258,6 +258,10 @@ def whatif_command(
     rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
     check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers)
     check_parquet_writer(parquet)
+    if setback_sensitivity:
+        from churnsim.sensitivity_report import check_setback_sensitivity
+
+        check_setback_sensitivity(plan)
     tasks = rate_tasks(plan) + interval_tasks(plan)
     prepare_out_directory(out, command="whatif", subject=scenario.name, overwrite=overwrite)
     total = len(tasks)

@@ -18,9 +18,24 @@ from rich.table import Table
 from churnsim.calibration.tables import write_table
 
 
+def study_scenario_and_methods(plan):
+    """The what-if's scenario narrowed to its chosen methods, and the methods the study compares."""
+    from churnsim.sim.setback_sensitivity import sensitivity_methods
+
+    scenario = plan.scenario.model_copy(update={"methods": plan.chosen_methods()})
+    return scenario, sensitivity_methods(scenario)
+
+
+def check_setback_sensitivity(plan) -> None:
+    """Before the what-if runs: the study needs a method with setbacks (`sim.setback_sensitivity`)."""
+    from churnsim.sim.setback_sensitivity import check_setback_methods
+
+    check_setback_methods(study_scenario_and_methods(plan)[1])
+
+
 def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console) -> list[Path]:
     """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`."""
-    from churnsim.sim.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_methods, sensitivity_tasks, setback_sensitivity
+    from churnsim.sim.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_tasks, setback_sensitivity
 
     # Under the scenario's own churn the study runs at its own rate (the sensitivity tables are keyed
     # by the hourly probability, which that churn has none of).
@@ -28,8 +43,7 @@ def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any
     if rates == ():  # a plan under the scenario's own churn has a rate above 0 (whatif_plan)
         console.print("[yellow]note:[/yellow] --setback-sensitivity skipped: no nonzero failure rate, so setbacks change nothing")
         return []
-    scenario = plan.scenario.model_copy(update={"methods": plan.chosen_methods()})
-    methods = sensitivity_methods(scenario)
+    scenario, methods = study_scenario_and_methods(plan)
     total = len(sensitivity_tasks(scenario, scales=SENSITIVITY_SCALES, failure_rates=rates, replications=plan.replications, methods=methods))
     from churnsim.commands_sim import progress_bar
 

@@ -139,6 +139,12 @@ def sensitivity_from_runs(runs: pd.DataFrame, scales: Sequence[float]) -> Setbac
     return SetbackSensitivity(table=table, crossovers=pd.DataFrame(_crossover_rows(table), columns=list(CROSSOVER_COLUMNS)))
 
 
+def check_setback_methods(methods: Sequence[MethodConfig]) -> None:
+    """The study scales setbacks: without a method that has any, it would change nothing."""
+    if not any(method.uses_setbacks for method in methods):
+        raise InputError("the setback sensitivity needs a method with convergence setbacks (checkfree, checkfree_plus, ...)")
+
+
 def setback_sensitivity(
     scenario: Scenario,
     *,
@@ -152,8 +158,7 @@ def setback_sensitivity(
 ) -> SetbackSensitivity:
     """How the ranking moves with a common factor on every setback, and at which factor the winner changes."""
     chosen = tuple(methods) if methods is not None else sensitivity_methods(scenario)
-    if not any(method.uses_setbacks for method in chosen):
-        raise InputError("the setback sensitivity needs a method with convergence setbacks (checkfree, checkfree_plus, ...)")
+    check_setback_methods(chosen)
     tasks = sensitivity_tasks(
         scenario, scales=scales, failure_rates=failure_rates, replications=replications or scenario.replications, methods=chosen
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
+from pydantic import ValidationError
 
 from churnsim.calibration.churn import RATE_FIELD_OF_KIND, StageHourlyChurn, own_rate, rate_field_of_setting, rate_sweep
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
@@ -152,14 +153,32 @@ def interval_study_methods() -> tuple[str, ...]:
     return tuple(name for name in method_names_where(family="checkpoint") if method_traits(name).checkpoint_interval_field)
 
 
+def interval_study_configs(plan: WhatIfPlan) -> list[MethodConfig]:
+    """What the interval study varies the interval of: the scenario's own configuration of each
+    checkpointing method (its storage tier or levels), or the default one where the scenario lists no
+    such method and the default fits its storage. A default that names a tier the scenario lacks
+    (the DataStates presets keep their checkpoints on Lustre) is left out rather than failing."""
+    configs = []
+    for name in interval_study_methods():
+        own = next((method for method in plan.scenario.methods if method.name == name), None)
+        config = own if own is not None else method_from_name(name)
+        if own is None:
+            try:
+                plan_at_rate(plan, plan.interval_study_rate or 0.0, methods=(config,))
+            except ValidationError:
+                continue
+        configs.append(config)
+    return configs
+
+
 def interval_tasks(plan: WhatIfPlan) -> list[SweepTask]:
     if plan.interval_study_rate is None:
         return []
     tasks = []
-    for name in interval_study_methods():
-        interval_field = method_traits(name).checkpoint_interval_field
+    for config in interval_study_configs(plan):
+        interval_field = method_traits(config.name).checkpoint_interval_field
         for interval in plan.intervals:
-            method = method_from_name(name, **{interval_field: interval})
+            method = config.model_copy(update={interval_field: interval})
             for task in replication_tasks(plan_at_rate(plan, plan.interval_study_rate, methods=(method,))):
                 tasks.append(SweepTask(task=task, settings={"interval_iterations": interval}, keep_trajectories=False))
     return tasks

@@ -103,6 +103,9 @@ def test_simulate_writes_one_record_per_run_and_a_perfetto_timeline(tmp_path):
         (["whatif", "--rates", "0.1,,0.2"], ("--rates", "value 2 is empty")),
         (["whatif", "--rates", "", "--out", "x"], ("--rates", "give at least one value")),
         (["sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "seed=1,2", "--scheduler", "", "--out", "x"], ("--scheduler",)),
+        # Used to run the whole what-if first and then stop, its results written.
+        (["whatif", "--preset", "spot-p3-trace", "--quick", "--method", "checkpoint", "--setback-sensitivity", "--out", "x"],
+         ("setback sensitivity needs a method with convergence setbacks",)),
         (["whatif", "--rates", "0.1,0.10", "--out", "x"], ("--rates", "0.1 is given twice")),
         (["sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "pipeline.num_microbatches=4,8,", "--out", "x"], ("value 3 is empty",)),
         (["sweep", "--preset", "checkfree-124m-geo-10pct", "--set", "pipeline.num_microbatches=4,8,4", "--out", "x"], ("the value 4 is given twice",)),

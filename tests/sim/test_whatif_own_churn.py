@@ -56,3 +56,20 @@ def test_the_runs_see_failures_in_proportion_to_the_rate(tiny_whatif):
     assert failures.loc[0.0] == 0
     # More failures at a higher rate, over runs of about the same length (2 replications each).
     assert failures.loc[960.0] > failures.loc[480.0] > failures.loc[120.0] > 0
+
+
+def test_the_interval_study_varies_the_scenarios_own_checkpoint_configuration():
+    # `churnsim whatif --preset datastates-7b` failed with a traceback: the study took the default
+    # checkpoint configuration, whose 'remote' tier the preset's storage (Lustre) does not have.
+    from churnsim.sim.whatif import interval_study_configs, interval_tasks
+
+    plan = whatif_plan(preset("datastates-7b"), quick=True)
+    configs = {config.name: config for config in interval_study_configs(plan)}
+    assert configs["checkpoint"].tier == "lustre_torch_save"
+    tasks = interval_tasks(plan)
+    assert {task.settings["interval_iterations"] for task in tasks} == set(plan.intervals)
+    assert all(task.task.scenario.methods[0].name in configs for task in tasks)
+    # A method the scenario does not list is studied in its default configuration where that fits.
+    only_sync = preset("checkfree-500m-geo-10pct")
+    only_sync = only_sync.model_copy(update={"methods": tuple(m for m in only_sync.methods if m.name != "async_checkpoint")})
+    assert [config.name for config in interval_study_configs(whatif_plan(only_sync, quick=True))] == ["checkpoint", "async_checkpoint"]
