@@ -7,7 +7,7 @@ import pytest
 
 from churnsim import api
 from churnsim.calibration.churn import ScheduleChurn
-from churnsim.calibration.presets import preset
+from churnsim.calibration.presets import PRESETS, preset
 from churnsim.sim.whatif import OWN_CHURN_FACTORS, QUICK_FAILURE_RATES, RATE_SETTING, WHATIF_FAILURE_RATES, whatif_plan
 
 
@@ -73,3 +73,13 @@ def test_the_interval_study_varies_the_scenarios_own_checkpoint_configuration():
     only_sync = preset("checkfree-500m-geo-10pct")
     only_sync = only_sync.model_copy(update={"methods": tuple(m for m in only_sync.methods if m.name != "async_checkpoint")})
     assert [config.name for config in interval_study_configs(whatif_plan(only_sync, quick=True))] == ["checkpoint", "async_checkpoint"]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_presets_whatif_builds_its_tasks(name):
+    # Building the tasks validates every scenario the what-if will run; the four DataStates presets
+    # used to fail here, in the interval study, with a traceback.
+    from churnsim.sim.whatif import interval_tasks, rate_tasks
+
+    plan = whatif_plan(preset(name), quick=True)
+    assert rate_tasks(plan) and (plan.interval_study_rate is None or interval_tasks(plan))
