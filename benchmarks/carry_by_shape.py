@@ -143,16 +143,13 @@ def _run(directory: Path, shape: str, round_index: int, steps: int) -> dict:
 
 
 def _steady_over_predicted(directory: Path, calibration: str) -> dict[str, float]:
-    """run id → the run's median steady step over the calibration's prediction for it."""
-    import pandas as pd
+    """run id → the run's median steady step over the calibration's prediction for it (the validator
+    in this process, as `churnsim validate` runs it)."""
+    from churnsim.calibration.builtin import resolve_calibration
+    from churnsim.sim.validate import load_held_out_records, validate_records
 
-    validation = directory / "validation"
-    command = [sys.executable, "-m", "churnsim", "validate", *sorted(str(path) for path in directory.glob("*-r*")),
-               "--calibration", calibration, "--out", str(validation), "--no-figures"]  # fmt: skip
-    finished = subprocess.run(command, capture_output=True, text=True)
-    if finished.returncode != 0:
-        sys.exit(f"churnsim validate failed: {_last_line(finished.stderr)}")
-    table = pd.read_csv(validation / "validation.csv")
+    loaded = resolve_calibration(calibration)
+    table = validate_records(load_held_out_records(sorted(directory.glob("*-r*")), loaded), loaded).table
     steady = table[(table["quantity"] == "steady_iteration_s") & (table["predicted"] > 0)]
     return dict(zip(steady["run_id"], steady["measured"] / steady["predicted"]))
 

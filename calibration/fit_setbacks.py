@@ -21,6 +21,10 @@ from .statistics import mean_with_ci95, t_quantile_975
 
 LAB_WINDOW_ITERATIONS = 30
 """Iterations the convergence lab trains a rebuilt pipeline beside its no-failure twin."""
+LAB_ITERATIONS = 1000
+"""The lab's default no-failure run length (`calibrate --convergence --lab-iterations`)."""
+LAB_FAILURE_POINTS = 16
+"""The lab's default failure iterations per seed (`--failure-points`)."""
 
 
 def lab_failure_span(num_iterations: int, window_iterations: int = LAB_WINDOW_ITERATIONS) -> tuple[int, int]:

@@ -456,23 +456,33 @@ class Scenario(FiniteNumbersModel):
             if method.name in seen:
                 raise ValueError(f"method {method.name!r} is listed twice in methods")
             seen.add(method.name)
-            for tier in method.tiers_used:
-                if tier not in tier_names:
-                    raise ValueError(f"method {method.name!r} uses storage tier {tier!r}, which is not in storage {tier_names}; add it")
-            problem = method_pipeline_problem(method, self.model, self.pipeline)
+            problem = self.method_problem(method)
             if problem is not None:
-                raise ValueError(f"method {method.name!r} {problem[0]}; {problem[1]}")
+                raise ValueError(problem)
         if self.target.loss is not None:
             iterations_for_target(self.convergence.baseline, self.target.loss)
         return self
+
+    def method_problem(self, method: MethodConfig) -> str | None:
+        """Why this scenario cannot run `method` (a storage tier it lacks, a pipeline the method cannot
+        take), in one line; None when it can."""
+        tier_names = [tier.name for tier in self.storage]
+        for tier in method.tiers_used:
+            if tier not in tier_names:
+                return f"method {method.name!r} uses storage tier {tier!r}, which is not in storage {tier_names}; add it"
+        problem = method_pipeline_problem(method, self.model, self.pipeline)
+        return None if problem is None else f"method {method.name!r} {problem[0]}; {problem[1]}"
+
+    def method_config(self, name: str) -> MethodConfig:
+        """This scenario's own configuration of method `name`, or the method's defaults where it lists none."""
+        return next((method for method in self.methods if method.name == name), None) or method_from_name(name)
 
     def with_methods(self, names: Sequence[str]) -> "Scenario":
         """This scenario with the methods named, in that order: its own configuration of each one it
         lists, the defaults of the others; validated, so a method the pipeline cannot take is refused."""
         if len(set(names)) != len(names):
             raise InputError(f"--method lists a method twice: {list(names)}")
-        by_name = {method.name: method for method in self.methods}
-        methods = [(by_name.get(name) or method_from_name(name)).model_dump() for name in names]
+        methods = [self.method_config(name).model_dump() for name in names]
         return validate_model(Scenario, {**self.model_dump(), "methods": methods}, f"scenario {self.name} with methods {', '.join(names)}")
 
     def with_run_settings(self, *, replications: int | None = None, seed: int | None = None) -> "Scenario":

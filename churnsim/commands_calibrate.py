@@ -132,18 +132,20 @@ def calibrate_command(
     if convergence:
         if runs or quick or methods or configures_the_suite:
             raise InputError("--convergence runs the convergence lab on --base: drop --runs, --quick, --method, --preset, --scenario and --set")
+        from churnsim.calibration.fit_setbacks import LAB_FAILURE_POINTS, LAB_ITERATIONS
+
         calibrate_convergence(
             out, base=base or DEFAULT_LAB_BASE, seeds=parse_seeds(seeds if seeds is not None else DEFAULT_LAB_SEEDS),
-            num_iterations=lab_iterations if lab_iterations is not None else DEFAULT_LAB_ITERATIONS,
-            num_failure_points=failure_points if failure_points is not None else DEFAULT_LAB_FAILURE_POINTS, table=setback_table,
+            num_iterations=lab_iterations if lab_iterations is not None else LAB_ITERATIONS,
+            num_failure_points=failure_points if failure_points is not None else LAB_FAILURE_POINTS, table=setback_table,
             device=device or "cpu",
         )  # fmt: skip
         return
     given_lab_flags = [flag for flag, value in lab_flags.items() if value is not None]
     if given_lab_flags:
         # Without --convergence nothing reads them: a run that ignored them would look like it had used them.
-        verb = "configures" if len(given_lab_flags) == 1 else "configure"
-        raise InputError(f"{', '.join(given_lab_flags)} {verb} the convergence lab: add --convergence, or drop {'it' if verb == 'configures' else 'them'}")
+        verb, pronoun = ("configures", "it") if len(given_lab_flags) == 1 else ("configure", "them")
+        raise InputError(f"{', '.join(given_lab_flags)} {verb} the convergence lab: add --convergence, or drop {pronoun}")
     started = time.perf_counter()
     if runs:
         if quick or runs_out is not None or methods or configures_the_suite:
@@ -242,8 +244,6 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
 
 DEFAULT_LAB_BASE = "cpu-tiny"
 DEFAULT_LAB_SEEDS = "0,1"
-DEFAULT_LAB_ITERATIONS = 1000
-DEFAULT_LAB_FAILURE_POINTS = 16
 LARGEST_SEED = 2**63 - 1
 """torch.manual_seed takes a signed 64-bit integer; a larger seed failed in every lab process."""
 MAX_LAB_ITERATIONS = 100_000

@@ -128,14 +128,17 @@ def scenario_source(scenario_path: Optional[Path], preset_name: Optional[str]) -
     return str(scenario_path) if scenario_path is not None else f"preset {preset_name}"
 
 
-def check_up_front(scenarios, *, source: str, workers: Optional[int] = None) -> None:
-    """Every check that needs no work, before any progress line: sizes, trace files, --workers, and
-    the pipeline each scenario makes (times and links the simulator can run)."""
+def check_up_front(scenarios, *, source: str, workers: Optional[int] = None, parquet: bool = False) -> None:
+    """Every check that needs no work, before any progress line: sizes, trace files, --workers, a
+    Parquet engine for --parquet, and the pipeline each scenario makes (times and links the simulator
+    can run)."""
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.input_limits import check_scenario_size, check_workers
+    from churnsim.calibration.tables import check_parquet_writer
     from churnsim.sim.pipeline_state import build_pipeline_state
 
     check_workers(workers)
+    check_parquet_writer(parquet)
     distinct = list({id(scenario): scenario for scenario in scenarios}.values())
     for scenario in distinct:
         where = source if len(distinct) == 1 else f"{source}, grid point {scenario.name!r}"
@@ -180,7 +183,6 @@ def simulate_command(
 ) -> None:
     """Simulate one scenario: a summary table with one row per method, run records, a timeline."""
     from churnsim.calibration.scenario_overrides import parse_settings
-    from churnsim.calibration.tables import check_parquet_writer
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.simulate import simulate_scenario
@@ -193,8 +195,7 @@ def simulate_command(
         overrides(load_scenario_argument(scenario_path, preset_name)), preset_name, parse_settings(settings), methods=methods or (),
         overrides=overrides, calibration=calibration, calibration_mode=calibration_mode,
     )
-    check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
-    check_parquet_writer(parquet)
+    check_up_front([scenario], source=scenario_source(scenario_path, preset_name), parquet=parquet)
     prepare_out_directory(out, command="simulate", subject=scenario.name, overwrite=overwrite)
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
@@ -232,7 +233,6 @@ def whatif_command(
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
     from churnsim.sim.whatif import run_whatif, whatif_plan
-    from churnsim.calibration.tables import check_parquet_writer
 
     from churnsim.calibration.scenario_overrides import parse_settings
 
@@ -256,8 +256,7 @@ def whatif_command(
 
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
     rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
-    check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers)
-    check_parquet_writer(parquet)
+    check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers, parquet=parquet)
     if setback_sensitivity:
         from churnsim.sensitivity_report import check_setback_sensitivity
 
@@ -349,7 +348,6 @@ def sweep_command(
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
     from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep, sweep_verdict, write_sweep
-    from churnsim.calibration.tables import check_parquet_writer
 
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
@@ -364,8 +362,7 @@ def sweep_command(
     from churnsim.sim.sweep import grid_points
 
     points = [with_settings(base, preset_name, point, **configure) for point in grid_points(grid)]
-    check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers)
-    check_parquet_writer(parquet)
+    check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers, parquet=parquet)
     tasks = build_tasks(scenario, grid, points=points)
     prepare_out_directory(out, command="sweep", subject=scenario.name, overwrite=overwrite)
     client = connect_scheduler(scheduler) if scheduler is not None else None

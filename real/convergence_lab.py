@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from churnsim.calibration.convergence import stage_position
-from churnsim.calibration.fit_setbacks import LAB_WINDOW_ITERATIONS, lab_failure_span
+from churnsim.calibration.fit_setbacks import LAB_FAILURE_POINTS, LAB_ITERATIONS, LAB_WINDOW_ITERATIONS, lab_failure_span
 from churnsim.calibration.methods import MethodConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import microbatch_route
 from churnsim.calibration.rebuild_plan import RebuildPlan, plan_rebuild
@@ -300,8 +300,8 @@ def lab_settings(
     num_microbatches: int,
     microbatch_size: int,
     learning_rate: float = 1e-3,
-    num_iterations: int = 1000,
-    num_failure_points: int = 16,
+    num_iterations: int = LAB_ITERATIONS,
+    num_failure_points: int = LAB_FAILURE_POINTS,
     window_iterations: int = LAB_WINDOW_ITERATIONS,
     device: str = "cpu",
     corpus_max_bytes: int = CORPUS_MAX_BYTES,

@@ -22,7 +22,6 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.paper_setbacks import PAPER_PERPLEXITY_AFTER_10K, PAPER_SETBACKS, PaperSetting, ProgressModel
 from churnsim.calibration.presets import (
     CHECKFREE_FAILURE_RATES,
@@ -67,7 +66,7 @@ QUICK_PLAN = CheckFreePlan(replications=2, layouts=("separate_node",))
 def scenario_for(size: str, rate: float, layout: str, replications: int) -> Scenario:
     """The preset of `size` at `rate` in `layout` (with its setbacks, as `churnsim presets` builds it)."""
     scenario = with_calibrated_setbacks(SIZES[size](rate, layout))
-    methods = tuple(next((m for m in scenario.methods if m.name == name), None) or method_from_name(name) for name in METHODS)
+    methods = tuple(scenario.method_config(name) for name in METHODS)
     return scenario.model_copy(update={"replications": replications, "methods": methods})
 
 

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
-from pydantic import ValidationError
 
 from churnsim.calibration.churn import RATE_FIELD_OF_KIND, StageHourlyChurn, own_rate, rate_field_of_setting, rate_sweep
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
-from churnsim.calibration.methods import MethodConfig, method_from_name, method_names_where, method_traits
+from churnsim.calibration.methods import MethodConfig, method_names_where, method_traits
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.scenario_overrides import repeated_value
@@ -158,17 +157,8 @@ def interval_study_configs(plan: WhatIfPlan) -> list[MethodConfig]:
     checkpointing method (its storage tier or levels), or the default one where the scenario lists no
     such method and the default fits its storage. A default that names a tier the scenario lacks
     (the DataStates presets keep their checkpoints on Lustre) is left out rather than failing."""
-    configs = []
-    for name in interval_study_methods():
-        own = next((method for method in plan.scenario.methods if method.name == name), None)
-        config = own if own is not None else method_from_name(name)
-        if own is None:
-            try:
-                plan_at_rate(plan, plan.interval_study_rate or 0.0, methods=(config,))
-            except ValidationError:
-                continue
-        configs.append(config)
-    return configs
+    configs = (plan.scenario.method_config(name) for name in interval_study_methods())
+    return [config for config in configs if plan.scenario.method_problem(config) is None]
 
 
 def interval_tasks(plan: WhatIfPlan) -> list[SweepTask]:
