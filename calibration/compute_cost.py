@@ -2,10 +2,11 @@
 
 Runs of one model and pipeline measure each stage's forward and backward time per microbatch; a
 scenario of another depth, width, stage count, microbatch size or count needs them for its own
-stages. The model (one per direction) is linear in four measured coefficients:
+stages. The model (one per direction) is linear in five measured coefficients:
 
     work per hop = fixed_s + matmul_flops × seconds_per_matmul_flop + elements × seconds_per_element
                    + neighbours × seconds_per_neighbour
+                   + shared_core_parameters × seconds_per_shared_core_parameter
 
 - `matmul_flops`: 2 × tokens × (the stage's block parameters) + 4 × tokens × sequence × width per
   block (attention scores and their weighted sum) + 2 × tokens × vocab × width on the last stage
@@ -20,11 +21,20 @@ stages. The model (one per direction) is linear in four measured coefficients:
   their measured work, and a 6-stage pipeline, with more interior stages, 7–14 % short (held-out
   runs of benchmarks/calibrate_and_validate.py, 9 rounds); the quick suite's 2-stage shape, with
   edge stages only, identifies it;
+- `shared_core_parameters`: the stage's parameters when its run's stage processes outnumber the
+  cores they share (0 otherwise): a hop then costs more work per parameter it holds, not per token
+  it computes. On the 2 cores, no-failure `cpu-tiny` runs of two layers a stage among more processes
+  than cores ran 3–22 % above the model's hops fitted without the term, where two layers a stage
+  with a core each (the quick suite's 2-stage shape) and twice the tokens among more processes
+  (its microbatch-16 shape) were fitted within a few percent: the extra cost grows with the stage's
+  weights, as a cache refilled after another process ran on the core would (a reading, not
+  measured). The quick suite's double-depth shape, run only where the processes outnumber the
+  cores, identifies it (benchmarks/HISTORY.md, "Weights on shared cores");
 - `fixed_s`: what a hop costs whatever its size (framework dispatch, Python).
 
 Work is in core-seconds (calibration.cpu_sharing): what a hop takes with a core of its own. The
 coefficients are fitted by non-negative least squares on relative errors, over every (run, stage)
-median of every configuration measured; with a single configuration the four are not all
+median of every configuration measured; with a single configuration the five are not all
 identifiable and the fit says so in `num_configurations`. The optimizer step is fitted the same way
 against the stage's parameters (fixed + per parameter).
 
@@ -53,6 +63,10 @@ from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec, Scenario, stage_layer_counts
 
 
+StageFeatures = tuple[float, float, float, float]
+"""(matmul FLOPs, elements, neighbours, shared-core parameters) of one stage's hop (module docstring)."""
+
+
 class HopCost(StrictModel):
     """Work of one hop of one microbatch on one stage (module docstring)."""
 
@@ -61,11 +75,18 @@ class HopCost(StrictModel):
     seconds_per_element: float = Field(ge=0)
     seconds_per_neighbour: float = Field(0.0, ge=0)
     """Calibrations made before it was measured have none (0)."""
+    seconds_per_shared_core_parameter: float = Field(0.0, ge=0)
+    """Calibrations made before 2026-11-29 (twenty-seventh session) have none (0), and so does any fit
+    whose runs never had more stage processes than cores."""
 
-    def work_s(self, features: tuple[float, float, float]) -> float:
-        matmul_flops, elements, neighbours = features
+    def work_s(self, features: StageFeatures) -> float:
+        matmul_flops, elements, neighbours, shared_core_parameters = features
         return (
-            self.fixed_s + matmul_flops * self.seconds_per_matmul_flop + elements * self.seconds_per_element + neighbours * self.seconds_per_neighbour
+            self.fixed_s
+            + matmul_flops * self.seconds_per_matmul_flop
+            + elements * self.seconds_per_element
+            + neighbours * self.seconds_per_neighbour
+            + shared_core_parameters * self.seconds_per_shared_core_parameter
         )
 
 
@@ -101,7 +122,7 @@ class ComputeCostModel(StrictModel):
         """Per-stage compute of a scenario's model and pipeline: edge stages' embedding and head work
         inside their block times (as a run measures it); the slowest stage's optimizer step plus the
         per-iteration overhead, charged once per iteration where the optimizer step sits."""
-        features = stage_features(model, pipeline)
+        features = stage_features(model, pipeline, self.shared_cores)
         largest_stage_parameters = max(stage_parameters(model, pipeline))
         overhead_s = (
             self.iteration_overhead_s
@@ -161,8 +182,16 @@ def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...
     )
 
 
-def stage_features(model: ModelSpec, pipeline: PipelineSpec) -> tuple[tuple[float, float, float], ...]:
-    """Per stage: (matmul FLOPs, elements, neighbours) of one microbatch's forward hop (module docstring)."""
+def processes_outnumber_cores(pipeline: PipelineSpec, shared_cores: int | None) -> bool:
+    """Whether a run's stage processes (one per stage) share fewer cores than they are."""
+    return shared_cores is not None and pipeline.num_stages > shared_cores
+
+
+def stage_features(model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None) -> tuple[StageFeatures, ...]:
+    """Per stage: the features of one microbatch's forward hop (module docstring), on a machine whose
+    stage processes share `shared_cores` cores (None: a device each)."""
+    parameters = stage_parameters(model, pipeline)
+    sharing = processes_outnumber_cores(pipeline, shared_cores)
     tokens = float(pipeline.microbatch_size * model.sequence_length)
     width, vocab = float(model.hidden_size), float(model.vocab_size)
     layers = stage_layer_counts(model, pipeline)
@@ -177,12 +206,12 @@ def stage_features(model: ModelSpec, pipeline: PipelineSpec) -> tuple[tuple[floa
             matmul_flops += 2 * tokens * vocab * width
             elements += tokens * width + tokens * vocab
         neighbours = (stage > 0) + (stage < last)
-        features.append((matmul_flops, elements, float(neighbours)))
+        features.append((matmul_flops, elements, float(neighbours), float(parameters[stage]) if sharing else 0.0))
     return tuple(features)
 
 
-def fit_hop_cost(features: Sequence[tuple[float, float, float]], work_s: Sequence[float]) -> tuple[HopCost, float]:
-    """Non-negative least squares of work on (1, matmul FLOPs, elements, neighbours), each row weighted by
+def fit_hop_cost(features: Sequence[StageFeatures], work_s: Sequence[float]) -> tuple[HopCost, float]:
+    """Non-negative least squares of work on (1, the stage features), each row weighted by
     1 / its work so that small and large hops count alike; returns the cost and the median
     |relative residual|."""
     from scipy.optimize import nnls
@@ -203,6 +232,7 @@ def fit_hop_cost(features: Sequence[tuple[float, float, float]], work_s: Sequenc
         seconds_per_matmul_flop=float(coefficients[1]),
         seconds_per_element=float(coefficients[2]),
         seconds_per_neighbour=float(coefficients[3]),
+        seconds_per_shared_core_parameter=float(coefficients[4]),
     )
     return cost, residual
 

@@ -312,7 +312,7 @@ def fit_compute_cost_model(
             backward_s = tuple(timing.block_backward.median_s for timing in timings)
         measured_hops[key] = (tuple(forward_s), tuple(backward_s))
         fitted_setups.append(setup_fingerprint(settings.model, settings.pipeline))
-        hop_features.extend(stage_features(settings.model, settings.pipeline))
+        hop_features.extend(stage_features(settings.model, settings.pipeline, shared_cores))
         forward_work.extend(forward_s)  # type: ignore[arg-type]
         backward_work.extend(backward_s)  # type: ignore[arg-type]
         parameters = stage_parameters(settings.model, settings.pipeline)

@@ -117,7 +117,8 @@ def calibrate_command(
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.fit import build_calibration
     from churnsim.calibration.fit_timing import fit_link_profile
-    from churnsim.calibration.run_record import read_run_record
+    from churnsim.calibration.cpu_sharing import cores_of_hardware
+    from churnsim.calibration.run_record import hardware_description, read_run_record
     from churnsim.sim.calibrated import iteration_predictor, method_extra_predictor
     from churnsim.sim.validate import run_record_directories
 
@@ -176,7 +177,9 @@ def calibrate_command(
             tiers["remote"] = remote_dir
         storage = _measure_storage(tiers)
         storage.to_csv(runs_out / STORAGE_FILE, index=False)
-        plan = suite_plan(suite_settings, device=device, methods=methods)
+        # The cores the suite's stage processes will share, read as the fit reads them from its records.
+        shared_cores = cores_of_hardware(hardware_description(), device)
+        plan = suite_plan(suite_settings, device=device, shared_cores=shared_cores, methods=methods)
         console.print(f"running {len(plan)} short real runs into {runs_out} ...")
 
         def done(run, seconds: float) -> None:

@@ -5,7 +5,7 @@
 - `measure_storage_bandwidth`: write + fsync, then read, of one file in a directory (a storage tier).
 - `suite_plan` / `run_suite`: short real runs of the tiny model in 4 stages (so CheckFree+ works), or
   of a scenario's model and pipeline (`scenario_suite_settings`): one no-failure `none` run per seed
-  (baseline loss curve and timings), no-failure runs of three other shapes (`suite_shapes`) and,
+  (baseline loss curve and timings), no-failure runs of other shapes (`suite_shapes`) and,
   for every method in the real METHODS registry that the pipeline can take, one run with failures
   injected alternately at interior and edge stages, spaced so that the setback windows of
   consecutive failures do not overlap.
@@ -201,20 +201,22 @@ class SuiteSettings:
 
 
 def quick_settings() -> SuiteSettings:
-    # Measured on 2 cores: ~0.14 s per iteration of 4 ranks, ~3 s start-up per run, 10 runs + 3 shapes.
+    # Measured on 2 cores: ~0.14 s per iteration of 4 ranks, ~3 s start-up per run, 10 runs + 4 shapes.
     return SuiteSettings(num_iterations=100, seeds=(0, 1), failure_spacing_iterations=25)
 
 
 SHAPE_ITERATIONS = 40
 
 
-def suite_shapes(settings: SuiteSettings) -> tuple[tuple[str, dict[str, int]], ...]:
+def suite_shapes(settings: SuiteSettings, *, shared_cores: int | None) -> tuple[tuple[str, dict[str, int]], ...]:
     """No-failure runs of other setups than the suite's own: half the stages (twice the layers per
     stage; left out where that is fewer than 2 stages or splits the layers unequally), twice the
-    microbatches, twice the tokens per microbatch. They tell the compute cost model
-    (calibration.compute_cost) how a hop's work grows with layers and tokens and the iteration with
-    microbatches, so that a calibration predicts setups it did not run. For the tiny model in 4
-    stages × 4 microbatches of 8: "2-stages", "8-microbatches", "microbatch-16"."""
+    microbatches, twice the tokens per microbatch, and where the stage processes outnumber the
+    `shared_cores` they share (None: a device each), twice the layers in as many stages. They tell
+    the compute cost model (calibration.compute_cost) how a hop's work grows with layers and tokens,
+    with or without a core of its own, and the iteration with microbatches, so that a calibration
+    predicts setups it did not run. For the tiny model in 4 stages × 4 microbatches of 8 on 2 cores:
+    "2-stages", "8-microbatches", "microbatch-16", "8-layers"."""
     num_layers = (settings.model or model_preset("tiny")).num_layers
     half = settings.num_stages // 2
     shapes: list[tuple[str, dict[str, int]]] = []
@@ -222,6 +224,9 @@ def suite_shapes(settings: SuiteSettings) -> tuple[tuple[str, dict[str, int]], .
         shapes.append((f"{half}-stages", {"num_stages": half}))
     shapes.append((f"{2 * settings.num_microbatches}-microbatches", {"num_microbatches": 2 * settings.num_microbatches}))
     shapes.append((f"microbatch-{2 * settings.microbatch_size}", {"microbatch_size": 2 * settings.microbatch_size}))
+    if shared_cores is not None and settings.num_stages > shared_cores:
+        # The 2-stage shape gives each process a core: only this one shows deeper stages sharing them.
+        shapes.append((f"{2 * num_layers}-layers", {"num_layers": 2 * num_layers}))
     return tuple(shapes)
 
 
@@ -284,11 +289,13 @@ def training_config(
     num_microbatches: int | None = None,
     microbatch_size: int | None = None,
     num_iterations: int | None = None,
+    num_layers: int | None = None,
 ) -> TrainingConfig:
     """The suite's model and pipeline (the tiny model in 4 stages unless the settings name others);
     the keyword sizes give another setup."""
+    model = settings.model or model_preset("tiny")
     return TrainingConfig(
-        model=settings.model or model_preset("tiny"),
+        model=dataclasses.replace(model, num_layers=num_layers) if num_layers else model,
         num_stages=num_stages or settings.num_stages,
         schedule=settings.schedule,
         num_microbatches=num_microbatches or settings.num_microbatches,
@@ -314,10 +321,18 @@ def registered_methods() -> tuple[str, ...]:
     return tuple(name for name in METHOD_NAMES if name in METHODS)
 
 
-def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequence[str] | None = None, prefix: str = "fit") -> tuple[SuiteRun, ...]:
+def suite_plan(
+    settings: SuiteSettings,
+    *,
+    device: str = "cpu",
+    shared_cores: int | None = None,
+    methods: Sequence[str] | None = None,
+    prefix: str = "fit",
+) -> tuple[SuiteRun, ...]:
     """Baseline runs (the reference method `none`, no failures) per seed, no-failure runs of other
-    shapes (`suite_shapes`), then one failure run per method (by default every registered method
-    the pipeline can take: CheckFree+ needs 4 stages)."""
+    shapes (`suite_shapes`, `shared_cores` the CPU cores the stage processes share: None with a
+    device each), then one failure run per method (by default every registered method the pipeline
+    can take: CheckFree+ needs 4 stages)."""
     chosen = tuple(methods) if methods is not None else tuple(
         name for name in registered_methods() if method_traits(name).minimum_stages <= settings.num_stages
     )
@@ -338,7 +353,7 @@ def suite_plan(settings: SuiteSettings, *, device: str = "cpu", methods: Sequenc
                 settings, method=reference, seed=settings.seeds[0], device=device, num_iterations=SHAPE_ITERATIONS, **sizes
             ),
         )
-        for shape, sizes in suite_shapes(settings)
+        for shape, sizes in suite_shapes(settings, shared_cores=shared_cores)
     ]
     failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations, num_stages=settings.num_stages)
     for index, name in enumerate(method for method in chosen if not method_traits(method).ignores_failures):

@@ -14,17 +14,26 @@ from churnsim.real.calibration_suite import quick_settings, scenario_suite_setti
 from churnsim.real.model import model_preset
 
 
-def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_three_shapes():
-    plan = suite_plan(quick_settings())
+def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_four_shapes_on_two_cores():
+    plan = suite_plan(quick_settings(), shared_cores=2)
     assert [run.run_id for run in plan] == [
-        "fit-none-s0", "fit-none-s1", "fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16",
+        "fit-none-s0", "fit-none-s1", "fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16", "fit-shape-8-layers",
         "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
         "fit-copy-s1", "fit-uniform-s0", "fit-random-s1",
     ]  # fmt: skip
     by_id = {run.run_id: run.config for run in plan}
-    assert all(config.model == model_preset("tiny") for config in by_id.values())
+    assert all(config.model == model_preset("tiny") for run_id, config in by_id.items() if run_id != "fit-shape-8-layers")
     assert (by_id["fit-shape-2-stages"].num_stages, by_id["fit-shape-8-microbatches"].num_microbatches, by_id["fit-shape-microbatch-16"].microbatch_size) == (2, 8, 16)
     assert by_id["fit-checkfree-s1"].failures == ((25, 1), (50, 3), (75, 2))  # interior, edge, interior
+    deeper = by_id["fit-shape-8-layers"]
+    assert (deeper.model.num_layers, deeper.num_stages, deeper.model.dim) == (8, 4, model_preset("tiny").dim)
+
+
+@pytest.mark.parametrize("shared_cores", [None, 4, 16])
+def test_the_double_depth_shape_runs_only_where_the_stage_processes_outnumber_the_cores(shared_cores):
+    # With a device or a core each, the shape would measure nothing the 2-stage shape does not.
+    shapes = [run.run_id for run in suite_plan(quick_settings(), shared_cores=shared_cores) if run.purpose == "shape"]
+    assert shapes == ["fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16"]
 
 
 def _scenario(**settings):
