@@ -413,14 +413,19 @@ def print_calibration(calibration) -> None:
             spread += f", so a run's compute is predicted within ×{low:.3f}–{high:.3f} (95 %)"
         lines.append(f"machine speed while calibrating: median no-failure step {_seconds(calibration.machine_step_s)}{spread}")
     compute = calibration.compute_model
+
+    def _hop_cost_text(hop) -> str:
+        shared = hop.seconds_per_shared_core_parameter
+        return (
+            f"{_seconds(hop.fixed_s)} + {hop.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP + {_seconds(hop.seconds_per_neighbour)} per neighbouring stage"
+            + (f" + {_seconds(shared * 1e6)} per million stage parameters on shared cores" if shared > 0 else "")
+        )
+
     if compute is not None:
         cores = f"{compute.shared_cores} shared cores" if compute.shared_cores else "a device per stage"
         lines.append(
             f"compute model ({compute.num_configurations} setups, {cores}, median residual {100 * compute.hop_relative_residual:.1f} %): "
-            f"forward hop {_seconds(compute.forward.fixed_s)} + {compute.forward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
-            f" + {_seconds(compute.forward.seconds_per_neighbour)} per neighbouring stage, "
-            f"backward hop {_seconds(compute.backward.fixed_s)} + {compute.backward.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
-            f" + {_seconds(compute.backward.seconds_per_neighbour)} per neighbouring stage; "
+            f"forward hop {_hop_cost_text(compute.forward)}, backward hop {_hop_cost_text(compute.backward)}; "
             f"overhead of other setups {_seconds(compute.iteration_overhead_s)} + {_seconds(compute.overhead_per_stage_microbatch_s)} per stage × microbatch"
             # Calibrations made before the stages × microbatches fit scaled it per microbatch.
             + (f" + {_seconds(compute.overhead_per_microbatch_s)} per microbatch" if compute.overhead_per_microbatch_s else "")

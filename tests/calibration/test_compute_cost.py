@@ -74,3 +74,17 @@ def test_a_carried_setup_s_compute_charges_the_shared_core_cost_only_on_shared_c
 def test_a_calibration_file_from_before_the_term_reads_as_no_shared_core_cost():
     old = {"fixed_s": 1e-4, "seconds_per_matmul_flop": 1e-11, "seconds_per_element": 0.0, "seconds_per_neighbour": 1e-4}
     assert HopCost.model_validate(old).seconds_per_shared_core_parameter == 0.0
+
+
+def test_calibrate_prints_the_shared_core_cost_only_where_it_was_measured(capsys):
+    from churnsim.calibration.builtin import load_builtin_calibration
+    from churnsim.commands_calibrate import print_calibration
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    assert calibration is not None and calibration.compute_model is not None
+    print_calibration(calibration)  # made before the term: nothing to say of it
+    assert "shared cores" not in " ".join(capsys.readouterr().out.split()).replace("2 shared cores", "")
+    model = calibration.compute_model
+    measured = model.model_copy(update={"forward": model.forward.model_copy(update={"seconds_per_shared_core_parameter": 2e-9})})
+    print_calibration(calibration.model_copy(update={"compute_model": measured}))
+    assert "+ 2.00 ms per million stage parameters on shared cores" in " ".join(capsys.readouterr().out.split())
