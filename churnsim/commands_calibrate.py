@@ -230,18 +230,34 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     from churnsim.calibration.presets import configured_scenario
     from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
     from churnsim.commands_sim import load_scenario_argument
-    from churnsim.real.calibration_suite import scenario_suite_settings
+    from churnsim.calibration.cpu_sharing import cores_of_hardware
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.run_record import hardware_description
+    from churnsim.real.calibration_suite import SHAPE_ITERATIONS, SHAPE_SCENARIO_FIELDS, scenario_suite_settings, suite_shapes
     from churnsim.real.scenario_run import check_fits_machine
 
     if scenario_path is None and preset_name is None:
         preset_name = "cpu-tiny"
-    # Only the model, pipeline and training are calibrated; the suite picks its own methods (--method).
-    scenario = configured_scenario(load_scenario_argument(scenario_path, preset_name), preset_name, parse_settings(settings), methods=("none",))
+    base_scenario, overrides = load_scenario_argument(scenario_path, preset_name), parse_settings(settings)
+
+    def suite_scenario(shape: dict[str, object]):
+        # Only the model, pipeline and training are calibrated; the suite picks its own methods (--method).
+        return configured_scenario(base_scenario, preset_name, {**overrides, **shape}, methods=("none",))
+
+    scenario = suite_scenario({})
     suite_settings = scenario_suite_settings(scenario, base)
     device = device or scenario.training.device
     # The longest run of the suite, on the device it will use: the same check as `real run`'s.
-    longest = apply_settings(scenario, {"target.loss": None, "target.iterations": suite_settings.num_iterations, "training.device": device})
-    check_fits_machine(longest)
+    run = {"target.loss": None, "target.iterations": suite_settings.num_iterations, "training.device": device}
+    check_fits_machine(apply_settings(scenario, run))
+    # And each shape run: twice the microbatch, or twice the layers, holds more than the longest run.
+    for name, sizes in suite_shapes(suite_settings, shared_cores=cores_of_hardware(hardware_description(), device)):
+        fields = {SHAPE_SCENARIO_FIELDS[size]: value for size, value in sizes.items()}
+        try:
+            check_fits_machine(apply_settings(suite_scenario(fields), {**run, "target.iterations": SHAPE_ITERATIONS}))
+        except InputError as error:
+            changed = ", ".join(f"{field}={value}" for field, value in fields.items())
+            raise InputError(f"the suite's shape run {name!r} ({changed}, {SHAPE_ITERATIONS} iterations) cannot run here: {error}") from None
     return suite_settings, device
 
 

@@ -206,6 +206,13 @@ def quick_settings() -> SuiteSettings:
 
 
 SHAPE_ITERATIONS = 40
+SHAPE_SCENARIO_FIELDS: dict[str, str] = {
+    "num_stages": "pipeline.num_stages",
+    "num_microbatches": "pipeline.num_microbatches",
+    "microbatch_size": "pipeline.microbatch_size",
+    "num_layers": "model.num_layers",
+}
+"""The scenario field each size of a shape (`suite_shapes`) sets, to check a shape as a scenario."""
 
 
 def suite_shapes(settings: SuiteSettings, *, shared_cores: int | None) -> tuple[tuple[str, dict[str, int]], ...]:

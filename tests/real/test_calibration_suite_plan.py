@@ -87,3 +87,20 @@ def test_calibrate_refuses_a_suite_it_cannot_run_in_one_line(arguments, fragment
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0 and fragment in result.stderr
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("cpu_count, refused", [("2", True), ("16", False)])
+def test_a_shape_run_too_big_for_the_machine_is_refused_before_any_run_naming_the_shape(monkeypatch, cpu_count, refused):
+    # 3072 wide: the suite's own 4-layer runs need about 20.6 GiB, its double-depth shape about 24.1.
+    import churnsim.calibration.run_record as run_record
+    import churnsim.real.scenario_run as scenario_run
+    from churnsim.commands_calibrate import _scenario_suite_settings
+
+    monkeypatch.setattr(scenario_run, "available_memory_bytes", lambda: 22.8 * 2**30)
+    monkeypatch.setattr(run_record, "hardware_description", lambda: {"cpu_count": cpu_count})
+    check = lambda: _scenario_suite_settings(None, None, ["model.hidden_size=3072"], quick_settings(), device="cpu")  # noqa: E731
+    if refused:
+        with pytest.raises(InputError, match=r"the suite's shape run '8-layers' \(model.num_layers=8, 40 iterations\) cannot run here: .* GiB"):
+            check()
+    else:
+        assert check()[0].model.dim == 3072
