@@ -182,16 +182,17 @@ def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...
     )
 
 
-def processes_outnumber_cores(pipeline: PipelineSpec, shared_cores: int | None) -> bool:
-    """Whether a run's stage processes (one per stage) share fewer cores than they are."""
-    return shared_cores is not None and pipeline.num_stages > shared_cores
+def processes_outnumber_cores(num_stages: int, shared_cores: int | None) -> bool:
+    """Whether a run's stage processes (one per stage) share fewer cores than they are (None: a
+    device each)."""
+    return shared_cores is not None and num_stages > shared_cores
 
 
 def stage_features(model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None) -> tuple[StageFeatures, ...]:
     """Per stage: the features of one microbatch's forward hop (module docstring), on a machine whose
     stage processes share `shared_cores` cores (None: a device each)."""
     parameters = stage_parameters(model, pipeline)
-    sharing = processes_outnumber_cores(pipeline, shared_cores)
+    sharing = processes_outnumber_cores(pipeline.num_stages, shared_cores)
     tokens = float(pipeline.microbatch_size * model.sequence_length)
     width, vocab = float(model.hidden_size), float(model.vocab_size)
     layers = stage_layer_counts(model, pipeline)

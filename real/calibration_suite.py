@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TYPE_CHECKING, Literal
 
+from churnsim.calibration.compute_cost import processes_outnumber_cores
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_convergence import DEFAULT_WINDOW_ITERATIONS
 from churnsim.calibration.methods import method_from_name, method_traits, reference_method
@@ -231,7 +232,7 @@ def suite_shapes(settings: SuiteSettings, *, shared_cores: int | None) -> tuple[
         shapes.append((f"{half}-stages", {"num_stages": half}))
     shapes.append((f"{2 * settings.num_microbatches}-microbatches", {"num_microbatches": 2 * settings.num_microbatches}))
     shapes.append((f"microbatch-{2 * settings.microbatch_size}", {"microbatch_size": 2 * settings.microbatch_size}))
-    if shared_cores is not None and settings.num_stages > shared_cores:
+    if processes_outnumber_cores(settings.num_stages, shared_cores):
         # The 2-stage shape gives each process a core: only this one shows deeper stages sharing them.
         shapes.append((f"{2 * num_layers}-layers", {"num_layers": 2 * num_layers}))
     return tuple(shapes)
