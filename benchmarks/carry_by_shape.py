@@ -14,7 +14,14 @@ context switches, per second of their CPU time). Appends an entry to
 benchmarks/results/carry-by-shape.json. A benchmark, not a test: about 4 minutes of real runs;
 run nothing else beside it.
 
+With `--fresh-calibration` it first runs `churnsim calibrate --quick` (about 2 minutes) and fits
+the same calibration runs again without the suite's double-depth shape (`churnsim calibrate
+--runs`, which then has no shared-core term: calibration/compute_cost.py), and validates every run
+against both: the term's effect, paired on the same runs, apart from how one calibration's noise
+moves every shape.
+
     python benchmarks/carry_by_shape.py [--rounds 3] [--calibration cpu-tiny] [--steps 80]
+    python benchmarks/carry_by_shape.py --fresh-calibration [--rounds 3]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,49 +162,85 @@ def _steady_over_predicted(directory: Path, calibration: str) -> dict[str, float
     return dict(zip(steady["run_id"], steady["measured"] / steady["predicted"]))
 
 
+def _fresh_calibrations(directory: Path) -> dict[str, str]:
+    """`churnsim calibrate --quick` into `directory`, and the same runs fitted without the suite's
+    double-depth shape: label → calibration file."""
+    directory.mkdir()
+    with_term, runs = directory / "quick.json", directory / "quick-runs"
+    _churnsim("calibrate", "--quick", "--out", str(with_term), "--runs-out", str(runs))
+    deeper = [shape for shape in runs.glob("fit-shape-*-layers") if shape.is_dir()]
+    if not deeper:
+        sys.exit("--fresh-calibration: the quick suite ran no double-depth shape (a core for every stage process?)")
+    without_runs = directory / "quick-runs-without-double-depth"
+    shutil.copytree(runs, without_runs, ignore=shutil.ignore_patterns(*(shape.name for shape in deeper)))
+    without_term = directory / "quick-without-double-depth.json"
+    _churnsim("calibrate", "--runs", str(without_runs), "--out", str(without_term))
+    return {"fresh calibrate --quick": str(with_term), "the same runs without the double-depth shape": str(without_term)}
+
+
+def _churnsim(*arguments: str) -> None:
+    finished = subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"churnsim {arguments[0]} failed: {_last_line(finished.stderr)}")
+
+
+def _by_shape(runs: list[dict], over_predicted: dict[str, float]) -> dict[str, dict]:
+    """Per shape, the carry of its runs against one calibration's predictions, with the scheduler counters."""
+    reference = {run["round"]: over_predicted[run["run_id"]] for run in runs if run["shape"] == REFERENCE}
+    by_shape = {}
+    for shape in SHAPES:
+        mine = sorted((run for run in runs if run["shape"] == shape), key=lambda run: run["round"])
+        scheduler = [run["scheduler"] for run in mine if run["scheduler"]]
+        carries = [round(over_predicted[run["run_id"]] / reference[run["round"]], 4) for run in mine]
+        by_shape[shape] = {
+            "stages": SHAPES[shape][0],
+            "layers_per_stage": SHAPES[shape][1],
+            "carry_median": round(statistics.median(carries), 3),
+            "carry_by_round": carries,
+            "migrations_per_cpu_s_median": statistics.median(s["migrations_per_cpu_s"] for s in scheduler) if scheduler else None,
+            "involuntary_switches_per_cpu_s_median": statistics.median(s["involuntary_switches_per_cpu_s"] for s in scheduler) if scheduler else None,
+        }
+    return by_shape
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calibration", default="cpu-tiny", help="a calibration file or built-in name")
+    parser.add_argument("--fresh-calibration", action="store_true",
+                        help="calibrate --quick first, and validate against it and against its runs fitted without the double-depth shape")
     parser.add_argument("--steps", type=int, default=80)
     arguments = parser.parse_args()
     started = time.time()
     names = list(SHAPES)
     with tempfile.TemporaryDirectory(prefix="churnsim-carry-by-shape-") as temporary:
-        directory = Path(temporary)
+        directory = Path(temporary) / "runs"
+        directory.mkdir()
+        # Beside the runs' directory, not in it: the calibration runs are no held-out runs.
+        fresh = Path(temporary) / "calibration"
+        calibrations = _fresh_calibrations(fresh) if arguments.fresh_calibration else {arguments.calibration: arguments.calibration}
         runs = []
         for round_index in range(arguments.rounds):
             # Rotated each round, so that no shape always runs first or after the same neighbour.
             for shape in names[round_index % len(names):] + names[: round_index % len(names)]:
                 runs.append(_run(directory, shape, round_index, arguments.steps))
                 print(json.dumps(runs[-1]), flush=True)
-        over_predicted = _steady_over_predicted(directory, arguments.calibration)
-    reference = {run["round"]: over_predicted[run["run_id"]] for run in runs if run["shape"] == REFERENCE}
-    for run in runs:
-        run["steady_over_predicted"] = round(over_predicted[run["run_id"]], 4)
-        run["carry"] = round(over_predicted[run["run_id"]] / reference[run["round"]], 4)
-    by_shape = {}
-    for shape in names:
-        mine = [run for run in runs if run["shape"] == shape]
-        scheduler = [run["scheduler"] for run in mine if run["scheduler"]]
-        by_shape[shape] = {
-            "stages": SHAPES[shape][0],
-            "layers_per_stage": SHAPES[shape][1],
-            "carry_median": round(statistics.median(run["carry"] for run in mine), 3),
-            "carry_by_round": [run["carry"] for run in sorted(mine, key=lambda run: run["round"])],
-            "migrations_per_cpu_s_median": statistics.median(s["migrations_per_cpu_s"] for s in scheduler) if scheduler else None,
-            "involuntary_switches_per_cpu_s_median": statistics.median(s["involuntary_switches_per_cpu_s"] for s in scheduler) if scheduler else None,
-        }
-        print(f"{shape}: carry {by_shape[shape]['carry_median']:.3f} (rounds {by_shape[shape]['carry_by_round']}), "
-              f"migrations {by_shape[shape]['migrations_per_cpu_s_median']} and involuntary switches "
-              f"{by_shape[shape]['involuntary_switches_per_cpu_s_median']} per CPU-second")  # fmt: skip
+        by_calibration = {label: _by_shape(runs, _steady_over_predicted(directory, path)) for label, path in calibrations.items()}
+    for label, by_shape in by_calibration.items():
+        print(f"against {label}:")
+        for shape, figures in by_shape.items():
+            print(f"  {shape}: carry {figures['carry_median']:.3f} (rounds {figures['carry_by_round']}), "
+                  f"migrations {figures['migrations_per_cpu_s_median']} and involuntary switches "
+                  f"{figures['involuntary_switches_per_cpu_s_median']} per CPU-second")  # fmt: skip
+    first = next(iter(by_calibration))
     entry = {
         "minutes": round((time.time() - started) / 60, 1),
         "machine": machine(),
-        "calibration": arguments.calibration,
+        "calibration": first,
         "steps": arguments.steps,
         "rounds": arguments.rounds,
-        "by_shape": by_shape,
+        "by_shape": by_calibration[first],
+        **({"by_shape_against": by_calibration} if arguments.fresh_calibration else {}),
         "runs": runs,
     }
     history = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else []

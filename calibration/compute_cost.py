@@ -158,7 +158,7 @@ def compute_carry_note(scenario: Scenario) -> str | None:
         f"{compute.carried_from}, not measured on it: on churnsim's 2-core test machine carried setups' steady steps ran "
         "0.97-1.13x their prediction, relative to the calibrated setup's (3 stages 1.13x, GPipe 1.08x, 6 stages 0.97x, "
         "6 microbatches within 1 %; 47 rounds of benchmarks/calibrate_and_validate.py, carry_by_setup; two layers a "
-        "stage where processes share the cores 1.04-1.10x without the shared-core term, about 2 points less with it, "
+        "stage where processes share the cores 1.04-1.10x without the shared-core term, 1-3 points less with it, "
         "benchmarks/carry_by_shape.py); `churnsim calibrate --quick --set ...` on this setup measures it"
     )
 
