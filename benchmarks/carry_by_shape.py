@@ -136,16 +136,14 @@ def _last_line(text: str) -> str:
 def _run(directory: Path, shape: str, round_index: int, steps: int) -> dict:
     stages, layers_per_stage = SHAPES[shape]
     out = directory / f"{shape}-r{round_index}"
-    command = [
-        sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "none",
-        "--set", "churn.failures_per_node_hour=0", "--set", "target.loss=null", "--set", f"target.iterations={steps}",
-        "--set", f"model.num_layers={stages * layers_per_stage}", "--set", f"pipeline.num_stages={stages}",
-        "--set", f"seed={7 + round_index}", "--out", str(out),
-    ]  # fmt: skip
     with _SchedulerSampler() as sampler:
-        finished = subprocess.run(command, capture_output=True, text=True)
-    if finished.returncode != 0:
-        sys.exit(f"{shape}, round {round_index}: the real run failed: {_last_line(finished.stderr)}")
+        _churnsim(
+            "real", "run", "--preset", "cpu-tiny", "--method", "none",
+            "--set", "churn.failures_per_node_hour=0", "--set", "target.loss=null", "--set", f"target.iterations={steps}",
+            "--set", f"model.num_layers={stages * layers_per_stage}", "--set", f"pipeline.num_stages={stages}",
+            "--set", f"seed={7 + round_index}", "--out", str(out),
+            failure=f"{shape}, round {round_index}: the real run failed",
+        )  # fmt: skip
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     return {"shape": shape, "round": round_index, "run_id": run_id, "scheduler": sampler.per_cpu_second()}
 
@@ -178,10 +176,11 @@ def _fresh_calibrations(directory: Path) -> dict[str, str]:
     return {"fresh calibrate --quick": str(with_term), "the same runs without the double-depth shape": str(without_term)}
 
 
-def _churnsim(*arguments: str) -> None:
+def _churnsim(*arguments: str, failure: str = "") -> None:
+    """`churnsim ARGUMENTS` in a child process, quiet; on failure the benchmark stops with its last line."""
     finished = subprocess.run([sys.executable, "-m", "churnsim", *arguments], capture_output=True, text=True)
     if finished.returncode != 0:
-        sys.exit(f"churnsim {arguments[0]} failed: {_last_line(finished.stderr)}")
+        sys.exit(f"{failure or f'churnsim {arguments[0]} failed'}: {_last_line(finished.stderr)}")
 
 
 def _by_shape(runs: list[dict], over_predicted: dict[str, float]) -> dict[str, dict]:

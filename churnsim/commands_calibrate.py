@@ -117,8 +117,7 @@ def calibrate_command(
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.fit import build_calibration
     from churnsim.calibration.fit_timing import fit_link_profile
-    from churnsim.calibration.cpu_sharing import cores_of_hardware
-    from churnsim.calibration.run_record import hardware_description, read_run_record
+    from churnsim.calibration.run_record import read_run_record
     from churnsim.sim.calibrated import iteration_predictor, method_extra_predictor
     from churnsim.sim.validate import run_record_directories
 
@@ -162,7 +161,7 @@ def calibrate_command(
         storage = pd.read_csv(storage_file) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
     else:
         require_torch("calibrating with real runs")
-        from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan
+        from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan, suite_shared_cores
 
         suite_settings = quick_settings() if quick else full_settings()
         if configures_the_suite:
@@ -177,9 +176,7 @@ def calibrate_command(
             tiers["remote"] = remote_dir
         storage = _measure_storage(tiers)
         storage.to_csv(runs_out / STORAGE_FILE, index=False)
-        # The cores the suite's stage processes will share, read as the fit reads them from its records.
-        shared_cores = cores_of_hardware(hardware_description(), device)
-        plan = suite_plan(suite_settings, device=device, shared_cores=shared_cores, methods=methods)
+        plan = suite_plan(suite_settings, device=device, shared_cores=suite_shared_cores(device), methods=methods)
         console.print(f"running {len(plan)} short real runs into {runs_out} ...")
 
         def done(run, seconds: float) -> None:
@@ -230,10 +227,8 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     from churnsim.calibration.presets import configured_scenario
     from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
     from churnsim.commands_sim import load_scenario_argument
-    from churnsim.calibration.cpu_sharing import cores_of_hardware
     from churnsim.calibration.errors import InputError
-    from churnsim.calibration.run_record import hardware_description
-    from churnsim.real.calibration_suite import SHAPE_ITERATIONS, SHAPE_SCENARIO_FIELDS, scenario_suite_settings, suite_shapes
+    from churnsim.real.calibration_suite import SHAPE_ITERATIONS, SHAPE_SCENARIO_FIELDS, scenario_suite_settings, suite_shapes, suite_shared_cores
     from churnsim.real.scenario_run import check_fits_machine
 
     if scenario_path is None and preset_name is None:
@@ -251,7 +246,7 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     run = {"target.loss": None, "target.iterations": suite_settings.num_iterations, "training.device": device}
     check_fits_machine(apply_settings(scenario, run))
     # And each shape run: twice the microbatch, or twice the layers, holds more than the longest run.
-    for name, sizes in suite_shapes(suite_settings, shared_cores=cores_of_hardware(hardware_description(), device)):
+    for name, sizes in suite_shapes(suite_settings, shared_cores=suite_shared_cores(device)):
         fields = {SHAPE_SCENARIO_FIELDS[size]: value for size, value in sizes.items()}
         try:
             check_fits_machine(apply_settings(suite_scenario(fields), {**run, "target.iterations": SHAPE_ITERATIONS}))

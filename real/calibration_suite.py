@@ -216,6 +216,15 @@ SHAPE_SCENARIO_FIELDS: dict[str, str] = {
 """The scenario field each size of a shape (`suite_shapes`) sets, to check a shape as a scenario."""
 
 
+def suite_shared_cores(device: str) -> int | None:
+    """The CPU cores this machine's stage processes will share in the suite (None on CUDA), read as
+    the fit reads them from the runs' records (calibration.cpu_sharing.cores_of_hardware)."""
+    from churnsim.calibration.cpu_sharing import cores_of_hardware
+    from churnsim.calibration.run_record import hardware_description
+
+    return cores_of_hardware(hardware_description(), device)
+
+
 def suite_shapes(settings: SuiteSettings, *, shared_cores: int | None) -> tuple[tuple[str, dict[str, int]], ...]:
     """No-failure runs of other setups than the suite's own: half the stages (twice the layers per
     stage; left out where that is fewer than 2 stages or splits the layers unequally), twice the
