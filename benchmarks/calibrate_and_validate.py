@@ -40,7 +40,8 @@
    Beside them, whether the calibrated setup's worst method stands out from the others or is the
    worst of several alike (`methods_compared`, a permutation test inside the rounds).
    `--resummarize --pool DIR` pools an earlier run's committed rounds with the current ones, into
-   benchmarks/results/calibrate-and-validate-pooled.json.
+   benchmarks/results/calibrate-and-validate-pooled.json (`--pooled-out FILE`: into FILE, for a pool
+   of some runs only, such as those made by the current compute model).
 
 Targets (issue 9): calibrated setup ≤ 5 % per method, other setups ≤ 10 %, time to target ≤ 10 %.
 Results: benchmarks/results/calibrate-and-validate.json, and each round's validation table as
@@ -488,9 +489,13 @@ def main() -> None:
     parser.add_argument("--pool", type=Path, action="append", default=[], metavar="DIR",
                         help="with --resummarize: pool the rounds of the earlier run whose results DIR holds "
                         f"({RESULTS_FILE.name} and its round tables) with the committed ones, into {POOLED_FILE.name}; repeatable")
+    parser.add_argument("--pooled-out", type=Path, default=POOLED_FILE, metavar="FILE",
+                        help=f"with --pool: write the pooled figures here instead of {POOLED_FILE.name} (a pool of some runs only)")
     arguments = parser.parse_args()
     if arguments.pool and not arguments.resummarize:
         parser.error("--pool goes with --resummarize: a fresh run's figures are its own rounds'")
+    if arguments.pooled_out != POOLED_FILE and not arguments.pool:
+        parser.error("--pooled-out goes with --pool: without it there is nothing pooled to write")
     if arguments.refit and not arguments.revalidate:
         parser.error("--refit goes with --revalidate: a fresh run calibrates with the current code anyway")
     out: Path = arguments.out
@@ -579,7 +584,7 @@ def main() -> None:
     _print_carry(carry)
     if arguments.pool:
         # Several runs pooled are a figure of their own: the committed run's results stay as they are.
-        POOLED_FILE.write_text(json.dumps({
+        arguments.pooled_out.write_text(json.dumps({
             "pooled_over": pooled_over,
             "rounds": len(pooled_tables),
             "targets": TARGETS,
@@ -588,7 +593,7 @@ def main() -> None:
             "calibrated_setup_methods_compared": compared,
             "carry_by_setup": carry,
         }, indent=2) + "\n")
-        print(f"\nwrote {POOLED_FILE}")
+        print(f"\nwrote {arguments.pooled_out}")
         return
 
     recalibrated = all(Path(entry["calibration"]).parent.name.startswith("round-") for entry in rounds)
