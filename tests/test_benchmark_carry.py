@@ -54,3 +54,33 @@ def test_the_carry_interval_spans_the_rounds_that_disagree():
     assert carry["steady_step_over_prediction"] == pytest.approx(1.10)
     low, high = carry["ci95"]
     assert 1.05 <= low < 1.10 < high <= 1.20
+
+
+def test_a_pool_of_some_runs_goes_to_its_own_file_and_leaves_the_committed_ones_alone(tmp_path):
+    """`--resummarize --pool DIR --pooled-out FILE` pools the committed run with DIR's into FILE only."""
+    import json
+    import subprocess
+    import sys
+
+    results = _BENCHMARK.parent / "results"
+    earlier_run = results / "calibrate-and-validate-twenty-fifth-run"
+    committed = {path: path.read_bytes() for path in (results / "calibrate-and-validate.json", results / "calibrate-and-validate-pooled.json")}
+    rounds = [len(json.loads(path.read_text())["rounds"]) for path in (results / "calibrate-and-validate.json", earlier_run / "calibrate-and-validate.json")]
+    out = tmp_path / "pooled.json"
+    command = [sys.executable, str(_BENCHMARK), "--resummarize", "--pool", str(earlier_run), "--pooled-out", str(out)]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    pooled = json.loads(out.read_text())
+    assert pooled["rounds"] == sum(rounds)
+    assert pooled["pooled_over"][1] == str(earlier_run)
+    assert {"calibrated setup", "other setups", "time to target"} <= set(pooled["target_verdicts"])
+    assert all(path.read_bytes() == content for path, content in committed.items())
+
+
+def test_pooled_out_without_a_pool_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    finished = subprocess.run([sys.executable, str(_BENCHMARK), "--resummarize", "--pooled-out", str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert finished.returncode == 2
+    assert finished.stderr.strip().splitlines()[-1].endswith("--pooled-out goes with --pool: without it there is nothing pooled to write")
+    assert not (tmp_path / "x.json").exists()
