@@ -5,6 +5,9 @@ same round, so that the machine's speed in each round cancels and the compute mo
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -58,10 +61,6 @@ def test_the_carry_interval_spans_the_rounds_that_disagree():
 
 def test_a_pool_of_some_runs_goes_to_its_own_file_and_leaves_the_committed_ones_alone(tmp_path):
     """`--resummarize --pool DIR --pooled-out FILE` pools the committed run with DIR's into FILE only."""
-    import json
-    import subprocess
-    import sys
-
     results = _BENCHMARK.parent / "results"
     earlier_run = results / "calibrate-and-validate-twenty-fifth-run"
     committed = {path: path.read_bytes() for path in (results / "calibrate-and-validate.json", results / "calibrate-and-validate-pooled.json")}
@@ -77,9 +76,6 @@ def test_a_pool_of_some_runs_goes_to_its_own_file_and_leaves_the_committed_ones_
 
 
 def test_pooled_out_without_a_pool_is_refused_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
     finished = subprocess.run([sys.executable, str(_BENCHMARK), "--resummarize", "--pooled-out", str(tmp_path / "x.json")], capture_output=True, text=True)
     assert finished.returncode == 2
     assert finished.stderr.strip().splitlines()[-1].endswith("--pooled-out goes with --pool: without it there is nothing pooled to write")
