@@ -156,10 +156,10 @@ def compute_carry_note(scenario: Scenario) -> str | None:
     return (
         f"compute of {setup_description(scenario.model, scenario.pipeline)} is carried by the compute model from "
         f"{compute.carried_from}, not measured on it: on churnsim's 2-core test machine carried setups' steady steps ran "
-        "0.95-1.07x their prediction, relative to the calibrated setup's, with the shared-core term that calibrations "
-        "fit since 2026-11-29 (3 stages 1.07x, 6 stages 0.95x, GPipe and 6 microbatches within 2 %; 11 rounds of "
-        "benchmarks/calibrate_and_validate.py, carry_by_setup), and without it, as in the built-in cpu-tiny, up to 1.12x "
-        "(3 stages; GPipe 1.06x; 54 rounds, most made without it); `churnsim calibrate --quick --set ...` on this setup "
+        "0.95-1.08x their prediction, relative to the calibrated setup's, with the shared-core term that calibrations "
+        "fit since 2026-11-29 (3 stages 1.08x, 6 stages 0.95x, GPipe and 6 microbatches within 2 %; 15 rounds of "
+        "benchmarks/calibrate_and_validate.py, carry_by_setup), and without it, as in the built-in cpu-tiny, up to 1.11x "
+        "(3 stages; GPipe 1.06x; 58 rounds, most made without it); `churnsim calibrate --quick --set ...` on this setup "
         "measures it"
     )
 
