@@ -489,12 +489,12 @@ def main() -> None:
     parser.add_argument("--pool", type=Path, action="append", default=[], metavar="DIR",
                         help="with --resummarize: pool the rounds of the earlier run whose results DIR holds "
                         f"({RESULTS_FILE.name} and its round tables) with the committed ones, into {POOLED_FILE.name}; repeatable")
-    parser.add_argument("--pooled-out", type=Path, default=POOLED_FILE, metavar="FILE",
+    parser.add_argument("--pooled-out", type=Path, default=None, metavar="FILE",
                         help=f"with --pool: write the pooled figures here instead of {POOLED_FILE.name} (a pool of some runs only)")
     arguments = parser.parse_args()
     if arguments.pool and not arguments.resummarize:
         parser.error("--pool goes with --resummarize: a fresh run's figures are its own rounds'")
-    if arguments.pooled_out != POOLED_FILE and not arguments.pool:
+    if arguments.pooled_out is not None and not arguments.pool:
         parser.error("--pooled-out goes with --pool: without it there is nothing pooled to write")
     if arguments.refit and not arguments.revalidate:
         parser.error("--refit goes with --revalidate: a fresh run calibrates with the current code anyway")
@@ -584,7 +584,8 @@ def main() -> None:
     _print_carry(carry)
     if arguments.pool:
         # Several runs pooled are a figure of their own: the committed run's results stay as they are.
-        arguments.pooled_out.write_text(json.dumps({
+        pooled_out = arguments.pooled_out or POOLED_FILE
+        pooled_out.write_text(json.dumps({
             "pooled_over": pooled_over,
             "rounds": len(pooled_tables),
             "targets": TARGETS,
@@ -593,7 +594,7 @@ def main() -> None:
             "calibrated_setup_methods_compared": compared,
             "carry_by_setup": carry,
         }, indent=2) + "\n")
-        print(f"\nwrote {arguments.pooled_out}")
+        print(f"\nwrote {pooled_out}")
         return
 
     recalibrated = all(Path(entry["calibration"]).parent.name.startswith("round-") for entry in rounds)

@@ -342,13 +342,13 @@ def suite_plan(
     settings: SuiteSettings,
     *,
     device: str = "cpu",
-    shared_cores: int | None = None,
+    shared_cores: int | None,
     methods: Sequence[str] | None = None,
     prefix: str = "fit",
 ) -> tuple[SuiteRun, ...]:
     """Baseline runs (the reference method `none`, no failures) per seed, no-failure runs of other
     shapes (`suite_shapes`, `shared_cores` the CPU cores the stage processes share: None with a
-    device each), then one failure run per method (by default every registered method the pipeline
+    device each; required, since it decides whether the double-depth shape runs), then one failure run per method (by default every registered method the pipeline
     can take: CheckFree+ needs 4 stages)."""
     chosen = tuple(methods) if methods is not None else tuple(
         name for name in registered_methods() if method_traits(name).minimum_stages <= settings.num_stages

@@ -42,7 +42,7 @@ def _scenario(**settings):
 
 def test_a_scenario_s_model_and_pipeline_are_what_the_suite_runs():
     settings = scenario_suite_settings(_scenario(**{"model.num_layers": 8, "model.hidden_size": 32, "pipeline.schedule": "gpipe"}), quick_settings())
-    plan = suite_plan(settings)
+    plan = suite_plan(settings, shared_cores=None)
     baseline = plan[0].config
     assert (baseline.model.num_layers, baseline.model.dim, baseline.num_stages, baseline.schedule) == (8, 32, 4, "gpipe")
     shapes = {run.run_id: run.config for run in plan if run.purpose == "shape"}
@@ -50,7 +50,7 @@ def test_a_scenario_s_model_and_pipeline_are_what_the_suite_runs():
 
 
 def test_three_stages_leave_out_the_stage_shape_and_checkfree_plus_and_fail_every_stage():
-    plan = suite_plan(scenario_suite_settings(_scenario(**{"model.num_layers": 6, "pipeline.num_stages": 3}), quick_settings()))
+    plan = suite_plan(scenario_suite_settings(_scenario(**{"model.num_layers": 6, "pipeline.num_stages": 3}), quick_settings()), shared_cores=None)
     assert [run.run_id for run in plan if run.purpose == "shape"] == ["fit-shape-8-microbatches", "fit-shape-microbatch-16"]
     failure_runs = [run for run in plan if run.purpose == "failures"]
     assert "checkfree_plus" not in {run.config.method.name for run in failure_runs}
