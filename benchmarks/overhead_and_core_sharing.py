@@ -24,7 +24,7 @@ import pandas as pd
 
 TABLES = Path(__file__).parent / "results" / "overhead-fit-and-core-sharing"
 VARIANTS = ("before", "fixed", "stage-fixed-on-core", "home-core")
-EARLIER_BENCHMARK_RUNS = ("calibrate-and-validate-first-run", "calibrate-and-validate-second-run")
+EARLIER_BENCHMARK_RUNS = ("calibrate-and-validate-runs/2026-11-27-43fdab7", "calibrate-and-validate-runs/2026-11-27-1c65ef9")
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def test_the_carry_interval_spans_the_rounds_that_disagree():
 def test_a_pool_of_some_runs_goes_to_its_own_file_and_leaves_the_committed_ones_alone(tmp_path):
     """`--resummarize --pool DIR --pooled-out FILE` pools the committed run with DIR's into FILE only."""
     results = _BENCHMARK.parent / "results"
-    earlier_run = results / "calibrate-and-validate-twenty-fifth-run"
+    earlier_run = results / "calibrate-and-validate-runs" / "2026-11-29-8fa3aeb"
     committed = {path: path.read_bytes() for path in (results / "calibrate-and-validate.json", results / "calibrate-and-validate-pooled.json")}
     rounds = [len(json.loads(path.read_text())["rounds"]) for path in (results / "calibrate-and-validate.json", earlier_run / "calibrate-and-validate.json")]
     out = tmp_path / "pooled.json"
