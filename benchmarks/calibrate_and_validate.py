@@ -41,11 +41,13 @@
    worst of several alike (`methods_compared`, a permutation test inside the rounds).
    `--resummarize --pool DIR` pools an earlier run's committed rounds with the current ones, into
    benchmarks/results/calibrate-and-validate-pooled.json (`--pooled-out FILE`: into FILE, for a pool
-   of some runs only, such as those made by the current compute model).
+   of some runs only, such as those made by the current compute model). Earlier runs' committed
+   results are in benchmarks/results/calibrate-and-validate-runs/<date>-<commit>/.
 
 Targets (issue 9): calibrated setup ≤ 5 % per method, other setups ≤ 10 %, time to target ≤ 10 %.
 Results: benchmarks/results/calibrate-and-validate.json, and each round's validation table as
-benchmarks/results/calibrate-and-validate-round-N.csv. A benchmark, not a test: it takes tens of
+benchmarks/results/calibrate-and-validate-round-N.csv; a dated report of either in benchmarks/reports/
+(benchmarks/report.py; `--no-report`: none). A benchmark, not a test: it takes tens of
 minutes and its numbers depend on the machine's load; run nothing else beside it.
 """
 
@@ -61,6 +63,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import add_report_option, report_if_asked  # noqa: E402
 
 RESULTS_FILE = Path(__file__).parent / "results" / "calibrate-and-validate.json"
 POOLED_FILE = RESULTS_FILE.with_name("calibrate-and-validate-pooled.json")
@@ -491,6 +496,7 @@ def main() -> None:
                         f"({RESULTS_FILE.name} and its round tables) with the committed ones, into {POOLED_FILE.name}; repeatable")
     parser.add_argument("--pooled-out", type=Path, default=None, metavar="FILE",
                         help=f"with --pool: write the pooled figures here instead of {POOLED_FILE.name} (a pool of some runs only)")
+    add_report_option(parser)
     arguments = parser.parse_args()
     if arguments.pool and not arguments.resummarize:
         parser.error("--pool goes with --resummarize: a fresh run's figures are its own rounds'")
@@ -595,6 +601,8 @@ def main() -> None:
             "carry_by_setup": carry,
         }, indent=2) + "\n")
         print(f"\nwrote {pooled_out}")
+        if pooled_out == POOLED_FILE:  # a pool of some runs only, elsewhere, is not the benchmark's figure
+            report_if_asked(arguments, "calibrate-and-validate-pooled", pooled_out)
         return
 
     recalibrated = all(Path(entry["calibration"]).parent.name.startswith("round-") for entry in rounds)
@@ -634,6 +642,7 @@ def main() -> None:
     RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_FILE.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nthe last round within the spread of the earlier rounds: {reproduced}; wrote {RESULTS_FILE}")
+    report_if_asked(arguments, "calibrate-and-validate", RESULTS_FILE)
     if "earlier_run" in result:
         print(f"this run reproduces the committed run before it (each pooled figure inside the other's interval): "
               f"{result['earlier_run']['reproduced_by_this_run']}")

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from calibrate_and_validate import OTHER_SETUPS
+from report import add_report_option, report_if_asked
 
 RESULTS_FILE = Path(__file__).parent / "results" / "calibrate-on-the-setup.json"
 METHODS = ("none", "checkfree", "checkpoint")
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--setups", default="3-stages,gpipe", help=f"comma-separated, of {', '.join(OTHER_SETUPS)}")
     parser.add_argument("--first-seed", type=int, default=7)
+    add_report_option(parser)
     arguments = parser.parse_args()
     setups = [setup for setup in arguments.setups.split(",") if setup]
     unknown = [setup for setup in setups if setup not in OTHER_SETUPS or not OTHER_SETUPS[setup]]
@@ -117,6 +119,7 @@ def main() -> None:
         "passes": results,
     }, indent=2) + "\n")
     print(f"wrote {RESULTS_FILE}")
+    report_if_asked(arguments, "calibrate-on-the-setup", RESULTS_FILE)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import RESULTS_DIRECTORY, machine  # noqa: E402
+from report import add_report_option, report_if_asked  # noqa: E402
 
 RESULTS_FILE = RESULTS_DIRECTORY / "carry-by-shape.json"
 SHAPES = {"4x1": (4, 1), "3x1": (3, 1), "5x1": (5, 1), "3x2": (3, 2), "4x2": (4, 2), "5x2": (5, 2)}
@@ -209,6 +210,7 @@ def main() -> None:
     parser.add_argument("--fresh-calibration", action="store_true",
                         help="calibrate --quick first, and validate against it and against its runs fitted without the double-depth shape")
     parser.add_argument("--steps", type=int, default=80)
+    add_report_option(parser)
     arguments = parser.parse_args()
     started = time.time()
     names = list(SHAPES)
@@ -245,6 +247,7 @@ def main() -> None:
     history = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else []
     RESULTS_FILE.write_text(json.dumps([*history, entry], indent=1) + "\n")
     print(f"appended to {RESULTS_FILE}")
+    report_if_asked(arguments, "carry-by-shape", RESULTS_FILE)
 
 
 if __name__ == "__main__":

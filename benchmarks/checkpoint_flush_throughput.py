@@ -12,6 +12,7 @@ bytes per second and ratios measured in this one run (median of `--repeats`):
 
 Usage: python benchmarks/checkpoint_flush_throughput.py [--total-mib 256] [--repeats 3]
        [--directory DIR]   (default: a temporary directory in the system temp dir)
+Writes benchmarks/results/checkpoint-flush-throughput.json and its dated report (`--no-report`: none).
 """
 
 from __future__ import annotations
@@ -21,13 +22,19 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from churnsim.real.checkpoint import LazyAsyncCheckpointEngine, SynchronousCheckpointEngine
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import RESULTS_DIRECTORY, add_report_option, report_if_asked  # noqa: E402
+
+from churnsim.real.checkpoint import LazyAsyncCheckpointEngine, SynchronousCheckpointEngine  # noqa: E402
+
+RESULTS_FILE = RESULTS_DIRECTORY / "checkpoint-flush-throughput.json"
 
 
 def make_state(total_bytes: int, seed: int) -> dict[str, torch.Tensor]:
@@ -81,6 +88,7 @@ def main() -> None:
     parser.add_argument("--total-mib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--directory", type=Path, default=None)
+    add_report_option(parser)
     args = parser.parse_args()
     total_bytes = args.total_mib * 1024 * 1024
     state = make_state(total_bytes, seed=0)
@@ -123,6 +131,9 @@ def main() -> None:
         shown = f"{value / 1e9:.3f} GB/s" if key.endswith("bytes_per_s") else f"{value:.4g}"
         print(f"{key:45s} {shown}")
     print(json.dumps(result))
+    RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_FILE.write_text(json.dumps(result, indent=2) + "\n")
+    report_if_asked(args, "checkpoint-flush-throughput", RESULTS_FILE)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import add_report_option, report_if_asked  # noqa: E402
+
 from churnsim.real.convergence_lab import LabPipeline, lab_data, lab_settings, measure_setbacks, settings_for_worker
 from churnsim.real.model import ModelConfig
 
@@ -110,9 +113,13 @@ def main() -> int:
     parser.add_argument("--max-iterations", type=int, default=6000)
     parser.add_argument("--corpus-max-bytes", type=int, default=2_000_000)
     parser.add_argument("--combine", type=Path, nargs="+", default=None, help="pool these earlier runs' raw tables instead of running")
+    add_report_option(parser)
     arguments = parser.parse_args()
     if arguments.combine:
-        return combine(arguments.combine, arguments.out)
+        code = combine(arguments.combine, arguments.out)
+        if code == 0:
+            report_if_asked(arguments, "convergence-lab-larger-model", arguments.out / "result.json")
+        return code
     if arguments.device == "cuda" and not torch.cuda.is_available():
         print("convergence_lab_larger_model: no CUDA device here; run it on a machine with a GPU or pass --device cpu", file=sys.stderr)
         return 2
@@ -170,6 +177,7 @@ def main() -> int:
         "probe": rate, "probe_s": probe_s, "predicted_lab_s": predicted_s, "lab_s": lab_s,
     }
     write_result(out, result, rows, curve)
+    report_if_asked(arguments, "convergence-lab-larger-model", out / "result.json")
     print(f"wrote {out} in {time.perf_counter() - started:.0f} s (lab {lab_s:.0f} s, predicted {predicted_s:.0f} s)")
     return 0
 

@@ -40,7 +40,10 @@ from pathlib import Path
 
 import torch
 
-from churnsim.real.checkpoint import LazyAsyncCheckpointEngine, SynchronousCheckpointEngine
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import add_report_option, report_if_asked  # noqa: E402
+
+from churnsim.real.checkpoint import LazyAsyncCheckpointEngine, SynchronousCheckpointEngine  # noqa: E402
 
 RESULTS: list[dict] = []
 
@@ -189,7 +192,8 @@ def main() -> int:
     parser.add_argument("--methods", nargs="*",
                         default=["none", "checkpoint", "async_checkpoint", "redundant", "checkfree", "checkfree_plus"])
     parser.add_argument("--skip-runs", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="JSON lines of the parts (and, unless --no-report, their dated report)")
+    add_report_option(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("cuda_paths: no CUDA device here; run this on a machine with a GPU", file=sys.stderr)
@@ -213,6 +217,7 @@ def main() -> int:
         shutil.rmtree(directory, ignore_errors=True)
         if args.out is not None:
             args.out.write_text("\n".join(json.dumps(row) for row in RESULTS) + "\n")
+            report_if_asked(args, "cuda-paths", args.out)
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import RESULTS_DIRECTORY, machine  # noqa: E402
+from report import add_report_option, report_if_asked  # noqa: E402
 
 from churnsim.calibration.fit_timing import steady_iteration_times_s  # noqa: E402
 from churnsim.calibration.run_record import read_run_record  # noqa: E402
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE")
+    add_report_option(parser)
     arguments = parser.parse_args()
     settings = [f"target.iterations={arguments.steps}", "target.loss=null", "churn.failures_per_node_hour=0", *arguments.settings]
     rows = []
@@ -93,6 +95,7 @@ def main() -> None:
     RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_FILE.write_text(json.dumps([*earlier, summary], indent=2) + "\n")
     print(f"wrote {RESULTS_FILE}")
+    report_if_asked(arguments, "identical-runs-spread", RESULTS_FILE)
 
 
 if __name__ == "__main__":

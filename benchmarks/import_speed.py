@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
+from report import add_report_option  # noqa: E402
 
 TARGET_S = 0.3
 FIRST_RUN = """
@@ -88,6 +89,7 @@ def heaviest_imports(module: str, count: int = 10) -> list[tuple[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rounds", type=int, default=8)
+    add_report_option(parser)
     arguments = parser.parse_args()
     to_run = commands()
     environment = cached_bytecode_environment()
@@ -117,6 +119,7 @@ def main() -> None:
         "import-speed",
         {"benchmark": "fresh-interpreter wall clock of CLI help and simulator imports", "commands": rows,
          "heaviest_imports_of_churnsim.sim.run_s": heavy},
+        report=arguments.report,
     )
     print(f"wrote {path}")
 

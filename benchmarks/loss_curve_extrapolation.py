@@ -17,6 +17,7 @@ Writes benchmarks/results/loss-curve-extrapolation.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import RESULTS_DIRECTORY  # noqa: E402
+from report import add_report_option, report_if_asked  # noqa: E402
 
 from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT, fit_baseline_curve  # noqa: E402
 from churnsim.sim.validate import SMOOTHING_ITERATIONS, progress_for_smoothed_loss, reached_own_goal, smoothed_loss  # noqa: E402
@@ -44,6 +46,9 @@ def _rounded(value: float) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_report_option(parser)
+    arguments = parser.parse_args()
     frame = pd.read_csv(LOSSES_FILE)
     runs = {str(run_id): rows.drop(columns="run_id").reset_index(drop=True) for run_id, rows in frame.groupby("run_id")}
     long_runs = {run_id: metrics for run_id, metrics in runs.items() if run_id not in SHORT_RUNS}
@@ -82,6 +87,7 @@ def main() -> None:
     print(f"long runs fitted freely on their whole length: exponents {min(exponents)}–{max(exponents)}")
     RESULTS_FILE.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS_FILE}")
+    report_if_asked(arguments, "loss-curve-extrapolation", RESULTS_FILE)
 
 
 if __name__ == "__main__":

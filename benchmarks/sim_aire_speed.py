@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
+from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.scenario import Scenario  # noqa: E402
 from churnsim.sim.replicate import ReplicationTask, run_replication  # noqa: E402
@@ -43,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replications", type=int, default=3)
     parser.add_argument("--max-rounds", type=int, default=6)
+    add_report_option(parser)
     arguments = parser.parse_args()
     scenario = Scenario.model_validate_json(SCENARIO.read_text(encoding="utf-8"))
     replicate(scenario, 0, reference=False)  # warm the imports and caches
@@ -81,6 +83,7 @@ def main() -> None:
             "target_s": TARGET_S,
             "meets_target": fast_s <= TARGET_S,
         },
+        report=arguments.report,
     )
     print(f"wrote {path}")
 

@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
+from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.presets import preset  # noqa: E402
 from churnsim.sim.run import REFERENCE_EVENTS_VARIABLE  # noqa: E402
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-rounds", type=int, default=3)
     parser.add_argument("--skip-reference", action="store_true", help="Time the closed form only (no ratio).")
+    add_report_option(parser)
     arguments = parser.parse_args()
     tasks = grid_tasks(arguments.replications)
     num_runs = sum(len(task.task.methods) for task in tasks)
@@ -121,7 +123,7 @@ def main() -> None:
     print(line)
     # A closed-form-only timing goes to a file of its own, so the one with the ratio is kept.
     name = "sim-grid-speed-closed-form-only" if arguments.skip_reference else "sim-grid-speed"
-    print(f"wrote {write_result(name, payload)}")
+    print(f"wrote {write_result(name, payload, report=arguments.report)}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
+from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.failure_sampling import failures_for_replication  # noqa: E402
 from churnsim.calibration.methods import METHOD_NAMES  # noqa: E402
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--per-microbatch-iterations", type=int, default=2_000)
     parser.add_argument("--max-rounds", type=int, default=6)
+    add_report_option(parser)
     arguments = parser.parse_args()
     scenario = scenario_with_iterations(arguments.iterations)
     failures = failures_for_replication(scenario)
@@ -108,6 +110,7 @@ def main() -> None:
             "methods": rows,
             "per_microbatch_everywhere_ms_per_iteration": round(per_iteration_s * 1e3, 4),
         },
+        report=arguments.report,
     )
     print(f"wrote {path}")
 

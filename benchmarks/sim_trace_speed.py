@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
+from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.failure_sampling import failures_for_replication  # noqa: E402
 from churnsim.calibration.scenario import Scenario  # noqa: E402
@@ -34,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replications", type=int, default=None, help="Default: the scenario's own (10).")
     parser.add_argument("--max-rounds", type=int, default=6)
+    add_report_option(parser)
     arguments = parser.parse_args()
     scenario = Scenario.model_validate_json(SCENARIO.read_text(encoding="utf-8"))
     replications = arguments.replications or scenario.replications
@@ -84,6 +86,7 @@ def main() -> None:
             "sampling_s_per_replication": round(sampling_wall_s / replications, 6),
             "methods": rows,
         },
+        report=arguments.report,
     )
     print(f"wrote {path}")
 

@@ -108,9 +108,15 @@ def closed_form_engine() -> str:
     return "compiled (mypyc)" if COMPILED else "source (pure Python)"
 
 
-def write_result(name: str, payload: dict) -> Path:
+def write_result(name: str, payload: dict, *, report: bool = True) -> Path:
+    """The result file `results/<name>.json` and, with `report`, its dated report (benchmarks/report.py)."""
     RESULTS_DIRECTORY.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIRECTORY / f"{name}.json"
     print(f"closed-form engine: {closed_form_engine()}")
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    if report:
+        from report import write_report
+
+        variant = "closed-form-only" if name.endswith("-closed-form-only") else ""
+        print(f"wrote {write_report(name.removesuffix('-closed-form-only'), path, variant=variant)}")
     return path
