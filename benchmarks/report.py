@@ -159,9 +159,11 @@ def _git(*arguments: str) -> str:
 
 
 def this_commit() -> dict:
-    """The checked-out commit and whether the tree differs from it (untracked files count)."""
+    """The checked-out commit and whether the tree differs from it (untracked files count; the
+    benchmarks' own outputs in results/ and reports/ do not: a benchmark writes them before its report)."""
     commit = _git("rev-parse", "HEAD")
-    return {"commit": commit or "unknown (not a git checkout)", "dirty": bool(_git("status", "--porcelain")) if commit else None}
+    changes = _git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/results", ":(exclude)benchmarks/reports")
+    return {"commit": commit or "unknown (not a git checkout)", "dirty": bool(changes) if commit else None}
 
 
 def _cpu_model() -> str:
