@@ -137,7 +137,7 @@ def interleaved(groups: list[list]) -> list:
     that a slow or fast spell of the machine falls on runs of several setups rather than on one
     setup whole. In order, the calibrated setup's runs came first, right after its calibration: a
     spell of a minute or two (its runs 1.17× the prediction while the other setups' ran at 0.99×, in
-    one round of the tenth run) moved that group's median by the whole spell."""
+    one round of an earlier run) moved that group's median by the whole spell."""
     placed = [((index + 0.5) / len(group), order, run) for order, group in enumerate(groups) for index, run in enumerate(group)]
     return [run for _, _, run in sorted(placed, key=lambda item: item[:2])]
 

@@ -3,8 +3,8 @@
     python benchmarks/calibrate_on_the_setup.py [--out DIR] [--passes 2] [--setups 3-stages,gpipe] [--first-seed 7]
 
 The calibrate-and-validate benchmark predicts six setups the calibration did not run, and two of
-them come out worst: 3 stages of a 6-layer model (13.0 % over 43 rounds) and the GPipe schedule
-(8.8 %), whose runs are slower than the compute model carries the 4-stage 1F1B calibration to them.
+them come out worst (see its report): 3 stages of a 6-layer model and the GPipe schedule, whose
+runs are slower than the compute model carries the 4-stage 1F1B calibration to them.
 `churnsim calibrate --set ...` can calibrate on the setup itself. For each setup and pass:
 
 1. `churnsim calibrate --quick --set <the setup>` (its own calibration), just before the runs;

@@ -22,7 +22,7 @@ of each seed, same batches) on such a model, as long as the budget allows.
 
 A manual experiment, not a test; the defaults are the 8-layer run in the README
 (`benchmarks/results/convergence-lab-8-layers/`). With --device cuda the workers take a host's GPUs
-in turn: on one H100 (2026-11-26) three processes of a 12-layer, width-256 model sharing the GPU
+in turn: on one H100 three processes of a 12-layer, width-256 model sharing the GPU
 took 104 ms per step each, as processes on one GPU take turns on it.
 """
 

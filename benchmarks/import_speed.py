@@ -17,7 +17,7 @@ Bytecode: a user's second command finds churnsim's modules compiled in `__pycach
 them on the first import), so the timed commands run with bytecode writing allowed, after one
 warm-up that writes them, even where the environment sets PYTHONDONTWRITEBYTECODE (this machine
 does: without the caches every import compiles churnsim's ~30 modules from source, ≈ 75 ms of an
-import of `churnsim.sim.run` by cProfile, 2026-11-26; the first command after an install pays that).
+import of `churnsim.sim.run` by cProfile; the first command after an install pays that).
 
     python benchmarks/import_speed.py [--max-rounds 8]
 """

@@ -2,7 +2,7 @@
 
     python benchmarks/overhead_and_core_sharing.py
 
-On 2026-11-27 one `calibrate --quick` (2 cores) was refitted four ways from the same 13 calibration
+One `calibrate --quick` (2 cores) was refitted four ways from the same 13 calibration
 runs, and the same 30 no-failure runs (6 each of the calibrated setup, 3 and 6 stages, 6
 microbatches and GPipe; seed 100, run right after it) were validated against each:
 `before` (the overhead fitted with a zero as 1e-9 by relative errors), `fixed` (the fit as it is

@@ -6,8 +6,8 @@ it, the machine, the commit (and whether the tree had uncommitted changes), the 
 with the spread the result file holds (intervals, min–max, repetitions) and each target, met or not.
 
 Reports of results committed earlier are written from the file itself, with the date and commit
-it records, or else those of the commit that last changed its content (a later commit that only
-edits paths inside it would move that date: write such reports before committing the edit):
+it records, or else those of the commit that last changed its content (`--commit REV` names it
+where a later edit of the file, such as a path inside it, came after):
 
     python benchmarks/report.py benchmarks/results/sim-run-speed.json --benchmark sim-run-speed
     python benchmarks/report.py --all     # a report for every committed result named in COMMITTED_RESULTS
@@ -353,13 +353,15 @@ def target_rows(result: object, path: str = "") -> list[tuple[str, str, str, str
         if isinstance(result.get("targets"), dict):
             verdicts = result.get("target_verdicts") or {}
             pooled = result.get("pooled") or {}
+            # Relative errors, as fractions in the file: shown in percent.
             for group, limit in result["targets"].items():
                 figures = pooled.get(group, {})
-                measured = _number(figures["absolute"]) if "absolute" in figures else "not measured"
+                measured = f"{_number(100 * figures['absolute'])} %" if "absolute" in figures else "not measured"
                 if isinstance(figures.get("absolute_ci95"), list):
                     low, high = figures["absolute_ci95"]
-                    measured += f" [{_number(low)}, {_number(high)}]"
-                rows.append((f"{path + ' / ' if path else ''}{group}", f"≤ {_number(limit)}", measured, verdicts.get(group, "not judged")))
+                    measured += f" [{_number(100 * low)}, {_number(100 * high)}] (95 % interval)"
+                rows.append((f"{path + ' / ' if path else ''}{group}: median |relative error|", f"≤ {_number(100 * limit)} %", measured,
+                             verdicts.get(group, "not judged")))
         for key, value in result.items():
             if key not in _TARGET_KEYS and isinstance(value, (dict, list)):
                 rows.extend(target_rows(value, f"{path} / {key}" if path else str(key)))
@@ -446,20 +448,22 @@ def write_report(name: str, result_file: Path, *, command: str | None = None, va
 
 
 def write_committed_report(name: str, result_file: Path, *, reports_directory: Path = REPORTS_DIRECTORY,
-                           variant: str = "") -> Path:
+                           variant: str = "", measured_in: str | None = None) -> Path:
     """The report of a result committed earlier: its date, machine and commit as it records them, or as
     git does (the commit that last changed the file, and its date)."""
     benchmark = BENCHMARKS[name]
     result = read_result(result_file)
     entry = latest_entry(result)
     relative = _relative(result_file)
-    # The commit that last changed the file's content (renames of the file not counted).
-    last_commit = _git("log", "-1", "--follow", "--diff-filter=AM", "--format=%H %cs", "--", relative).split()
+    # The commit that last changed the file's content (renames of the file not counted), or the one given.
+    last_commit = (_git("show", "-s", "--format=%H %cs", measured_in) if measured_in else
+                   _git("log", "-1", "--follow", "--diff-filter=AM", "--format=%H %cs", "--", relative)).split()
     recorded_head = (recorded_machine(entry) or {}).get("git_head")
     date = recorded_date(entry) or (last_commit[1] if last_commit else datetime.date.today().isoformat())
     commit = {"commit": recorded_head or (last_commit[0] if last_commit else "unknown"), "dirty": None,
               "note": ("the commit recorded by the measurement; whether its tree was clean was not recorded" if recorded_head else
-                       "the commit that last changed the result file; the commit measured and whether its tree was clean were not recorded")}
+                       "the commit that added this measurement to the result file; the commit measured and whether its tree was "
+                       "clean were not recorded")}
     command = entry.get("command") if isinstance(entry, dict) and isinstance(entry.get("command"), str) else benchmark.command
     if isinstance(result, list) and entry is not result:
         command += f"   # the latest of the {len(result)} entries the result file appends"
@@ -531,18 +535,24 @@ def main() -> None:
     parser.add_argument("result_file", type=Path, nargs="?", help="a committed result file (JSON, or JSON lines)")
     parser.add_argument("--benchmark", choices=sorted(BENCHMARKS), help="which benchmark wrote it")
     parser.add_argument("--variant", default="", help="appended to the report's name (another machine, another pool)")
-    parser.add_argument("--all", action="store_true", help="a report for every result in COMMITTED_RESULTS")
+    parser.add_argument("--commit", default=None, metavar="REV",
+                        help="the commit that added this measurement, where a later edit of the file (a path in it) came after")
+    parser.add_argument("--all", action="store_true", help="a report for every result in COMMITTED_RESULTS that has none yet")
     arguments = parser.parse_args()
     if arguments.all:
         for name, relative, variant in COMMITTED_RESULTS:
-            print(write_committed_report(name, RESULTS_DIRECTORY / relative, variant=variant).relative_to(REPOSITORY))
+            # A report once written stays: git's date of the file moves with later edits of it.
+            existing = sorted(REPORTS_DIRECTORY.glob(f"????-??-??-{name}{'-' + variant if variant else ''}.md"))
+            path = existing[-1] if existing else write_committed_report(name, RESULTS_DIRECTORY / relative, variant=variant)
+            print(("kept " if existing else "") + str(path.relative_to(REPOSITORY)))
         return
     if arguments.result_file is None or arguments.benchmark is None:
         parser.error("give a result file and --benchmark NAME, or --all")
     if not arguments.result_file.is_file():
         parser.error(f"{arguments.result_file}: no such result file")
     try:
-        path = write_committed_report(arguments.benchmark, arguments.result_file, variant=arguments.variant)
+        path = write_committed_report(arguments.benchmark, arguments.result_file, variant=arguments.variant,
+                                      measured_in=arguments.commit)
     except json.JSONDecodeError as error:
         parser.error(f"{arguments.result_file}: not JSON ({error.msg}, line {error.lineno}); give the file the benchmark wrote")
     print(path.relative_to(REPOSITORY))

@@ -32,7 +32,7 @@ Two modes:
                 not copied: the simulator derives them from bytes, the link and the tiers, which the
                 calibration sets. Under redundant computation the simulator's restart is the
                 replacement's, off the training path: the stall of a failover is not charged
-                (approximation; 6–17 ms per event measured on 2 cores).
+                (approximation: the stall is short against a step).
     convergence the calibration's (baseline and setbacks, calibrated=True)
 - `setbacks`: for scenarios of other models (the paper presets keep their cited constants): only
   the measured setbacks are taken, in optimizer steps, unchanged (setback_scale = 1). This is an

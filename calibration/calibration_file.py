@@ -52,8 +52,8 @@ class RecoveryTimes(StrictModel):
     unrecorded_s: float = Field(0.0, ge=0)
     """What a recovery step took beyond a steady step and the parts above: the processes' own
     restart, which no span records (calibration.fit_timing.recovery_events). The simulator charges
-    it as the method's restart (`RecoverySpec.restart_s_by_method`). Calibrations made before
-    2026-11-27 (sixteenth session) have none (0)."""
+    it as the method's restart (`RecoverySpec.restart_s_by_method`). Calibrations made before it
+    was fitted have none (0)."""
     num_samples: int = Field(0, ge=0)
 
     @property

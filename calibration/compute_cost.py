@@ -17,19 +17,18 @@ stages. The model (one per direction) is linear in five measured coefficients:
 - `neighbours`: the stages next to this one (1 for an edge stage, 2 inside): a hop receives from
   one and sends to the other, and the Python and copies of each message are the stage process's
   work (the CPU work between spans is spread over the hops, calibration.cpu_sharing). Without it
-  the fit put the calibrated setup's edge stages 5–7 % above and its interior stages 5–8 % below
-  their measured work, and a 6-stage pipeline, with more interior stages, 7–14 % short (held-out
-  runs of benchmarks/calibrate_and_validate.py, 9 rounds); the quick suite's 2-stage shape, with
-  edge stages only, identifies it;
+  the fit put the calibrated setup's edge stages above and its interior stages below their
+  recorded work, and a pipeline with more interior stages short (the calibrate-and-validate
+  benchmark); the quick suite's 2-stage shape, with edge stages only, identifies it;
 - `shared_core_parameters`: the stage's parameters when its run's stage processes outnumber the
   cores they share (0 otherwise): a hop then costs more work per parameter it holds, not per token
-  it computes. On the 2 cores, no-failure `cpu-tiny` runs of two layers a stage among more processes
-  than cores ran 3–22 % above the model's hops fitted without the term, where two layers a stage
+  it computes. On a machine of few cores, no-failure `cpu-tiny` runs of two layers a stage among more
+  processes than cores ran above the model's hops fitted without the term, where two layers a stage
   with a core each (the quick suite's 2-stage shape) and twice the tokens among more processes
   (its microbatch-16 shape) were fitted within a few percent: the extra cost grows with the stage's
   weights, as a cache refilled after another process ran on the core would (a reading, not
   measured). The quick suite's double-depth shape, run only where the processes outnumber the
-  cores, identifies it (benchmarks/HISTORY.md, "Weights on shared cores");
+  cores, identifies it (the carry-by-shape benchmark);
 - `fixed_s`: what a hop costs whatever its size (framework dispatch, Python).
 
 Work is in core-seconds (calibration.cpu_sharing): what a hop takes with a core of its own. The
@@ -41,12 +40,10 @@ against the stage's parameters (fixed + per parameter).
 What a step takes beyond the iteration the simulator computes from these (the overhead) is fitted
 against stages × microbatches, the hops of one direction in an iteration (`iteration_overhead_s` +
 `overhead_per_stage_microbatch_s` per hop): on 2 cores it is Python and messaging the spans do not
-show, and the time a woken process waits for a core. In the held-out no-failure runs of two rounds
-of benchmarks/calibrate_and_validate.py (2026-11-27, a quiet spell), with each run's own measured
-hops in the simulator, the step exceeded it by 3.2 ms at 2 stages × 4 microbatches, 9.1 at 3 × 4,
-10.5 at 4 × 4, 14.5 at 6 × 4, 15.2 at 4 × 6 and 19.7 ms at 4 × 8 (GPipe, 4 × 4: 15.1): about
-0.6 ms per stage-microbatch once the stage processes outnumber the cores, where a per-microbatch
-term alone gives 6 stages the overhead of 4. Each setup's overhead is measured against its own
+show, and the time a woken process waits for a core. In held-out no-failure runs of the
+calibrate-and-validate benchmark, with each run's own measured hops in the simulator, the step's
+excess over the simulated iteration grew about linearly with stages × microbatches once the stage
+processes outnumbered the cores, where a per-microbatch term alone gives 6 stages the overhead of 4. Each setup's overhead is measured against its own
 measured hops, so a shape run made in a faster or slower minute does not put its speed into the
 overhead (calibration.fit_timing.fit_compute_cost_model). Approximation: one line for every
 pipeline; the 2-stage shape, whose processes each have a core, lies under it, and GPipe above it.
@@ -76,8 +73,8 @@ class HopCost(StrictModel):
     seconds_per_neighbour: float = Field(0.0, ge=0)
     """Calibrations made before it was measured have none (0)."""
     seconds_per_shared_core_parameter: float = Field(0.0, ge=0)
-    """Calibrations made before 2026-11-29 (twenty-seventh session) have none (0), and so does any fit
-    whose runs never had more stage processes than cores."""
+    """Calibrations made before the term existed have none (0), and so does any fit whose runs never
+    had more stage processes than cores."""
 
     def work_s(self, features: StageFeatures) -> float:
         matmul_flops, elements, neighbours, shared_core_parameters = features
@@ -103,15 +100,15 @@ class ComputeCostModel(StrictModel):
     """Per iteration and (stage, microbatch) pair: the time a step takes beyond the simulated
     iteration grows with the hops it makes (module docstring)."""
     overhead_per_microbatch_s: float = Field(0.0, ge=0)
-    """Per iteration and microbatch: how calibrations made before 2026-11-27 (eleventh session) scaled
-    the overhead; newer ones fit `overhead_per_stage_microbatch_s` instead and leave this 0."""
+    """Per iteration and microbatch: how older calibrations scaled the overhead; newer ones fit
+    `overhead_per_stage_microbatch_s` instead and leave this 0."""
     shared_cores: int | None = Field(None, ge=1)
     """The CPU cores the stage processes shared (local CPU runs); None for one device per stage."""
     num_configurations: int = Field(ge=1)
     """Distinct (model, pipeline) shapes the coefficients were fitted on."""
     fitted_setups: tuple[str, ...] = ()
     """Their `setup_fingerprint`s, so that a validation can tell a setup the fit measured from one it
-    carries the coefficients to; calibrations made before 2026-11-28 (twentieth session) list none."""
+    carries the coefficients to; calibrations made before this field existed list none."""
     hop_relative_residual: float = Field(ge=0)
     """Median |relative residual| of the hop fit over the (run, stage, direction) medians."""
 
@@ -155,11 +152,9 @@ def compute_carry_note(scenario: Scenario) -> str | None:
         return None
     return (
         f"compute of {setup_description(scenario.model, scenario.pipeline)} is carried by the compute model from "
-        f"{compute.carried_from}, not measured on it: on churnsim's 2-core test machine carried setups' steady steps ran "
-        "0.95-1.08x their prediction, relative to the calibrated setup's, with the shared-core term that calibrations "
-        "fit since 2026-11-29 (3 stages 1.08x, 6 stages 0.95x, GPipe and 6 microbatches within 2 %; 15 rounds of "
-        "benchmarks/calibrate_and_validate.py, carry_by_setup), and without it, as in the built-in cpu-tiny, up to 1.11x "
-        "(3 stages; GPipe 1.06x; 58 rounds, most made without it); `churnsim calibrate --quick --set ...` on this setup "
+        f"{compute.carried_from}, not measured on it: a compute model carried from another shape predicts less "
+        "accurately than one measured on the setup (most where the stage processes outnumber the cores; see the "
+        "calibrate-and-validate benchmark report, carry_by_setup); `churnsim calibrate --quick --set ...` on this setup "
         "measures it"
     )
 

@@ -14,14 +14,13 @@ stage's hops by the fit, so that the simulator, which shares cores among hops on
 Approximation: the scheduler is taken as fair, and a wait inside a compute span (none is recorded)
 would count as busy.
 
-Checked against the processes' CPU clocks, which real runs stamp on every span since 2026-11-28
-(`cpu_start_s`, `cpu_end_s` in spans.csv): the rule is not what the scheduler does. A process that
-has a core mostly keeps it for a whole hop, and a woken one waits for a core before its span starts,
-so in no-failure `cpu-tiny` runs on the 2 cores (two passes of two runs a setup) the median hop's
-wall time was within 2–13 % of its CPU time at 4 and 6 stages, where the rule gave hops 1–18 %
-less work than their CPU time and counted the wait as work outside spans (6.3–6.9 ms a step per
-process against 4.5–5.6 ms of CPU at 4 stages). Fitting on the measured CPU instead predicted the other setups worse (benchmarks/HISTORY.md,
-"The CPU clock on spans"): the rule's low hops and high outside work together match how the
+Checked against the processes' CPU clocks, which real runs stamp on every span (`cpu_start_s`,
+`cpu_end_s` in spans.csv): the rule is not what the scheduler does. A process that has a core
+mostly keeps it for a whole hop, and a woken one waits for a core before its span starts, so in
+no-failure `cpu-tiny` runs on two cores the median hop's wall time was close to its CPU time at 4
+and 6 stages, where the rule gave hops less work than their CPU time and counted the wait as work
+outside spans. Fitting on the measured CPU instead predicted the other setups worse (the
+calibrate-and-validate benchmark): the rule's low hops and high outside work together match how the
 simulator's processor sharing turns work into wall time better than the true CPU does. So the
 fits keep the rule.
 """

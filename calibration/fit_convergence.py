@@ -41,7 +41,7 @@ exponent and the floor apart: on the two 100-iteration no-failure runs of `calib
 exponent 3.44 with floor 2.17 fits them as well as 0.76 with floor 1.25 (r² 0.9889 against 0.9877),
 and the steep one's floor lies above the loss 320-iteration runs of the same model reach (1.71), so
 no time to target under it could be predicted. Fitted without the bound, each of 8 such runs
-(benchmarks/calibrate_and_validate.py's 4× longer no-failure runs, 2026-11-27; their losses are
+(benchmarks/calibrate_and_validate.py's 4× longer no-failure runs; their losses are
 tests/calibration/data/cpu-tiny-no-failure-losses.csv) took exponents of 0.36–0.72 over its whole
 320 iterations; fitted on its first 100, its trailing-mean loss at iteration 319 came out a median
 0.36 too high unbounded, 0.14 with the exponent at most 1 and 0.05 at most 0.76

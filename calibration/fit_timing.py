@@ -157,16 +157,16 @@ def run_speed_factors(
     those ratios (1.0: typical; 1.1: 10 % slower).
 
     Runs of one setup do nearly the same forward and backward work per hop whatever the method, so
-    these spans measure the machine rather than the method. A whole step moves with them: in four
-    `calibrate --quick` runs on 2 cores (2026-11-26/27) the plain-method runs' median steady steps
-    spread by 6–17 % (slowest over fastest), divided by their factors by 2–5 %.
+    these spans measure the machine rather than the method. A whole step moves with them: divided
+    by their factors, the plain-method runs' median steady steps of one `calibrate --quick` spread
+    far less than they do as measured.
 
     With `as_core_seconds` (the default, for the fits of the plain route's hops and overhead) a hop
     counts the core-seconds it got on the cores the run's processes shared (`cpu_sharing`); without
     it, its wall seconds. Core-seconds lean by method, because the sharing rule counts only the work
-    inside spans: over 26 calibrations the median factor of CheckFree+'s runs was 1.019 in
-    core-seconds and 0.997 in wall seconds, redundant computation's 0.961 and 0.974, the plain
-    methods' 0.98–1.02 either way (benchmarks/HISTORY.md, "Method extras at wall-second speed").
+    inside spans: over many calibrations CheckFree+'s runs came out slower in core-seconds than in
+    wall seconds and redundant computation's faster, while the plain methods' factors stayed near 1
+    either way.
     Runs without steady forward/backward spans get no entry.
     """
     spans = _steady_spans(records, ("forward", "backward"), num_warmup_iterations, as_core_seconds=as_core_seconds)
@@ -283,8 +283,8 @@ def fit_compute_cost_model(
     last as long as the run's median steady step. Other setups take their no-failure runs and their
     own measured hop medians (the hop model's optimizer step): against the fitted hop model's
     compute instead, a shape run made in a faster or slower minute than the rest put its whole
-    speed difference into the overhead, and the slope per stage × microbatch came out anywhere from
-    18 to 335 µs over 12 benchmark rounds, the other setups up to 1.2× short where it was low.
+    speed difference into the overhead, and the slope per stage × microbatch varied by an order of
+    magnitude between calibrations, leaving the other setups short where it was low.
     The calibrated setup takes its measured per-stage times (`calibrated_compute`,
     pooled over its runs) and every plain-method run, failures or not, each step divided by the
     run's speed factor (`run_speed_factors` of the calibrated setup's runs, computed when not given):
@@ -385,12 +385,11 @@ def fit_method_iteration_extra_s(
     Only methods without the `plain_iteration` trait get an entry: for plain methods the pooled
     overhead (`fit_compute_cost_model`) is the better estimate. Signed: noise can make it negative.
     Without the speed factors the extra was a difference between two runs' speeds as much as the
-    method's cost: between two calibrations on one machine CheckFree+'s moved from 20.6 to 26.7 ms
-    and redundant computation's from 21.7 to 10.9 ms (README, "Calibration and validation").
+    method's cost: between two calibrations on one machine CheckFree+'s and redundant computation's
+    extras moved by a large share of themselves, in opposite directions.
     Wall-second factors, not the core-second ones of the hop fits: the core-second factor of a
-    CheckFree+ run leaned 2 % slow and took some 3 ms off its extra, and its held-out runs were
-    predicted 4.7 % fast (median over 26 benchmark rounds); with wall-second factors 1.2 %
-    (benchmarks/HISTORY.md, "Method extras at wall-second speed").
+    CheckFree+ run leans slow and takes some of its extra away, and its held-out runs were predicted
+    fast; with wall-second factors they came closer (the calibrate-and-validate benchmark).
     """
     if speed_factors is None:
         speed_factors = run_speed_factors(records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=False)
@@ -529,10 +528,9 @@ def recovery_events(
     `steady_step_s`: the run's median steady step, where the caller has it already.
 
     The unrecorded time is the part of a recovery no span records: the processes' own restart
-    (process group, optimizer and checkpoint engine rebuilt, Python). Measured on the 2 cores
-    (held-out runs of 18 benchmark rounds, 2026-11-27), median per event: async_checkpoint 45 ms
-    and checkpoint 41 ms beyond 18 and 10 ms of spans, the rebuild methods 6–13 ms beyond 1–6 ms;
-    the calibration runs gave the same within 5 ms (benchmarks/HISTORY.md, "The recovery step")."""
+    (process group, optimizer and checkpoint engine rebuilt, Python). In the calibrate-and-validate
+    benchmark's held-out runs it was larger for the checkpoint methods than for the rebuild methods,
+    and the calibration runs gave the same."""
     spans = record.spans
     chosen = spans[spans["kind"].isin(RECOVERY_SPAN_FIELDS)]
     columns = [*RECOVERY_SPAN_FIELDS.values(), "unrecorded_s"]

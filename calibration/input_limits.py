@@ -3,10 +3,10 @@
 A scenario can be valid field by field and still be impossible to simulate: 10^12 microbatches per
 iteration, 10^9 failures per hour, 10^8 replications. Each such size is refused with one line that
 names the field, what the run would cost, and the limit. The costs are estimates from this
-simulator's own data structures, measured on a 2-core machine (2026-11): simulating one iteration
-takes ≈ 1.8 ms and ≈ 1.2 KiB per stage-microbatch (per pipeline state, cached after the first), and
-each failure of a run ≈ 0.8 ms and ≈ 1.4 KiB (its events, records and recovery). They are orders of
-magnitude, not promises; the limits sit where a run would take minutes and hundreds of MB.
+simulator's own data structures: per stage-microbatch of an iteration (per pipeline state, cached
+after the first) and per failure of a run (its events, records and recovery), each a time and a
+memory size (the constants below). They are orders of magnitude, not promises; the limits sit where
+a run would take minutes and hundreds of MB.
 
 Trace and schedule files named by the churn model are parsed here too (they are cached, so the
 simulation does not parse them again), so a broken file is reported before any progress line.

@@ -2,7 +2,7 @@
 
 A calibration measures each of its runs' speed against the typical one (`Calibration.run_speed_factors`,
 calibration.fit_timing.run_speed_factors). Identical runs minutes apart differ by several percent,
-on a shared 2-core machine and on a dedicated 16-core one alike (README, "Validation"), and no
+on shared and dedicated machines alike (the identical-runs-spread benchmark report), and no
 measurement before a run tells which speed it will get. So a prediction of one run's wall-clock
 has a spread of its own, however exact the model.
 

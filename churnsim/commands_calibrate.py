@@ -85,7 +85,7 @@ def calibrate_command(
         help="cpu or cuda (default: the scenario's training.device with --preset, --scenario or --set; the records' device with --runs; else cpu).",
     ),
     quick: bool = typer.Option(
-        False, "--quick", help="The short suite (the tiny model: at most 5 minutes on 2 CPU cores; another model as long as its runs take)."
+        False, "--quick", help="The short suite (the tiny model: a few minutes on a CPU; another model as long as its runs take)."
     ),
     runs: Optional[list[Path]] = typer.Option(None, "--runs", help="Fit on existing run records (a record or a directory of records); repeatable."),
     runs_out: Optional[Path] = typer.Option(None, "--runs-out", help="Where the suite writes its run records (default: <OUT stem>-runs next to OUT)."),
@@ -261,7 +261,7 @@ DEFAULT_LAB_SEEDS = "0,1"
 LARGEST_SEED = 2**63 - 1
 """torch.manual_seed takes a signed 64-bit integer; a larger seed failed in every lab process."""
 MAX_LAB_ITERATIONS = 100_000
-"""100 times the default: 2 seeds × 1,000 iterations took 10 min on 2 CPU cores (README)."""
+"""100 times the default (2 seeds × 1,000 iterations, minutes on a CPU)."""
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -297,8 +297,8 @@ def calibrate_convergence(
         raise InputError("--lab-iterations must be >= 50 and --failure-points >= 1")
     if num_iterations > MAX_LAB_ITERATIONS:
         raise InputError(
-            f"--lab-iterations {num_iterations}: more than the limit of {MAX_LAB_ITERATIONS:,} (2 seeds × 1,000 iterations took "
-            "10 min on 2 CPU cores); use fewer"
+            f"--lab-iterations {num_iterations}: more than the limit of {MAX_LAB_ITERATIONS:,} (a lab that long takes "
+            "many hours on a CPU); use fewer"
         )
     first, last = lab_failure_span(num_iterations)
     if num_failure_points > last - first + 1:

@@ -184,7 +184,7 @@ class SuiteRun:
 
 @dataclass(frozen=True, kw_only=True)
 class SuiteSettings:
-    """Sizes of the suite; `quick_settings()` fits in 5 minutes on 2 CPU cores."""
+    """Sizes of the suite; `quick_settings()` takes a few minutes on a CPU."""
 
     num_iterations: int
     seeds: tuple[int, ...]
@@ -202,7 +202,7 @@ class SuiteSettings:
 
 
 def quick_settings() -> SuiteSettings:
-    # Measured on 2 cores: ~0.14 s per iteration of 4 ranks, ~3 s start-up per run, 10 runs + 4 shapes.
+    # Sized to take a few minutes on a small CPU machine: 10 runs + 4 shapes of 100 iterations.
     return SuiteSettings(num_iterations=100, seeds=(0, 1), failure_spacing_iterations=25)
 
 

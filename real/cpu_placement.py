@@ -5,10 +5,9 @@ each burst where it likes: beside the process that woke it, or on the other hype
 core. Pinning gives every stage the core of its own that the simulator assumes, and takes the
 placement out of the list of things that differ between two runs.
 
-Measured, it is not what makes identical runs differ. On a quiet 16-vCPU VM without hyperthreads
-(2026-11-26), 80-step no-failure runs of `cpu-tiny` took 56–59 ms per step unpinned and 45–61 ms
-pinned, and a pinned validation round missed as far as an unpinned one (10.0 % against 10.1 %;
-benchmarks/results/identical-runs-spread-h100-host.json, calibrate-and-validate-h100-host-pinned/).
+Measured, it is not what makes identical runs differ: on a quiet VM without hyperthreads, pinned
+no-failure runs of `cpu-tiny` spread as much as unpinned ones, and a pinned validation round missed
+as far as an unpinned one (the identical-runs-spread and calibrate-and-validate benchmark reports).
 Hence opt-in: `TrainingConfig.pin_stages_to_cores`, which `launch_local` sets when the environment
 has `CHURNSIM_PIN_STAGES=1` (like `OMP_PROC_BIND`, it describes the machine, not the experiment,
 and it reaches every command that runs real stages: `real run`, `calibrate`, the benchmarks). Two

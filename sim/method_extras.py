@@ -25,15 +25,14 @@ def with_measured_method_extra(scenario: Scenario, method: MethodConfig) -> Scen
     The iteration model predicts a method's extra from compute alone (a redundant forward in
     pipeline bubbles is free), which processes sharing few cores do not see; the difference is
     charged once per iteration, where the optimizer step sits, solved with the iteration model
-    (`solve_increasing`). Subtracted instead, on 4 stages sharing 2 cores, every stage's charge cost
-    about twice its length: redundant computation's 25 ms extra became 34 ms, its runs predicted
-    15 % slow (README, "Calibration and validation").
+    (`solve_increasing`). Subtracted instead, with 4 stages sharing 2 cores, every stage's charge cost
+    about twice its length and redundant computation's runs were predicted slow.
 
     On another setup the measured extra scales as the iteration model's own extra of the method
     does from the calibrated setup (`method_model_extra_s`) to this one (`structural_extra_s`):
     more stages or microbatches, more redundant forwards. Carried unchanged, it left redundant
-    computation's runs of 6 stages and of 6 microbatches 10.6 and 6.4 % faster than their
-    no-failure twins (benchmarks/HISTORY.md, "Method extras scaled to the setup"). Without a
+    computation's runs of 6 stages and of 6 microbatches predicted faster than their no-failure
+    twins (the calibrate-and-validate benchmark). Without a
     reference (a calibration made before it existed, or a method the model gives no extra: a lazy
     snapshot's copies) the extra is carried unscaled."""
     compute = scenario.compute

@@ -1,8 +1,9 @@
 """`churnsim reproduce checkfree`: the CheckFree paper's published claims against churnsim's presets.
 
 Paper: Blagoev, Ersoy, Chen, "All is Not Lost: LLM Recovery without Checkpoints", arXiv 2506.15461,
-with its code (gensyn-ai/CheckFree) and blog; the claims and their tags are reference/checkfree.md
-§5 (A = arXiv abstract, B = Gensyn blog, C = author code) and §3.4 (the ablation's perplexities).
+with its code (gensyn-ai/CheckFree) and blog. Each claim is tagged by where it is published: A = the
+arXiv abstract, B = the Gensyn blog, C = the authors' code (the ablation's perplexities: its
+plot_perplexity.py).
 
 churnsim's side: the `checkfree-{124m,500m,1.5b}-geo-*` presets at 5, 10, 16 and 33 %/h per stage,
 with checkpointing, redundant computation, CheckFree and CheckFree+, in two layouts
@@ -46,7 +47,7 @@ PAPER_METHODS = ("checkfree", "checkfree_plus")
 LOW_RATES = (0.05, 0.10)
 """[A v1]: "5–10 %" per stage-hour."""
 HIGH_RATES = (0.16, 0.33)
-"""The paper's frequent-fault settings (its grid: 5/10/16/33 %, reference/checkfree.md §5)."""
+"""The paper's frequent-fault settings (the authors' code's grid: 5/10/16/33 %)."""
 MORE_THAN_12_PERCENT = 1.12
 UP_TO_VS_CHECKPOINT = 1.6
 UP_TO_VS_REDUNDANT = 1.2
@@ -184,7 +185,8 @@ def reproduce_checkfree(
         "geo testbed are large, so it costs almost nothing per iteration and recovers without any setback; CheckFree "
         "pays a convergence setback per rebuild (fitted to the paper's ablation) and its edge stages reload checkpoints. "
         "The paper's redundant baseline was emulated with half-size microbatches and no extra FLOPs "
-        "(reference/checkfree.md §3.6), and its wall-clock model is not in the paper."
+        "(the authors' development code, github.com/NikolayBlagoev/PipelineRecovery), and its wall-clock model is not "
+        "in the paper."
     )
     checkpoint_why = (
         "In churnsim a checkpoint rollback (every 20 iterations, the paper's replay default: ≈ 10 iterations lost per "
@@ -234,8 +236,8 @@ def reproduce_checkfree(
         "'separate_node'); " + ("the speed-up table also shows churnsim's default layout." if len(plan.layouts) > 1 else "--quick runs it alone."),
     )
     notes = (
-        "The paper's throughput and wall-clock model are not published (reference/checkfree.md §5: hours to target, "
-        "checkpoint frequency, redundant overhead and GPU type are not confirmed from the paper text), so the speed-up "
+        "The paper's throughput and wall-clock model are not published (Blagoev et al., arXiv 2506.15461: hours to "
+        "target, checkpoint frequency, redundant overhead and GPU type are not given in the paper text), so the speed-up "
         "claims are checked against churnsim's own wall-clock model of the authors' testbed.",
     )
     return Reproduction(

@@ -1,7 +1,7 @@
 """The claims of a paper next to churnsim's numbers for them, and how a verdict is reached.
 
 `churnsim reproduce PAPER` (sim/reproduce_checkfree.py, sim/reproduce_datastates.py) lists every
-published claim of one paper (from ../shared/reference/), the number churnsim gives for it from a
+published claim of one paper (as the paper, its authors' code or blog state it), the number churnsim gives for it from a
 preset of that paper's setup, and a verdict:
 
 - a value ("631 s"): "agrees within 10 %" or "agrees within 25 %" when churnsim's number is that close

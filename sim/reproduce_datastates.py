@@ -2,14 +2,14 @@
 
 Paper [P]: Maurya, Underwood, Rafique, Cappello, Nicolae, "DataStates-LLM: Lazy Asynchronous
 Checkpointing for Large Language Models", HPDC'24 (doi 10.1145/3625549.3658685). The numbers are
-the figure-label values of reference/checkpointing.md §4. churnsim's side: the `datastates-*`
+the paper's figure-label values [P §6]. churnsim's side: the `datastates-*`
 presets (calibration/presets.py), one no-failure run of 50 iterations per engine and checkpoint
 interval f: `checkpoint` on the torch.save tier stands for DeepSpeed's synchronous save,
 `async_checkpoint` for DataStates-LLM. Deterministic (no failures): one replication each.
 
 Measures: end-to-end = the run's wall clock; blocked per checkpoint = checkpoint stall / checkpoints
 taken ((50 − 1) // f: churnsim takes none after the last iteration); checkpoint throughput =
-checkpoint size / blocked time, the paper's definition (reference/checkpointing.md, What matters most 4).
+checkpoint size / blocked time, the paper's definition [P].
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ PAPER_30B_ITERATION_S = {"checkpoint": 42.0, "async_checkpoint": 14.0}
 PAPER_SPEEDUP_RANGE = (1.3, 2.2)
 """[P §7]: 1.3–2.2× faster end to end."""
 PAPER_30B_SPEEDUP_RANGE = (1.86, 2.5)
-"""reference/checkpointing.md §4: "30B end-to-end 1.86–2.5× faster"."""
+"""[P §6, Figs. 9–10]: "30B end-to-end 1.86–2.5× faster"."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,7 +315,7 @@ def _claims(grid, scaling, end_to_end: pd.DataFrame) -> tuple[Claim, ...]:
             ),
         ),
         Claim(
-            id="D12", claim="end-to-end speed-up over DeepSpeed at 30B", source="[P] Figs. 9–10 (reference/checkpointing.md §4)",
+            id="D12", claim="end-to-end speed-up over DeepSpeed at 30B", source="[P] §6, Figs. 9–10",
             setting="30B, DP 1–16, f = 1", paper_value=PAPER_30B_SPEEDUP_RANGE, paper_text="1.86–2.5×",
             churnsim_value=(min(speedup_30b), max(speedup_30b)),
             churnsim_text=f"{min(speedup_30b):.2f}× (DP 16) – {max(speedup_30b):.2f}× (DP 1)", comparison="range",

@@ -16,9 +16,9 @@ For each run record:
    (a real local run checks for failures between steps and loses no partial iteration).
    So a prediction keeps the run's failure pattern (the checkpoint a rollback returns to, the
    failures that overlap a recovery) when its speed differs from the run's; replayed at measured
-   times, a failure of a run 20 % slower than predicted landed after the simulated run's end or
-   before a checkpoint instead of after it, and one 3-stage redundant run was predicted 26 % short
-   with compute already rescaled to its own speed. A simulated run's failures are replayed at their
+   times, a failure of a run slower than predicted can land after the simulated run's end or
+   before a checkpoint instead of after it, and change the prediction even with compute already
+   rescaled to the run's own speed. A simulated run's failures are replayed at their
    times, which is exact for it.
 3. **Stopping rule.** A real run executes exactly `num_iterations` iterations of progress (rolled
    back ones are repeated, a rebuild's setback does not lengthen it), so its wall-clock is
@@ -221,10 +221,9 @@ def progress_for_smoothed_loss(curve: PowerLawLossCurve, target_loss: float) -> 
     (`smoothed_loss`: the trailing mean over SMOOTHING_ITERATIONS), first reaches `target_loss`
     (above the curve's floor). The measured time to target waits for the smoothed loss, which lags
     the loss itself by about half the window on a falling curve. Asking the simulator for the
-    curve itself to reach the goal put the 56 no-failure runs of two benchmark runs' eight rounds
-    (benchmarks/calibrate_and_validate.py) 21 % short in the median, 18 % load-normalised; with the
-    smoothing, 12 and 9 %. The rest is the calibrated curve running ahead of those runs, which read
-    twice the corpus the calibration's runs read (`CORPUS_MAX_BYTES` now makes them the same)."""
+    curve itself to reach the goal put the no-failure runs of the calibrate-and-validate benchmark
+    short in the median, by more than with the smoothing. Runs that read another share of the corpus
+    than the calibration's runs also differ (`CORPUS_MAX_BYTES` makes them the same)."""
     # The curve falls, so its trailing mean reaches the goal no earlier than the curve does and at
     # the latest a window later.
     first = max(0, math.ceil(curve.progress_for_loss(target_loss) - 1e-9))
@@ -498,9 +497,8 @@ def _validate_simulated(record: RunRecord, calibration: Calibration | None) -> t
 
 OWN_SETUP_CALIBRATION_ADVICE = (
     "for the closest prediction of a setup other than the calibrated one, calibrate on that setup "
-    "(churnsim calibrate --quick --set ...): on churnsim's 2-core test machine 3-stage runs came out 0.6-2.1 % off from "
-    "their own setup's calibration and 14-16 % from the 4-stage one, GPipe runs 1.4-6.9 % and 4.4-11.9 % "
-    "(benchmarks/calibrate_on_the_setup.py)"
+    "(churnsim calibrate --quick --set ...): a calibration carried from another shape predicts less accurately "
+    "than one made on the setup you predict (see the calibrate-on-the-setup benchmark report)"
 )
 """Said once, after the notes, when some run was of a setup other than the calibrated one."""
 

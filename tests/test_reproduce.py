@@ -56,7 +56,7 @@ def test_reproduce_datastates_lists_every_claim_with_the_published_numbers(tmp_p
     assert expected == [f"D{index}" for index in range(1, 14)]
     claims = check_report(out, expected)
     paper = dict(zip(claims["id"], claims["paper"]))
-    assert (paper["D1"], paper["D2"], paper["D11"]) == ("631 s", "282 s", "48×")  # reference/checkpointing.md §4
+    assert (paper["D1"], paper["D2"], paper["D11"]) == ("631 s", "282 s", "48×")  # DataStates-LLM (HPDC'24) §6, figure labels
     by_id = claims.set_index("id")
     # torch.save's rate is fitted to D1: the fit and the constant in the preset agree.
     assert by_id.loc["D1", "churnsim_value"] == pytest.approx(631.0, rel=0.01)
@@ -80,7 +80,7 @@ def test_reproduce_checkfree_lists_every_claim(tmp_path, monkeypatch):
     claims = check_report(out, [f"C{index}" for index in range(1, 8)])
     paper = dict(zip(claims["id"], claims["paper"]))
     assert (paper["C1"], paper["C3"], paper["C4"]) == ("> 1.12×", "up to 1.6×", "up to 1.2×")
-    assert (paper["C5"], paper["C6"], paper["C7"]) == ("22.60", "29.24", "121.03")  # reference/checkfree.md §3.4
+    assert (paper["C5"], paper["C6"], paper["C7"]) == ("22.60", "29.24", "121.03")  # the CheckFree authors' plot_perplexity.py (its ablation)
     assert all(verdict.startswith("fitted") for verdict in claims["verdict"][4:])
     speedups = pd.read_csv(out / "speedups.csv")
     assert set(speedups["method"]) == {"checkfree", "checkfree_plus"} and set(speedups["layout"]) == {"separate_node"}
