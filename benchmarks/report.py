@@ -442,7 +442,10 @@ def write_report(name: str, result_file: Path, *, command: str | None = None, va
     benchmark = BENCHMARKS[name]
     result = latest_entry(read_result(result_file))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    text = render(benchmark, result, command=command or invoked_command(), date=date, machine=this_machine(),
+    # What the benchmark itself recorded beyond this (the closed-form engine's build, a GPU) is kept.
+    covered = {"python", "processor", "cpu_count", "cpus", "load_average_1_5_15_min", "git_head", "measured_at", "torch"}
+    recorded = {key: value for key, value in (recorded_machine(result) or {}).items() if key not in covered}
+    text = render(benchmark, result, command=command or invoked_command(), date=date, machine={**this_machine(), **recorded},
                   machine_recorded=False, commit=this_commit(), result_file=_relative(result_file))
     return _write(reports_directory / f"{date}-{name}{'-' + variant if variant else ''}.md", text)
 
