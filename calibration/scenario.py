@@ -21,8 +21,8 @@ CORPUS_MAX_BYTES = 2_000_000
 """How much of the training corpus a real run reads, unless its scenario says otherwise: the same
 for `churnsim real run`, the calibration suite and the convergence lab, so that a calibration's loss
 curve and setbacks stand for runs on the same text (the built-in `cpu-tiny` calibration's were
-measured on it). A run that reads more of the corpus reaches a different smoothed loss in the
-same iterations than one of the same seed on these 2 MB."""
+measured on it). A run that reads more of the corpus is not comparable: its smoothed loss after
+the same iterations differs from that of a run of the same seed on these 2 MB."""
 
 
 class ModelSpec(StrictModel):
