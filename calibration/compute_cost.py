@@ -45,8 +45,8 @@ calibrate-and-validate benchmark, with each run's own measured hops in the simul
 excess over the simulated iteration grew about linearly with stages × microbatches once the stage
 processes outnumbered the cores, where a per-microbatch term alone gives 6 stages the overhead of
 4. Each setup's overhead is measured against its own measured hops, so a shape run made in a faster
-or slower minute does not put its speed into the overhead (calibration.fit_timing.
-fit_compute_cost_model). Approximation: one line for every pipeline; the 2-stage shape, whose
+or slower minute does not put its speed into the overhead (`fit_compute_cost_model` in
+calibration.fit_timing). Approximation: one line for every pipeline; the 2-stage shape, whose
 processes each have a core, lies under it, and GPipe above it.
 """
 
