@@ -43,10 +43,9 @@ def finish(out: Path, notes, *, draw_figures: bool, wrote: Path | None = None, v
 
         drawn = make_all_figures(out)
         console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
-    if verdict is not None:
-        from churnsim.results_report import write_results_report
+    from churnsim.results_report import write_results_report
 
-        write_results_report(out, verdict=verdict)
+    write_results_report(out, verdict=verdict)
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"wrote {wrote or out}")

@@ -65,14 +65,19 @@ class Report:
     package_versions: dict[str, str]
 
 
-def write_results_report(out: Path, *, verdict) -> tuple[Path, Path]:
-    """Record the command line and run time in `out`'s manifest, then write `out/report.md` and
-    `out/report.html` for `verdict` (a `sim.verdict.Verdict`) and the files in `out`."""
+def write_results_report(out: Path, *, verdict=None) -> tuple[Path, Path] | None:
+    """Record the command line and run time in `out`'s manifest (where there is one), then, given
+    a `verdict` (a `sim.verdict.Verdict`), write `out/report.md` and `out/report.html` for it and
+    the files in `out`; returns their paths, or None without a verdict."""
     from churnsim.calibration.base import atomic_write_text
     from churnsim.sim.outputs import MANIFEST_FILE, add_to_manifest
 
+    if not (out / MANIFEST_FILE).is_file():
+        return None
     argv, run_time_s = invocation()
     add_to_manifest(out, argv=argv, run_time_s=None if run_time_s is None else round(run_time_s, 3))
+    if verdict is None:
+        return None
     manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     report = build_report(out, manifest, verdict)
     markdown, page = out / REPORT_MARKDOWN, out / REPORT_HTML
