@@ -25,8 +25,8 @@ TABLE_STEMS = (
     "setback_sensitivity", "setback_crossovers", "tuned_intervals",
 )
 OUTPUT_DIRECTORIES = ("figures", "records", "timelines")
-REPORT_FILES = ("report.md", "report.html")  # churnsim/results_report.py
 """What churnsim writes in a results directory (sim/simulate.py, sim/whatif.py, sim/sweep.py, validate)."""
+REPORT_FILES = ("report.md", "report.html")  # churnsim/results_report.py
 
 
 def churnsim_outputs(directory: Path) -> list[Path]:
