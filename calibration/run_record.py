@@ -208,9 +208,11 @@ def read_run_record(directory: str | Path) -> RunRecord:
 
 
 def git_revision() -> str:
-    """The checkout's revision (with '+dirty' when modified), or 'unknown' outside git."""
+    """The checkout's revision (with '+dirty' when modified), or 'unknown' outside git, or where the
+    installed package merely lies inside some other repository (its own files are not tracked there)."""
     here = Path(__file__).resolve().parent
     try:
+        subprocess.run(["git", "ls-files", "--error-unmatch", Path(__file__).name], cwd=here, capture_output=True, timeout=5, check=True)
         revision = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
         ).stdout.strip()

@@ -1,6 +1,9 @@
-"""The one Student-t 95 % interval every table, figure and fit reports, the bootstrap interval of a
-median (validation errors), a permutation test of whether labelled groups of errors differ, and the
-numeric helpers the fits share."""
+"""The 95 % intervals every table, figure, verdict and fit reports: the one rule for a positive
+quantity (a time to target, a speed-up, any duration or ratio: `positive_mean_with_ci95`, on the log
+scale, so never below zero), the Student-t interval of a quantity that may take either sign
+(differences, logs: `mean_with_ci95`), the bootstrap interval of a median (validation errors), a
+permutation test of whether labelled groups of errors differ, the smallest number of replications
+whose intervals mean much (`MIN_REPLICATIONS_FOR_INTERVALS`), and the numeric helpers the fits share."""
 
 from __future__ import annotations
 
@@ -16,8 +19,58 @@ NORMAL_QUANTILE_975 = 1.959963984540054
 """The standard normal's 97.5 % quantile: a normal's 95 % interval is its mean ± this many standard deviations."""
 
 
+MIN_REPLICATIONS_FOR_INTERVALS = 5
+"""Below this many replications every output says its intervals are unreliable. Why 5: the interval's
+width rests on a standard deviation estimated from the replications themselves; from n values its
+relative standard error is about 1/√(2(n − 1)), 71 % at n = 2 and 50 % at n = 3, and Student's t
+quantile (12.7 at n = 2, 4.3 at n = 3) makes up for that only if the values are exactly (log-)normal.
+At n = 5 the error is about 35 % and t is 2.8, the first n at which the interval is a usable guide."""
+
+
+def intervals_unreliable(num_replications: int | float | None) -> bool:
+    """Whether intervals over `num_replications` replications are too few to rely on (at least two are
+    needed for any interval; below `MIN_REPLICATIONS_FOR_INTERVALS` its width is itself a guess)."""
+    return num_replications is not None and math.isfinite(num_replications) and num_replications < MIN_REPLICATIONS_FOR_INTERVALS
+
+
+def small_sample_caveat(num_replications: int) -> str:
+    """The caveat every output carries when its intervals come from too few replications."""
+    return (
+        f"the 95 % intervals come from {num_replications} replication{'s' if num_replications != 1 else ''}, fewer than "
+        f"{MIN_REPLICATIONS_FOR_INTERVALS}: they are unreliable, and so is any \"cannot be told apart\" read from them; "
+        f"run --replications {MIN_REPLICATIONS_FOR_INTERVALS} or more"
+    )
+
+
+def positive_mean_with_ci95(values: Iterable[float]) -> tuple[float, float, float]:
+    """Geometric mean and 95 % interval of the finite values of a positive quantity: the Student-t
+    interval of the mean of their logarithms, taken back by exp, so the interval is never below zero
+    and is as skewed as such quantities are (a run cannot take less than no time, but can take many
+    times longer). The one rule for times to target and speed-ups (a paired speed-up's values are the
+    per-replication ratios, so this is the t interval of the mean log ratio). Collapses to the value
+    for one value or a constant sample, NaN for none. Raises ValueError on a value ≤ 0, which is no
+    positive quantity."""
+    data = np.asarray(list(values), dtype=float)
+    data = data[np.isfinite(data)]
+    if data.size and not bool(np.all(data > 0)):
+        raise ValueError(f"positive_mean_with_ci95 needs positive values, got {float(data.min())}")
+    if data.size == 0:
+        return math.nan, math.nan, math.nan
+    if bool(np.all(data == data[0])):
+        return float(data[0]), float(data[0]), float(data[0])  # exp(log x) need not give x back to the last bit
+    log_mean, log_low, log_high = mean_with_ci95(np.log(data))
+    return math.exp(log_mean), math.exp(log_low), math.exp(log_high)
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    """The point estimate of `positive_mean_with_ci95`, for the bounds that must be read beside it."""
+    return positive_mean_with_ci95(values)[0]
+
+
 def mean_with_ci95(values: Iterable[float]) -> tuple[float, float, float]:
-    """Mean and Student-t 95 % interval of the finite values; collapses to the mean for one value, NaN for none."""
+    """Mean and Student-t 95 % interval of the finite values of a quantity that may take either sign
+    (a difference, a logarithm); collapses to the mean for one value, NaN for none. A positive
+    quantity takes `positive_mean_with_ci95` instead."""
     data = np.asarray(list(values), dtype=float)
     data = data[np.isfinite(data)]
     if data.size == 0:

@@ -57,8 +57,9 @@ RUN_COLUMNS: tuple[str, ...] = (
 
 
 def speedup_columns(baseline: str) -> tuple[str, str, str]:
-    """summary.csv's columns of the speed-up over `baseline`: the mean over replications of
-    T_baseline / T_method (paired: same failures) and its 95 % interval."""
+    """summary.csv's columns of the speed-up over `baseline`: the geometric mean over replications of
+    T_baseline / T_method (paired: same failures) and its 95 % interval, the t interval of the log
+    ratios taken back by exp (`calibration.statistics.positive_mean_with_ci95`)."""
     return (f"speedup_vs_{baseline}_mean", f"speedup_vs_{baseline}_ci95_low", f"speedup_vs_{baseline}_ci95_high")
 
 
@@ -77,11 +78,16 @@ def summary_columns() -> tuple[str, ...]:
         "failure_probability_per_stage_hour",
         "method",
         "num_replications",
+        # False below calibration.statistics.MIN_REPLICATIONS_FOR_INTERVALS replications: the row's
+        # intervals are then too uncertain to rely on.
+        "intervals_reliable",
         "fraction_reached",
+        # The geometric mean over the replications that reached the target, and its 95 % interval on
+        # the log scale (calibration.statistics.positive_mean_with_ci95): never below zero.
         "time_to_target_mean_s",
         "time_to_target_ci95_low_s",
         "time_to_target_ci95_high_s",
-        # A lower bound on the mean over every replication: runs that missed the target count at the
+        # A lower bound on the geometric mean over every replication: runs that missed the target count at the
         # time they were stopped; the mean itself where every run reached it.
         "time_to_target_at_least_s",
         *(column for baseline in speedup_baselines() for column in (*speedup_columns(baseline), speedup_at_most_column(baseline))),
@@ -112,7 +118,7 @@ CROSSOVER_COLUMNS: tuple[str, ...] = (
     "crossover_scale",  # where the two methods' mean times to target meet, interpolated; NaN if not found
 )
 
-# summary.csv: one row per (scenario, method), over replications, with 95 % Student-t intervals.
+# summary.csv: one row per (scenario, method), over replications, with 95 % intervals on the log scale.
 # The columns of the built-in methods (speed-ups over checkpoint and redundant): what readers require.
 SUMMARY_COLUMNS: tuple[str, ...] = summary_columns()
 

@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from churnsim.app import app
 from churnsim.calibration.errors import InputError
+from churnsim.results_report import note_invocation
 
 def _register_commands() -> None:
     # Each module adds its commands to `app` / `real_app`, in the order `churnsim --help` lists them;
@@ -41,6 +42,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def _main(arguments: list[str]) -> None:
     try:
+        note_invocation(arguments)
         _register_commands()
         returned = app(args=arguments, prog_name="churnsim", standalone_mode=False)
     except InputError as error:

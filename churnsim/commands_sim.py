@@ -35,14 +35,17 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[], None]]:
         yield lambda: progress.advance(task)
 
 
-def finish(out: Path, notes, *, draw_figures: bool, wrote: Path | None = None) -> None:
-    """The end of every command that writes results: figures, the caveats, where it all went."""
+def finish(out: Path, notes, *, draw_figures: bool, wrote: Path | None = None, verdict=None) -> None:
+    """The end of every command that writes results: figures, report.md and report.html, the caveats, where it all went."""
     console = stderr_console()
     if draw_figures:
         from churnsim.figures.make_all import make_all_figures
 
         drawn = make_all_figures(out)
         console.print(f"drew {len(drawn)} figure(s) in {out / 'figures'}")
+    from churnsim.results_report import write_results_report
+
+    write_results_report(out, verdict=verdict)
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"wrote {wrote or out}")
@@ -51,22 +54,16 @@ def finish(out: Path, notes, *, draw_figures: bool, wrote: Path | None = None) -
 @app.command("presets")
 def presets_command(
     show: Optional[str] = typer.Option(None, "--show", help="Print one preset as a scenario JSON file (edit it, then `churnsim simulate FILE`)."),
+    as_json: bool = typer.Option(False, "--json", help="List the presets as a JSON list (name, description, key fields), for scripts."),
 ) -> None:
     """List the built-in scenarios, or print one as JSON."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from churnsim.calibration.presets import PRESETS, preset
+    from churnsim.calibration.presets import preset
+    from churnsim.presets_listing import presets_json, print_presets_table
 
     if show is not None:
         typer.echo(preset(show).model_dump_json(indent=2))
         return
-    table = Table("preset", "model", "stages", "churn", "target", title="built-in scenarios")
-    for name in sorted(PRESETS):
-        scenario = PRESETS[name]()
-        target = f"loss {scenario.target.loss}" if scenario.target.loss is not None else f"{scenario.target.iterations} iterations"
-        table.add_row(name, scenario.model.name, str(scenario.pipeline.num_stages), scenario.churn.kind, target)
-    Console(width=max(Console().width, 100)).print(table)
+    typer.echo(presets_json()) if as_json else print_presets_table()
 
 
 def load_scenario_argument(scenario_path: Optional[Path], preset_name: Optional[str]):
@@ -200,7 +197,7 @@ def simulate_command(
     with progress_bar(scenario.replications, f"simulating {scenario.name}") as advance:
         output = simulate_scenario(scenario, out_directory=out, parquet=parquet, on_replication_done=advance)
     show_verdict(output.verdict, as_json=as_json, extra={"command": "simulate", "out": str(out)})
-    finish(out, output.notes if as_json else (), draw_figures=False)
+    finish(out, output.notes if as_json else (), draw_figures=False, verdict=output.verdict)
 
 
 @app.command("whatif")
@@ -276,7 +273,7 @@ def whatif_command(
         if client is not None:
             client.close()
     show_verdict(result.verdict, as_json=as_json, extra={"command": "whatif", "out": str(out)})
-    finish(out, result.notes if as_json else (), draw_figures=figures)
+    finish(out, result.notes if as_json else (), draw_figures=figures, verdict=result.verdict)
 
 
 @app.command("recommend")
@@ -375,7 +372,7 @@ def sweep_command(
             client.close()
     write_sweep(result, out, scenario=scenario, grid=grid, parquet=parquet, verdict=verdict)
     show_verdict(verdict, as_json=as_json, extra={"command": "sweep", "out": str(out)})
-    finish(out, verdict.caveats if as_json else (), draw_figures=False)
+    finish(out, verdict.caveats if as_json else (), draw_figures=False, verdict=verdict)
 
 
 @app.command("plot")

@@ -26,11 +26,12 @@ TABLE_STEMS = (
 )
 OUTPUT_DIRECTORIES = ("figures", "records", "timelines")
 """What churnsim writes in a results directory (sim/simulate.py, sim/whatif.py, sim/sweep.py, validate)."""
+REPORT_FILES = ("report.md", "report.html")  # churnsim/results_report.py
 
 
 def churnsim_outputs(directory: Path) -> list[Path]:
     """The entries of `directory` that churnsim writes."""
-    names = [MANIFEST_FILE, *(f"{stem}{suffix}" for stem in TABLE_STEMS for suffix in (".csv", ".parquet")), *OUTPUT_DIRECTORIES]
+    names = [MANIFEST_FILE, *REPORT_FILES, *(f"{stem}{suffix}" for stem in TABLE_STEMS for suffix in (".csv", ".parquet")), *OUTPUT_DIRECTORIES]
     return [directory / name for name in names if (directory / name).exists()]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from churnsim.calibration.base import strict_json_dumps
 
-from .report import _duration, _unit
+from .report import _duration, _unit, _unreliable_at, warn_if_intervals_unreliable
 
 
 def _knobs(knobs: dict[str, Any]) -> str:
@@ -42,7 +42,8 @@ def recommendation_lines(recommendation) -> list[str]:
         knobs = f" ({_knobs(recommendation.winner_knobs)})" if recommendation.winner_knobs else ""
         lines.append(f"Recommendation: {recommendation.winner}{knobs}: {_duration(recommendation.winner_time_to_target_s, unit)}")
         if recommendation.cannot_be_told_apart_from:
-            lines.append(f"  cannot be told apart from: {', '.join(recommendation.cannot_be_told_apart_from)}")
+            unreliable = _unreliable_at(recommendation.replications)
+            lines.append(f"  cannot be told apart from: {', '.join(recommendation.cannot_be_told_apart_from)}" + (f" ({unreliable[2:]}, see the notes)" if unreliable else ""))
     lines.append("Each method at its best knobs:")
     for candidate in recommendation.best_per_method:
         knobs = f" ({_knobs(candidate.knobs)})" if candidate.knobs else ""
@@ -75,6 +76,7 @@ def recommendation_lines(recommendation) -> list[str]:
 
 
 def show_recommendation(recommendation, *, as_json: bool) -> None:
+    warn_if_intervals_unreliable(recommendation.replications)
     if as_json:
         sys.stdout.write(strict_json_dumps({"command": "recommend", **recommendation.to_json()}) + "\n")
         return

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from churnsim.calibration.base import strict_json_dumps
 from churnsim.calibration.churn import RATE_FIELD_OF_KIND, rate_field_of_setting
+from churnsim.calibration.statistics import intervals_unreliable, small_sample_caveat
 
 
 from churnsim.sim.verdict import duration_unit as _unit
@@ -116,8 +117,19 @@ def answer_text(point) -> str:
         text += "; " + ", ".join(comparisons)
     if point.cannot_be_told_apart_from:
         tied = ", ".join(labels.get(method, method) for method in point.cannot_be_told_apart_from)
-        text += f"; cannot be told apart from {tied} (95 % intervals overlap)"
+        text += f"; cannot be told apart from {tied} (95 % intervals overlap{_unreliable_at(point.num_replications)})"
     return text + "."
+
+
+def _unreliable_at(num_replications: int | None) -> str:
+    """`, unreliable at 3 replications` where that is too few for the intervals to mean much."""
+    return f", unreliable at {num_replications} replications" if intervals_unreliable(num_replications) else ""
+
+
+def warn_if_intervals_unreliable(num_replications: int | None) -> None:
+    """One warning line on stderr where the intervals rest on too few replications."""
+    if intervals_unreliable(num_replications):
+        print(f"warning: {small_sample_caveat(num_replications)}", file=sys.stderr)  # type: ignore[arg-type]
 
 
 def _missed_some(standing) -> bool:
@@ -169,6 +181,7 @@ def show_verdict(verdict, *, as_json: bool, extra: dict[str, Any] | None = None)
 
     Tables go to stderr under `--json`, so stdout stays parseable while a person still sees them.
     """
+    warn_if_intervals_unreliable(min((p.num_replications for p in verdict.points if p.num_replications is not None), default=None))
     tables = Console(stderr=as_json, width=max(Console().width, 110))
     for point in verdict.points:
         print_point_table(point, tables)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import platform
+import re
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,7 +17,7 @@ from churnsim.calibration.base import atomic_write_text, strict_json_dumps
 from churnsim.calibration.compute_cost import compute_carry_note
 from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.methods import METHOD_NAMES, method_from_name
-from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, write_run_record
+from churnsim.calibration.run_record import RunManifest, make_run_record, provenance_fields, utc_now, write_run_record
 from churnsim.calibration.scenario import Scenario, method_pipeline_problem
 from churnsim.calibration.setback_uncertainty import setback_source_note
 from churnsim.calibration.speed_uncertainty import speed_spread_note
@@ -153,21 +156,81 @@ def write_chrome_trace(path: str | Path, result: RunResult, iteration: Iteration
 
 
 MANIFEST_FILE = "manifest.json"
+DISTRIBUTION = "churnsim"
+OPTIONAL_DEPENDENCIES: tuple[str, ...] = ("torch", "pyarrow", "dask", "distributed")
+"""Extras' packages recorded where installed: a result may depend on them (torch for calibrations)."""
+
+
+def _requirement_name(requirement: str) -> str | None:
+    """The distribution a requirement string names (`numpy>=1.24; python_version<'4'` → numpy), or
+    None for one that only an extra pulls in."""
+    name, _, marker = requirement.partition(";")
+    if "extra" in marker:
+        return None
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", name)
+    return match.group(1) if match else None
+
+
+def dependency_versions(root: str = DISTRIBUTION) -> dict[str, str]:
+    """Python's version and that of every installed distribution `root` needs, recursively (what
+    its requirements need too), and of `OPTIONAL_DEPENDENCIES` where installed; read from the
+    installed packages' metadata (importlib.metadata), so nothing is imported."""
+    versions: dict[str, str] = {"python": platform.python_version()}
+    pending = [root, *OPTIONAL_DEPENDENCIES]
+    while pending:
+        name = pending.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in versions:
+            continue
+        try:
+            distribution = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional package, or a requirement whose marker excludes this platform
+        versions[key] = distribution.version
+        pending += [found for found in map(_requirement_name, distribution.requires or ()) if found is not None]
+    return dict(sorted(versions.items()))
+
+
+def churnsim_version() -> str | None:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def write_manifest(directory: str | Path, *, command: str, scenario: Scenario | None, **fields: object) -> Path:
     """`directory/manifest.json` for a results directory: the command, its scenario, provenance, `fields`.
 
+    Provenance: the git revision where churnsim runs from a git checkout (None otherwise, never a
+    made-up "unknown"), the installed churnsim version, every dependency's version
+    (`dependency_versions`), the machine and the time. The command line and the run time are added
+    by the command that wrote the directory (`add_to_manifest`), which alone knows them.
+
     Strict JSON: the scenario goes through pydantic's JSON mode (infinite bandwidths as the string
     "Infinity", which `Scenario` reads back), and a NaN or infinity among `fields` is an error.
     """
     path = Path(directory) / MANIFEST_FILE
+    provenance = provenance_fields()
+    revision = provenance["git_revision"]
     manifest = {
         "command": command,
         **({"scenario": json.loads(scenario.model_dump_json())} if scenario is not None else {}),
         **fields,
-        **provenance_fields(),
+        **provenance,
+        "git_revision": revision if revision != "unknown" else None,
+        "churnsim_version": churnsim_version(),
+        "package_versions": dependency_versions(),
     }
+    atomic_write_text(path, strict_json_dumps(manifest) + "\n")
+    return path
+
+
+def add_to_manifest(directory: str | Path, **fields: object) -> Path:
+    """Add `fields` to `directory/manifest.json` (the command line and run time once the command
+    knows them), rewriting it atomically."""
+    path = Path(directory) / MANIFEST_FILE
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.update(fields, updated_utc=utc_now())
     atomic_write_text(path, strict_json_dumps(manifest) + "\n")
     return path
 

@@ -40,6 +40,7 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
+from churnsim.calibration.statistics import intervals_unreliable, small_sample_caveat
 
 from .analytic import IntervalOptimum, interval_optimum_from_runs
 from .replicate import replication_tasks, time_to_target_at_least_s
@@ -412,6 +413,8 @@ def recommend(
     tied = tuple(c.method for c in ranked[1:] if winner is not None and cannot_be_told_apart(winner, c))
     if winner is not None and winner.fraction_reached != 1.0:
         caveats.append(f"{winner.method} reached the target in {winner.fraction_reached:.0%} of replications; its mean is optimistic")
+    if intervals_unreliable(replications):
+        caveats.append(small_sample_caveat(replications))
     robustness = _robustness(ledger, ranked, winner, setback_scales, rate_factors)
     if scenario.convergence.setback_source != "measured" and any(c.uses_setbacks for c in methods):
         caveats.append(f"setbacks are not measured on this model (source: {scenario.convergence.setback_source}); see the setback_scale cases")

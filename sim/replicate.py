@@ -4,7 +4,9 @@ Replication r of a scenario draws its failure path from a stream seeded by (seed
 (`calibration.failure_sampling.failures_for_replication`),
 and hands the same path to every method (common random numbers), so that differences between
 methods are differences of the methods, not of luck. Speed-ups are paired: the ratio of two methods'
-times in the same replication, averaged over replications with a Student-t 95 % interval.
+times in the same replication. Times and speed-ups are positive, so both are summarised by
+`calibration.statistics.positive_mean_with_ci95`: the geometric mean over replications with the
+Student-t 95 % interval of the logs (for a speed-up, of the log paired ratios), never below zero.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from churnsim.calibration.methods import METHOD_CONFIGS, MethodConfig, speedup_b
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.setback_uncertainty import replication_convergence
 from churnsim.calibration.speed_uncertainty import replication_compute_factor, with_compute_scaled
-from churnsim.calibration.statistics import mean_with_ci95
+from churnsim.calibration.statistics import geometric_mean, intervals_unreliable, positive_mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_at_most_column, speedup_columns, summary_columns
 
 from .iteration import shared_iteration_model
@@ -138,14 +140,14 @@ def _times_at_least(method_runs: pd.DataFrame) -> pd.Series:
 
 
 def time_to_target_at_least_s(method_runs: pd.DataFrame) -> float:
-    """A lower bound on one method's mean time to target over all its runs; NaN without runs or
-    where a run's stopping time is not finite."""
+    """A lower bound on one method's (geometric) mean time to target over all its runs, the mean the
+    summary reports; NaN without runs or where a run's stopping time is not finite."""
     times = _times_at_least(method_runs)
-    return float(times.mean()) if len(times) and bool(np.isfinite(times).all()) else math.nan
+    return geometric_mean(times) if len(times) and bool(np.isfinite(times).all()) else math.nan
 
 
 def _paired_speedup_at_most(times: pd.DataFrame, times_at_least: pd.DataFrame, method: str, baseline: str) -> float:
-    """An upper bound on the mean paired speed-up T_baseline / T_method over every replication (the
+    """An upper bound on the (geometric) mean paired speed-up T_baseline / T_method over every replication (the
     method's missed runs count at their stopping time, `times_at_least`); NaN unless the baseline
     reached the target in every replication the method ran."""
     if method not in times_at_least or baseline not in times:
@@ -154,11 +156,13 @@ def _paired_speedup_at_most(times: pd.DataFrame, times_at_least: pd.DataFrame, m
     paired = times[baseline].reindex(bound.index)
     if bound.empty or not np.isfinite(paired).all():
         return math.nan
-    return float((paired / bound).mean())
+    return geometric_mean(paired / bound)
 
 
 def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per (scenario, failure rate, method): time to target and paired speed-ups with 95 % CIs.
+    """One row per (scenario, failure rate, method): time to target and paired speed-ups, geometric
+    means with 95 % intervals (`positive_mean_with_ci95`), and whether that many replications make
+    the intervals reliable (`intervals_reliable`).
 
     `grid_columns` (a sweep's swept fields, columns of `runs`) are carried over right after
     `scenario`: a grid point is one scenario, so each is constant within a row's runs.
@@ -172,13 +176,14 @@ def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.Da
         times = _by_replication(group, group["time_to_target_s"])
         times_at_least = _by_replication(group, _times_at_least(group))
         for method, method_runs in group.groupby("method", sort=False):
-            mean, low, high = mean_with_ci95(method_runs["time_to_target_s"].tolist())
+            mean, low, high = positive_mean_with_ci95(method_runs["time_to_target_s"].tolist())
             row = {
                 "scenario": scenario_name,
                 **{column: method_runs[column].iloc[0] for column in grid_columns},
                 "failure_probability_per_stage_hour": probability,
                 "method": method,
                 "num_replications": len(method_runs),
+                "intervals_reliable": not intervals_unreliable(len(method_runs)),
                 "fraction_reached": float(method_runs["reached_target"].mean()),
                 "time_to_target_mean_s": mean,
                 "time_to_target_ci95_low_s": low,
@@ -188,7 +193,7 @@ def summary_table(runs: pd.DataFrame, grid_columns: Sequence[str] = ()) -> pd.Da
                 "setback_source": method_runs["setback_source"].iloc[0] if "setback_source" in method_runs else None,
             }
             for baseline in speedup_baselines():
-                row.update(zip(speedup_columns(baseline), mean_with_ci95(_paired_speedups(times, method, baseline))))
+                row.update(zip(speedup_columns(baseline), positive_mean_with_ci95(_paired_speedups(times, method, baseline))))
                 row[speedup_at_most_column(baseline)] = (
                     _paired_speedup_at_most(times, times_at_least, method, baseline) if math.isfinite(row["time_to_target_at_least_s"]) else math.nan
                 )

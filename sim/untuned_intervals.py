@@ -226,9 +226,10 @@ def _reached_share(runs: pd.DataFrame) -> float:
 
 def _tuning_result(tuning: _Tuning) -> IntervalRerun | None:
     """The tuned interval where it is clearly better than the configured one: it reaches the target
-    in more replications, or it is faster: the 95 % interval of the mean log of the paired
-    speed-up (configured time / tuned time, replication by replication: the same failures) above 0.
-    Logs, because one replication's large ratio would widen an interval of plain ratios most."""
+    in more replications, or it is faster: the 95 % interval of the paired speed-up (configured
+    time / tuned time, replication by replication: the same failures) above 1. That interval is the
+    one rule for positive quantities, on the log scale, where one replication's large ratio widens
+    it least."""
     best = tuning.best()
     if best == tuning.configured:
         return None
@@ -238,8 +239,8 @@ def _tuning_result(tuning: _Tuning) -> IntervalRerun | None:
         return None
     reaches_more_often = _reached_share(tuned_runs) > _reached_share(untuned_runs)
     ratios = (_times_by_replication(untuned_runs) / _times_by_replication(tuned_runs)).tolist()
-    paired = Estimate.of_values([math.log(ratio) for ratio in ratios if math.isfinite(ratio) and ratio > 0])
-    faster = paired.ci95_low is not None and paired.ci95_low > 0.0
+    paired = Estimate.of_values([ratio for ratio in ratios if math.isfinite(ratio) and ratio > 0])
+    faster = paired.ci95_low is not None and paired.ci95_low > 1.0
     if not (reaches_more_often or faster):
         return None
     return IntervalRerun(

@@ -4,7 +4,7 @@ From a summary table (`sim.replicate.summary_table`, one row per scenario × fai
 `verdict_from_summary` picks, at each failure rate (and each grid point of a sweep):
 
 - the *winner*: the real method (neither the no-failure reference, trait `ignores_failures`, nor an
-  ablation, trait `ablation`) with the lowest mean time to target, preferring methods that reached
+  ablation, trait `ablation`) with the lowest (geometric) mean time to target, preferring methods that reached
   the target in every replication (a mean over the replications that happened to finish is biased
   low);
 - its paired speed-ups over each `speedup_baseline` method (checkpoint, redundant) with their 95 %
@@ -12,6 +12,10 @@ From a summary table (`sim.replicate.summary_table`, one row per scenario × fai
 - the real methods it *cannot be told apart from*: those whose 95 % time-to-target interval overlaps
   the winner's. Overlapping marginal intervals is a conservative test (the paired speed-up interval
   may still exclude 1); it is the one a reader can check against the table.
+
+Every interval is the one rule for positive quantities (`calibration.statistics.positive_mean_with_ci95`);
+below `MIN_REPLICATIONS_FOR_INTERVALS` replications the verdict carries a caveat that its intervals,
+and so its ties, are unreliable.
 
 The CLI formats this; scripts get it as JSON (`Verdict.to_json`), with null where a number is
 missing, never NaN.
@@ -26,7 +30,7 @@ from typing import Any, Iterable, Literal, Protocol, Sequence
 import pandas as pd
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
-from churnsim.calibration.statistics import mean_with_ci95
+from churnsim.calibration.statistics import intervals_unreliable, positive_mean_with_ci95, small_sample_caveat
 from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS, speedup_at_most_column, speedup_columns
 
 Role = Literal["method", "reference", "ablation"]
@@ -48,7 +52,8 @@ def finite_or_none(value: Any) -> float | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Estimate:
-    """A mean over replications and its Student-t 95 % interval; None where there is no number."""
+    """A (geometric) mean over replications of a positive quantity and its 95 % interval on the log
+    scale (`positive_mean_with_ci95`); None where there is no number."""
 
     mean: float | None
     ci95_low: float | None
@@ -56,8 +61,8 @@ class Estimate:
 
     @classmethod
     def of_values(cls, values: Iterable[float]) -> "Estimate":
-        """The mean of the finite `values` and its Student-t 95 % interval."""
-        mean, low, high = mean_with_ci95(values)
+        """The geometric mean of the finite, positive `values` and its 95 % interval, never below zero."""
+        mean, low, high = positive_mean_with_ci95(values)
         return cls(mean=finite_or_none(mean), ci95_low=finite_or_none(low), ci95_high=finite_or_none(high))
 
     @classmethod
@@ -128,6 +133,13 @@ class PointVerdict:
     """Methods whose checkpoint interval, tuned here, was clearly better (a caveat lists them)."""
     with_tuned_intervals: "PointVerdict | None" = None
     """The answer again with those methods at their tuned intervals; None where none was."""
+    num_replications: int | None = None
+    """The fewest replications of any method here; below `MIN_REPLICATIONS_FOR_INTERVALS` the
+    intervals, and the ties read from them, are unreliable (`intervals_unreliable`)."""
+
+    @property
+    def intervals_unreliable(self) -> bool:
+        return intervals_unreliable(self.num_replications)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,6 +291,7 @@ def point_verdict(rows: pd.DataFrame, *, grid_columns: Sequence[str] = ()) -> Po
         cannot_be_told_apart_from=tied,
         standings=standings,
         caveats=tuple(_point_caveats(standings)),
+        num_replications=_fewest_replications(rows),
     )
 
 
@@ -300,7 +313,7 @@ def verdict_from_summary(
         for rate in sorted(set(rates[rates.notna()])) + ([math.nan] if rates.isna().any() else []):
             rows = scenario_rows[rates.isna()] if math.isnan(rate) else scenario_rows[rates == rate]
             points.append(point_verdict(rows, grid_columns=grid_columns))
-    caveats = list(notes) + (steady_overhead_caveats(runs) if runs is not None else [])
+    caveats = list(notes) + (steady_overhead_caveats(runs) if runs is not None else []) + small_sample_caveats(summary)
     return Verdict(points=tuple(points), caveats=tuple(dict.fromkeys(caveats)))
 
 
@@ -328,6 +341,20 @@ def tuned_intervals_table(verdict: Verdict) -> pd.DataFrame:
     ]
     columns = list(TUNED_INTERVAL_COLUMNS)
     return pd.DataFrame(rows, columns=columns[:1] + grid_columns + columns[1:])
+
+
+def _fewest_replications(rows: pd.DataFrame) -> int | None:
+    """The fewest replications of any row (summary.csv's `num_replications`); None where unknown."""
+    counts = pd.to_numeric(rows["num_replications"], errors="coerce") if "num_replications" in rows else pd.Series(dtype=float)
+    counts = counts[counts.notna()]
+    return int(counts.min()) if not counts.empty else None
+
+
+def small_sample_caveats(summary: pd.DataFrame) -> list[str]:
+    """The caveat that the intervals are unreliable, where some row has fewer replications than
+    `MIN_REPLICATIONS_FOR_INTERVALS` (named at the fewest)."""
+    fewest = _fewest_replications(summary)
+    return [small_sample_caveat(fewest)] if fewest is not None and intervals_unreliable(fewest) else []
 
 
 def steady_overhead_caveats(runs: pd.DataFrame) -> list[str]:

@@ -29,7 +29,7 @@ from .analytic import interval_optimum_from_runs
 from .iteration import simulate_iteration
 from .outputs import iteration_spans_table, scenario_notes, write_manifest
 from .pipeline_state import build_pipeline_state
-from churnsim.calibration.statistics import mean_with_ci95
+from churnsim.calibration.statistics import positive_mean_with_ci95
 
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
@@ -189,7 +189,7 @@ def interval_table(plan: WhatIfPlan, runs: pd.DataFrame) -> pd.DataFrame:
     young = optimum.young_interval_iterations if optimum.young_interval_iterations is not None else math.nan
     daly = optimum.daly_interval_iterations if optimum.daly_interval_iterations is not None else math.nan
     for (method, interval), group in runs.groupby(["method", "interval_iterations"], sort=True):
-        mean, low, high = mean_with_ci95(group["time_to_target_s"].tolist())
+        mean, low, high = positive_mean_with_ci95(group["time_to_target_s"].tolist())
         rows.append(
             {
                 "source": "simulated",

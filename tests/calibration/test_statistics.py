@@ -1,4 +1,5 @@
-"""The bootstrap interval of a median that the validator and its benchmark report."""
+"""The intervals every output reports: of a positive quantity (on the log scale), of a median (the
+bootstrap that the validator and its benchmark report), and when they rest on too few replications."""
 
 import importlib.util
 import math
@@ -106,3 +107,57 @@ def test_fewer_than_two_labels_cannot_be_compared():
     from churnsim.calibration.statistics import largest_median_if_labels_alike
 
     assert largest_median_if_labels_alike([[("a", 0.1), ("a", math.nan)], [("b", math.nan)]]) is None
+
+
+# The one interval rule for positive quantities (times to target, speed-ups).
+
+
+def test_a_positive_quantity_s_interval_stays_above_zero_at_small_n_and_skewed_values():
+    from churnsim.calibration.statistics import mean_with_ci95, positive_mean_with_ci95
+
+    for values in ([1.0, 18.0], [9.7, 0.4], [2.0, 2.1, 60.0], [0.9, 1.3, 0.2, 5.0]):
+        signed_low = mean_with_ci95(values)[1]
+        mean, low, high = positive_mean_with_ci95(values)
+        assert 0.0 < low < mean < high, values
+        assert min(values) <= mean <= max(values)  # a geometric mean lies among its values
+        assert signed_low < 0.0, "these samples are chosen so that the symmetric interval goes below zero"
+
+
+def test_the_positive_interval_is_the_t_interval_of_the_logs_taken_back():
+    from scipy import stats
+
+    from churnsim.calibration.statistics import positive_mean_with_ci95
+
+    values = [10.0, 12.0, 11.0, 15.0]
+    logs = np.log(values)
+    half = stats.t.ppf(0.975, 3) * stats.tstd(logs) / 2.0
+    mean, low, high = positive_mean_with_ci95(values)
+    assert mean == pytest.approx(math.exp(logs.mean()))
+    assert (low, high) == pytest.approx((math.exp(logs.mean() - half), math.exp(logs.mean() + half)))
+    # Skewed like a duration: further above the geometric mean than below it.
+    assert high - mean > mean - low
+
+
+def test_the_log_interval_of_a_constant_sample_is_a_point():
+    from churnsim.calibration.statistics import positive_mean_with_ci95
+
+    assert positive_mean_with_ci95([7.3, 7.3, 7.3]) == (7.3, 7.3, 7.3)
+    assert positive_mean_with_ci95([2.5]) == (2.5, 2.5, 2.5)
+    assert all(math.isnan(value) for value in positive_mean_with_ci95([math.nan]))
+    assert all(math.isnan(value) for value in positive_mean_with_ci95([]))
+
+
+def test_a_value_at_or_below_zero_is_no_positive_quantity():
+    from churnsim.calibration.statistics import positive_mean_with_ci95
+
+    with pytest.raises(ValueError, match="positive"):
+        positive_mean_with_ci95([3.0, 0.0])
+
+
+def test_intervals_below_the_minimum_number_of_replications_are_called_unreliable():
+    from churnsim.calibration.statistics import MIN_REPLICATIONS_FOR_INTERVALS, intervals_unreliable, small_sample_caveat
+
+    assert intervals_unreliable(MIN_REPLICATIONS_FOR_INTERVALS - 1) and not intervals_unreliable(MIN_REPLICATIONS_FOR_INTERVALS)
+    assert not intervals_unreliable(None) and not intervals_unreliable(math.nan)
+    caveat = small_sample_caveat(2)
+    assert "2 replications" in caveat and "unreliable" in caveat and f"--replications {MIN_REPLICATIONS_FOR_INTERVALS}" in caveat

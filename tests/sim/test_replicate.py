@@ -55,7 +55,13 @@ def test_speedups_are_paired_ratios_within_each_replication():
         }
     )
     summary = summary_table(runs).set_index("method")
-    assert summary.loc["checkfree", "speedup_vs_checkpoint_mean"] == pytest.approx(2.5)  # mean of 2 and 3
+    # The geometric mean of the paired ratios 2 and 3, with the t interval of their logs: pairing
+    # shows in the interval, which rests on the spread of the per-replication ratios.
+    logs = [math.log(2.0), math.log(3.0)]
+    half = stats.t.ppf(0.975, 1) * stats.tstd(logs) / math.sqrt(2)
+    assert summary.loc["checkfree", "speedup_vs_checkpoint_mean"] == pytest.approx(math.sqrt(6.0))
+    assert summary.loc["checkfree", "speedup_vs_checkpoint_ci95_low"] == pytest.approx(math.exp(sum(logs) / 2 - half))
+    assert summary.loc["checkfree", "speedup_vs_checkpoint_ci95_high"] == pytest.approx(math.exp(sum(logs) / 2 + half))
     assert summary.loc["checkpoint", "speedup_vs_checkpoint_mean"] == pytest.approx(1.0)
     assert math.isnan(summary.loc["checkfree", "speedup_vs_redundant_mean"])  # no redundant runs
 
