@@ -25,7 +25,7 @@ from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.presets import PRESETS, configured_scenario, preset
 from churnsim.calibration.scenario import Scenario, load_scenario
-from churnsim.sim.verdict import Verdict
+from churnsim.sim.studies.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def simulate(
     (a file from `churnsim calibrate`, a built-in name or a Calibration) runs it on that machine, as
     `--calibration` does (`calibration_mode` "full" or "setbacks").
     """
-    from churnsim.sim.simulate import simulate_tables
+    from churnsim.sim.studies.simulate import simulate_tables
 
     configured = _configured(
         scenario, methods=methods, replications=replications, seed=seed, settings=settings, calibration=calibration, calibration_mode=calibration_mode
@@ -126,10 +126,10 @@ def whatif(
 
     `failure_rates` are per-stage hourly probabilities that replace the scenario's churn; without
     them a scenario with another churn model is asked under its own churn at a few multiples of its
-    rate (`churnsim.sim.whatif.whatif_plan`). `workers=1` runs in this process; more use a local
+    rate (`churnsim.sim.studies.whatif.whatif_plan`). `workers=1` runs in this process; more use a local
     process pool (same numbers, faster). `settings` and `calibration` as in `simulate`.
     """
-    from churnsim.sim.whatif import compute_whatif, whatif_plan
+    from churnsim.sim.studies.whatif import compute_whatif, whatif_plan
 
     if replications < 2:
         raise InputError(f"replications = {replications}: confidence intervals need at least 2")
@@ -162,7 +162,7 @@ def sweep(
     one column per swept field, and the verdict one point per grid point and failure rate. Each point
     is made as the command line makes it (a calibrated preset calibrated for its setup); `calibration`
     as in `simulate`."""
-    from churnsim.sim.sweep import build_tasks, grid_points, run_sweep, sweep_verdict
+    from churnsim.sim.studies.sweep import build_tasks, grid_points, run_sweep, sweep_verdict
 
     def configured(settings: Mapping[str, object] | None) -> Scenario:
         return _configured(
@@ -189,9 +189,9 @@ def recommend(
     calibration_mode: str = "full",
 ):
     """`churnsim recommend`: the best method with its knobs, its time to target and how robust the
-    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data). `settings` and
+    choice is (`churnsim.sim.studies.recommend.Recommendation`; `.to_json()` for plain data). `settings` and
     `calibration` as in `simulate`."""
-    from churnsim.sim.recommend import recommend as recommend_scenario
+    from churnsim.sim.studies.recommend import recommend as recommend_scenario
 
     configured = _configured(scenario, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
     return recommend_scenario(configured, replications=replications, workers=workers)

@@ -118,8 +118,8 @@ def calibrate_command(
     from churnsim.calibration.fit import build_calibration
     from churnsim.calibration.fit_timing import fit_link_profile
     from churnsim.calibration.run_record import read_run_record
-    from churnsim.sim.calibrated import iteration_predictor, method_extra_predictor
-    from churnsim.sim.validate import run_record_directories
+    from churnsim.sim.model.calibrated import iteration_predictor, method_extra_predictor
+    from churnsim.sim.checks.validate import run_record_directories
 
     console = stderr_console()
     if device not in (None, "cpu", "cuda"):
@@ -499,8 +499,8 @@ def validate_command(
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.tables import write_table
     from churnsim.out_directory import prepare_out_directory
-    from churnsim.sim.outputs import write_manifest
-    from churnsim.sim.validate import load_held_out_records, validate_records
+    from churnsim.sim.studies.outputs import write_manifest
+    from churnsim.sim.checks.validate import load_held_out_records, validate_records
 
     calibration = resolve_calibration(calibration_argument)
     records = load_held_out_records(run_directories, calibration)  # every input checked before --out is touched
@@ -524,7 +524,7 @@ def print_validation(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from churnsim.sim.validate import interval_coverage, machine_speed, median_absolute_error, steady_step_carry
+    from churnsim.sim.checks.validate import interval_coverage, machine_speed, median_absolute_error, steady_step_carry
 
     out = Console(width=max(Console().width, 120))
     out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")

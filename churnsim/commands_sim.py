@@ -135,7 +135,7 @@ def check_up_front(scenarios, *, source: str, workers: Optional[int] = None, par
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.input_limits import check_scenario_size, check_workers
     from churnsim.calibration.tables import check_parquet_writer
-    from churnsim.sim.pipeline_state import build_pipeline_state
+    from churnsim.sim.model.pipeline_state import build_pipeline_state
 
     check_workers(workers)
     check_parquet_writer(parquet)
@@ -185,7 +185,7 @@ def simulate_command(
     from churnsim.calibration.scenario_overrides import parse_settings
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
-    from churnsim.sim.simulate import simulate_scenario
+    from churnsim.sim.studies.simulate import simulate_scenario
 
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
@@ -232,7 +232,7 @@ def whatif_command(
     ),
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
-    from churnsim.sim.whatif import run_whatif, whatif_plan
+    from churnsim.sim.studies.whatif import run_whatif, whatif_plan
 
     from churnsim.calibration.scenario_overrides import parse_settings
 
@@ -251,8 +251,8 @@ def whatif_command(
     plan = whatif_plan(scenario, failure_rates=failure_rates, methods=chosen, replications=replications, quick=quick)
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
-    from churnsim.sim.sweep import connect_scheduler
-    from churnsim.sim.whatif import interval_tasks, plan_at_rate, rate_tasks
+    from churnsim.sim.studies.sweep import connect_scheduler
+    from churnsim.sim.studies.whatif import interval_tasks, plan_at_rate, rate_tasks
 
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
     rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
@@ -294,7 +294,7 @@ def recommend_command(
     edge fallback), its time to target, and whether the winner changes with the setbacks or the failure rate."""
     from churnsim.calibration.scenario_overrides import parse_settings
     from churnsim.recommend_report import show_recommendation
-    from churnsim.sim.recommend import recommend
+    from churnsim.sim.studies.recommend import recommend
 
     calibration = resolve_calibration_option(calibration_argument, calibration_mode)
     scenario = with_settings(
@@ -347,7 +347,7 @@ def sweep_command(
     from churnsim.calibration.scenario_overrides import parse_grid_setting
     from churnsim.out_directory import prepare_out_directory
     from churnsim.report import show_verdict
-    from churnsim.sim.sweep import build_tasks, connect_scheduler, run_sweep, sweep_verdict, write_sweep
+    from churnsim.sim.studies.sweep import build_tasks, connect_scheduler, run_sweep, sweep_verdict, write_sweep
 
     def overrides(scenario):
         return override_run_settings(scenario, methods=methods, replications=replications, seed=seed)
@@ -359,7 +359,7 @@ def sweep_command(
     configure = dict(methods=methods or (), overrides=overrides, calibration=calibration, calibration_mode=calibration_mode)
     scenario = with_settings(base, preset_name, {}, **configure)
     grid = [parse_grid_setting(text) for text in settings]
-    from churnsim.sim.sweep import grid_points
+    from churnsim.sim.studies.sweep import grid_points
 
     points = [with_settings(base, preset_name, point, **configure) for point in grid_points(grid)]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers, parquet=parquet)

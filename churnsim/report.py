@@ -1,4 +1,4 @@
-"""How the commands show a verdict (`churnsim.sim.verdict`): a table per failure rate, one answer line
+"""How the commands show a verdict (`churnsim.sim.studies.verdict`): a table per failure rate, one answer line
 each, the caveats; or the same as strict JSON on stdout for scripts (`--json`).
 
 Formatting only: which method wins, by how much and against whom is decided in sim/verdict.py.
@@ -17,7 +17,7 @@ from churnsim.calibration.base import strict_json_dumps
 from churnsim.calibration.churn import RATE_FIELD_OF_KIND, rate_field_of_setting
 
 
-from churnsim.sim.verdict import duration_unit as _unit
+from churnsim.sim.studies.verdict import duration_unit as _unit
 
 
 def _duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:

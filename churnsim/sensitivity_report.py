@@ -1,6 +1,6 @@
 """`churnsim whatif --setback-sensitivity`: the setback-sensitivity study beside the what-if.
 
-Runs `churnsim.sim.setback_sensitivity.setback_sensitivity` at the what-if's nonzero failure rates
+Runs `churnsim.sim.studies.setback_sensitivity.setback_sensitivity` at the what-if's nonzero failure rates
 with its replications and methods, writes setback_sensitivity.csv and setback_crossovers.csv into
 the what-if's directory (the figure is drawn with the others) and prints one short table on stderr,
 so that `--json` keeps stdout to the answer.
@@ -20,7 +20,7 @@ from churnsim.calibration.tables import write_table
 
 def study_scenario_and_methods(plan):
     """The what-if's scenario narrowed to its chosen methods, and the methods the study compares."""
-    from churnsim.sim.setback_sensitivity import sensitivity_methods
+    from churnsim.sim.studies.setback_sensitivity import sensitivity_methods
 
     scenario = plan.scenario.model_copy(update={"methods": plan.chosen_methods()})
     return scenario, sensitivity_methods(scenario)
@@ -28,14 +28,14 @@ def study_scenario_and_methods(plan):
 
 def check_setback_sensitivity(plan) -> None:
     """Before the what-if runs: the study needs a method with setbacks (`sim.setback_sensitivity`)."""
-    from churnsim.sim.setback_sensitivity import check_setback_methods
+    from churnsim.sim.studies.setback_sensitivity import check_setback_methods
 
     check_setback_methods(study_scenario_and_methods(plan)[1])
 
 
 def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console) -> list[Path]:
     """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`."""
-    from churnsim.sim.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_tasks, setback_sensitivity
+    from churnsim.sim.studies.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_tasks, setback_sensitivity
 
     # Under the scenario's own churn the study runs at its own rate (the sensitivity tables are keyed
     # by the hourly probability, which that churn has none of).
@@ -59,7 +59,7 @@ def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any
 
 def sensitivity_table(result, *, source: str) -> Table:
     """Winner per (rate, setback scale) and where it changes."""
-    from churnsim.sim.setback_sensitivity import change_text
+    from churnsim.sim.studies.setback_sensitivity import change_text
 
     scales = sorted(set(result.table["setback_scale"]))
     table = Table(

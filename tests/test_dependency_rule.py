@@ -47,7 +47,7 @@ def test_simulator_policies_never_import_the_trainer():
     import pathlib
     import re
 
-    methods = pathlib.Path(__file__).resolve().parents[1] / "sim" / "methods"
+    methods = pathlib.Path(__file__).resolve().parents[1] / "sim" / "model" / "methods"
     for path in sorted(methods.glob("*.py")):
         text = path.read_text()
         assert not re.search(r"from \.\.run import|import churnsim\.sim\.run\b|from churnsim\.sim\.run import", text), path.name

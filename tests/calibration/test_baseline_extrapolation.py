@@ -14,7 +14,7 @@ import pytest
 import pandas as pd
 
 from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT, fit_baseline_curve
-from churnsim.sim.validate import progress_for_smoothed_loss, reached_own_goal
+from churnsim.sim.checks.validate import progress_for_smoothed_loss, reached_own_goal
 
 DATA = Path(__file__).parent / "data" / "cpu-tiny-no-failure-losses.csv"
 SHORT_RUNS = ("fit-none-s0", "fit-none-s1")

@@ -35,9 +35,9 @@ from churnsim.calibration.scenario import (
     TargetSpec,
     UniformNetwork,
 )
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.results import BADPUT_CATEGORIES
-from churnsim.sim.run import SimulatedRun, simulate_run_and_policy
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.results import BADPUT_CATEGORIES
+from churnsim.sim.model.run import SimulatedRun, simulate_run_and_policy
 
 RELATIVE = 1e-9
 METHOD_NAMES = ("none", "checkpoint", "async_checkpoint", "redundant", "checkfree", "checkfree_plus", "copy", "uniform", "random")
@@ -326,7 +326,7 @@ def test_a_wait_that_never_ends_stops_at_the_deadline_in_both_engines() -> None:
 def test_a_host_buffer_of_countless_tiny_snapshots_gives_the_event_models_results() -> None:
     """1e-300 checkpoint bytes a parameter: the host buffer holds 10^300 snapshots by division, which
     the closed form's window could not take (OverflowError); both engines cap it alike."""
-    from churnsim.sim.methods.async_checkpoint import MAX_HOST_BUFFER_SLOTS, AsyncCheckpointPolicy
+    from churnsim.sim.model.methods.async_checkpoint import MAX_HOST_BUFFER_SLOTS, AsyncCheckpointPolicy
 
     scenario = preset("datastates-30b-dp16", {"model.checkpoint_bytes_per_parameter": 1e-300})
     method = next(method for method in scenario.methods if method.name == "async_checkpoint")
@@ -355,8 +355,8 @@ def test_closed_form_is_used_for_the_usual_configurations() -> None:
 def test_a_recovery_booked_in_one_step_is_booked_as_its_waits_one_by_one(monkeypatch) -> None:
     """`ClosedFormRun.recover_unstopped` (join delay, restart and transfers at once) books exactly what
     the step-by-step waits book: the same run, to the bit, with it and with it always declining."""
-    from churnsim.sim.closed_form import COMPILED
-    from churnsim.sim.closed_form.engine import ClosedFormRun
+    from churnsim.sim.model.closed_form import COMPILED
+    from churnsim.sim.model.closed_form.engine import ClosedFormRun
 
     if COMPILED:
         pytest.skip("a compiled class's methods cannot be replaced; the source build (editable install) runs this")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods.base import stage_weight_bytes
-from churnsim.sim.run import simulate_run_and_policy
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.methods.base import stage_weight_bytes
+from churnsim.sim.model.run import simulate_run_and_policy
 
 from sim_run_scenarios import failure, method, small_scenario, tiers
 

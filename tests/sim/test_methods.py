@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from churnsim.calibration.methods import METHOD_NAMES
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods.base import block_weight_bytes, embedding_weight_bytes, stage_weight_bytes
-from churnsim.sim.pipeline_state import build_pipeline_state
-from churnsim.sim.calibrated import without_setbacks
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.methods.base import block_weight_bytes, embedding_weight_bytes, stage_weight_bytes
+from churnsim.sim.model.pipeline_state import build_pipeline_state
+from churnsim.sim.model.calibrated import without_setbacks
+from churnsim.sim.model.run import simulate_run
 
 from sim_run_scenarios import CLOSED_FORM_ITERATION_S, failure, method, small_scenario, tiers
 

@@ -19,8 +19,8 @@ from churnsim.calibration.base import strict_json_loads
 from churnsim.calibration.churn import WeibullChurn
 from churnsim.calibration.methods import method_from_name
 from churnsim.recommend_report import recommendation_lines
-from churnsim.sim.recommend import Candidate, Recommendation, interval_beyond_edge, recommend
-from churnsim.sim.verdict import Estimate, cannot_be_told_apart
+from churnsim.sim.studies.recommend import Candidate, Recommendation, interval_beyond_edge, recommend
+from churnsim.sim.studies.verdict import Estimate, cannot_be_told_apart
 
 from test_analytic import CHECKPOINT_S, ITERATION_S, one_stage_scenario
 

@@ -25,10 +25,10 @@ from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.scenario_overrides import repeated_value
 from churnsim.calibration.tables import INTERVAL_COLUMNS, write_table
 
-from .analytic import interval_optimum_from_runs
-from .iteration import simulate_iteration
+from ..model.analytic import interval_optimum_from_runs
+from ..model.iteration import simulate_iteration
 from .outputs import iteration_spans_table, scenario_notes, write_manifest
-from .pipeline_state import build_pipeline_state
+from ..model.pipeline_state import build_pipeline_state
 from churnsim.calibration.statistics import mean_with_ci95
 
 from .replicate import replication_tasks, summary_table

@@ -12,12 +12,12 @@ from churnsim.calibration.churn import own_rate
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import write_table
 
-from .iteration import IterationResult, simulate_iteration
-from .method_extras import with_measured_method_extra
-from .methods import build_policy
+from ..model.iteration import IterationResult, simulate_iteration
+from ..model.method_extras import with_measured_method_extra
+from ..model.methods import build_policy
 from .outputs import iteration_spans_table, scenario_notes, write_chrome_trace, write_manifest, write_simulated_run_records
 from .replicate import run_replications, runs_table, summary_table, trajectories_table
-from .results import RunResult
+from ..model.results import RunResult
 from .untuned_intervals import rerun_untuned_intervals
 from .verdict import Verdict, tuned_intervals_table, verdict_from_summary
 

@@ -26,9 +26,9 @@ from churnsim.calibration.speed_uncertainty import replication_compute_factor, w
 from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, TRAJECTORY_COLUMNS, speedup_at_most_column, speedup_columns, summary_columns
 
-from .iteration import shared_iteration_model
-from .results import RunResult
-from .run import simulate_run
+from ..model.iteration import shared_iteration_model
+from ..model.results import RunResult
+from ..model.run import simulate_run
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicationTask:

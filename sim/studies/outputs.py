@@ -20,9 +20,9 @@ from churnsim.calibration.setback_uncertainty import setback_source_note
 from churnsim.calibration.speed_uncertainty import speed_spread_note
 from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
 
-from .iteration import IterationResult
-from .results import RunResult
-from .route_notes import swapped_route_notes
+from ..model.iteration import IterationResult
+from ..model.results import RunResult
+from ..model.route_notes import swapped_route_notes
 
 
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from churnsim.calibration.presets import (
     datastates,
 )
 
-from .replicate import ReplicationTask, run_replication
+from ..studies.replicate import ReplicationTask, run_replication
 from .reproduce_claims import Claim, Reproduction, format_ratio, format_seconds
 
 ENGINES = {"checkpoint": "DeepSpeed", "async_checkpoint": "DataStates-LLM"}

@@ -41,7 +41,7 @@ from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
-from .analytic import IntervalOptimum, interval_optimum_from_runs
+from ..model.analytic import IntervalOptimum, interval_optimum_from_runs
 from .replicate import replication_tasks, time_to_target_at_least_s
 from .setback_sensitivity import sensitivity_methods
 from .sweep import SweepTask, run_sweep

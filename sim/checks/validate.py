@@ -80,11 +80,11 @@ from churnsim.calibration.statistics import median_with_ci95
 from churnsim.calibration.speed_uncertainty import log_speed_spread, scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 
-from .calibrated import replay_failures, replay_failures_at_steps, replay_scenario, without_setbacks
-from .outputs import simulated_run_record_rows
-from .replicate import failure_probability_of
-from .results import RunResult
-from .run import simulate_run
+from ..model.calibrated import replay_failures, replay_failures_at_steps, replay_scenario, without_setbacks
+from ..studies.outputs import simulated_run_record_rows
+from ..studies.replicate import failure_probability_of
+from ..model.results import RunResult
+from ..model.run import simulate_run
 
 TARGET_FRACTION = 0.75
 SMOOTHING_ITERATIONS = 10

@@ -36,7 +36,7 @@ from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
 from churnsim.calibration.methods import MethodConfig
 from churnsim.calibration.scenario import Scenario
 
-from .analytic import interval_optimum_from_runs
+from ..model.analytic import interval_optimum_from_runs
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepTask, run_sweep
 from .verdict import Estimate, IntervalRerun, PointVerdict, Verdict, point_verdict

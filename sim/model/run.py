@@ -68,7 +68,7 @@ from .results import (
 )
 from .run_context import RunContext
 
-if TYPE_CHECKING:  # imported where needed: it imports numpy, which `import churnsim.sim.run` need not
+if TYPE_CHECKING:  # imported where needed: it imports numpy, which `import churnsim.sim.model.run` need not
     from churnsim.calibration.failure_sampling import FailureEvent, LazyFailurePath
 
 _CREDIT_TOLERANCE = 1e-9  # relative: an interrupt at the exact end of an iteration credits it

@@ -33,9 +33,9 @@ from churnsim.calibration.presets import (
 )
 from churnsim.calibration.scenario import Scenario
 
-from .replicate import replication_tasks
+from ..studies.replicate import replication_tasks
 from .reproduce_claims import Claim, Reproduction, format_ratio
-from .sweep import SweepTask, run_sweep
+from ..studies.sweep import SweepTask, run_sweep
 
 SIZES = {"124m": checkfree_124m_geo, "500m": checkfree_500m_geo, "1.5b": checkfree_1_5b_geo}
 LAYOUTS = ("separate_node", "edge_stages")
