@@ -9,7 +9,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from churnsim.sim.model.closed_form.engine import IdleDuration
+from churnsim.sim.model.closed_form.transfers import IdleDuration
 from churnsim.sim.model.closed_form.fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
 from churnsim.sim.model.links import ProcessorSharingLink
 

@@ -22,7 +22,8 @@ from ..methods.redundant import RedundantPolicy
 from .async_checkpoint import AsyncCheckpointTwin
 from .checkpointing import CheckpointTwin
 from . import engine
-from .engine import ClosedFormPolicy, ClosedFormRun, Interrupted, NeedsEventModel
+from .engine import ClosedFormPolicy, ClosedFormRun
+from .interrupts import Interrupted, NeedsEventModel
 from .rebuild import CheckFreePlusTwin, RebuildTwin
 from .redundant import RedundantTwin
 

@@ -44,7 +44,9 @@ from churnsim.calibration.scenario import Scenario
 
 from ..methods.async_checkpoint import AsyncCheckpointPolicy
 from .checkpointing import recover
-from .engine import ClosedFormPolicy, ClosedFormRun, NeedsEventModel, TierTransfers
+from .engine import ClosedFormPolicy, ClosedFormRun
+from .interrupts import NeedsEventModel
+from .transfers import TierTransfers
 from .fluid_links import FlowBatch, FluidLink
 
 

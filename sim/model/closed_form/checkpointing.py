@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 from churnsim.calibration.scenario import Scenario
 
 from ..methods.checkpointing import CheckpointPolicy, RestartRecovery, SyncCheckpointer, stale_stage_loss_iterations
-from .engine import ClosedFormPolicy, ClosedFormRun, TierTransfers
+from .engine import ClosedFormPolicy, ClosedFormRun
+from .transfers import TierTransfers
 
 
 class SyncCheckpointerTwin:
@@ -37,7 +38,7 @@ class SyncCheckpointerTwin:
         checkpointer = self.checkpointer
         if checkpointer.serialization_s > 0:
             run.wait(checkpointer.serialization_s, "checkpoint_stall_s", self.serialization_label)
-        run.wait_tier_group(self.writes, "checkpoint_stall_s", self.write_label)
+        run.links.wait_tier_group(self.writes, "checkpoint_stall_s", self.write_label)
         checkpointer.committed_progress = run.progress
         checkpointer.has_checkpoint = True
         checkpointer.num_written += 1
@@ -56,7 +57,7 @@ class SyncCheckpointerTwin:
     def read_requests(self, run: ClosedFormRun, stages: Iterable[int]) -> list:
         if not self.checkpointer.has_checkpoint:
             return []
-        return self.reads(stages).requests(run, run.node_generation)
+        return self.reads(stages).requests(run.links, run.node_generation)
 
     def read(self, stages: Iterable[int]) -> tuple[TierTransfers, str] | None:
         """What a restart of `stages` reads (its transfers and their label), None without a checkpoint."""
@@ -95,7 +96,7 @@ def recover(
         run.wait_for_replacements(stages)
         run.wait(recovery.restart_s, "recovery_downtime_s", "restart")
         if transfers is not None:
-            run.wait_tier_group(transfers, "recovery_downtime_s", read_label)
+            run.links.wait_tier_group(transfers, "recovery_downtime_s", read_label)
     if not rollback_all:
         run.lose_iterations(stale_stage_loss_iterations(recovery._stale_iterations, len(stages), recovery.num_stages))
     span_label = _RESTART_LABELS.get(ordered)

@@ -10,8 +10,8 @@ cheap, with the same floating-point operations:
   `_credit`), but a chunk or a wait is one comparison of its end with the next thing that can stop
   it: the next failure arrival (replayed as the churn process does, with its clock's arithmetic),
   the deadline, or a background event that changes the pipeline state while training.
-- A transfer group (checkpoint writes, reads, weight transfers) on idle links ends at the instant
-  the event model's wake-up chain gives (`fluid_links.processor_sharing_end_s`), computed as a
+- Transfers are the run's links' (`RunLinks`, `transfers.py`). A transfer group (checkpoint
+  writes, reads, weight transfers) on idle links ends at the instant the event model's wake-up chain gives (`fluid_links.processor_sharing_end_s`), computed as a
   number, worked out once per set of transfers and added to each start (`IdleDuration`).
   A group abandoned by the trainer (a failure struck first) goes on in the event model and
   slows whatever later shares its links: it is remembered, and put on its links (`FluidLink`) only
@@ -56,9 +56,7 @@ not occur. Spans that end at the same instant may be listed in another order.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
-import operator
 from typing import TYPE_CHECKING, Callable
 
 from mypy_extensions import mypyc_attr
@@ -68,7 +66,8 @@ from churnsim.calibration.scenario import Scenario
 from ..accounting import WAIT_CATEGORIES, Ledger
 from ..iteration import IterationModel
 from ..pipeline_state import PipelineState
-from .fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
+from .interrupts import INTERRUPTED, Interrupted
+from .transfers import NodeTransfers, RunLinks, TierTransfers
 
 if TYPE_CHECKING:
     from churnsim.calibration.failure_sampling import FailureEvent
@@ -78,47 +77,6 @@ if TYPE_CHECKING:
 _CREDIT_TOLERANCE = 1e-9  # relative: as sim/run.py
 _SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method"}
 _INFINITY = math.inf
-_LINK_OF_REQUEST = operator.itemgetter(0)
-
-
-class Interrupted(Exception):
-    """A failure or the deadline stopped the trainer's wait or chunk (the event model's `Interrupt`)."""
-
-
-_INTERRUPTED = Interrupted()  # raised for every interrupt (it carries nothing), its traceback cleared each time
-
-
-class NeedsEventModel(Exception):
-    """The run reached a case its closed form does not re-time exactly: simulate it in the event model."""
-
-
-class TransferGroup:
-    """Transfers started together and waited for together (the event model's `all_transfers_done`)."""
-
-    __slots__ = ("batches", "instant_end_s", "end_s", "unregistered", "background", "on_done", "version", "waited")
-
-    def __init__(self, on_done: Callable[[], None] | None = None, *, background: bool = False) -> None:
-        self.batches: list[FlowBatch] = []
-        self.instant_end_s = -_INFINITY
-        """Latest end of its latency-only transfers (zero bytes, infinite bandwidth)."""
-        self.end_s = -_INFINITY
-        self.unregistered: list[FlowBatch] = []
-        """Batches timed in closed form on idle links and not (yet) known to them."""
-        self.background = background or on_done is not None
-        """Nobody waits for it as it starts: its batches are put on their links, and a later flow
-        that shares one re-times its `end_s`."""
-        self.on_done = on_done
-        """A background group's completion callback (called at `end_s`), if it has one."""
-        self.version = 0
-        self.waited = False
-        """True while the trainer waits for it: a later flow that moves its end is out of the closed form."""
-
-    def refresh_end(self) -> None:
-        end_s = self.instant_end_s
-        for batch in self.batches:
-            if batch.end_s > end_s:
-                end_s = batch.end_s
-        self.end_s = end_s
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # a user's twin (`register_twin`) is plain Python
@@ -126,7 +84,8 @@ class ClosedFormPolicy:
     """The closed-form twin of one `RecoveryPolicy`: its generators as plain calls on a `ClosedFormRun`.
 
     A twin works on the policy object's own state; its calls spend time only through the run's
-    `wait`, `wait_until`, `wait_group` and `wait_tier_group`, which raise `Interrupted`.
+    `wait` and `wait_until` and its links' `wait_group`, `wait_transfers` and `wait_tier_group`
+    (`run.links`), which raise `Interrupted`.
     """
 
     def __init__(self, policy: "RecoveryPolicy", scenario: Scenario) -> None:
@@ -159,74 +118,9 @@ class ClosedFormPolicy:
         """After the trainer stopped at `run.now`: book background work completed by then."""
 
 
-class TierTransfers:
-    """One stage set's transfers to one storage tier in one direction, with their idle-link closed form.
-
-    The event model resolves one link per stage (or one shared link) and waits for all; when no
-    registered flow is in flight, `idle_end_s` gives the instant it would resume at, without
-    resolving the links (this runs for every checkpoint write, read and flush round): the
-    `IdleDuration` of one batch per stage, or of one batch of every part on a shared link. Per-stage
-    links give the event model's instant to the bit; unequal parts on a shared link to a few units
-    in the last place (their chain is run once, see `IdleDuration`).
-    """
-
-    __slots__ = ("tier_name", "direction", "stages", "sizes", "shared", "generation", "family", "_idle")
-
-    def __init__(self, scenario: Scenario, tier_name: str, direction: str, stages, sizes, *, generation: int = 0) -> None:
-        tier = scenario.tier(tier_name)
-        self.tier_name = tier_name
-        self.direction = direction
-        self.stages = tuple(stages)
-        self.sizes = tuple(float(size) for size in sizes)
-        self.shared = tier.shared
-        self.generation = generation
-        self.family = (tier_name, direction, generation)
-        latency_s = float(tier.total_latency_s)
-        bandwidth = float(tier.write_bandwidth_bytes_per_s if direction == "write" else tier.read_bandwidth_bytes_per_s)
-        if self.shared:
-            batches = [(latency_s, bandwidth, self.sizes)] if self.stages else []
-        else:
-            batches = [(latency_s, bandwidth, (size,)) for size in self.sizes]
-        self._idle = IdleDuration(batches)
-
-    def idle_end_s(self, now_s: float) -> float:
-        return self._idle.end_s(now_s)
-
-    def idle_from(self, run: "ClosedFormRun", start_s: float) -> bool:
-        """Whether `wait_tier_group` started at `start_s` would take its closed form (no flow of the tier in flight)."""
-        return not (run._busy_until_s > start_s and run._family_busy_until_s.get(self.family, -_INFINITY) > start_s)
-
-    def requests(self, run: "ClosedFormRun", generations) -> list[tuple[FluidLink, float]]:
-        if self.shared and self.stages:
-            link = run.tier_link(self.tier_name, self.direction, self.stages[0], generation=self.generation)
-            return [(link, size) for size in self.sizes]
-        return [
-            (run.tier_link(self.tier_name, self.direction, stage, generation=self.generation, node_generation=generations[stage]), size)
-            for stage, size in zip(self.stages, self.sizes)
-        ]
-
-
-class NodeTransfers:
-    """Transfers between stages' nodes ((node link, bytes) pairs, in order) with their idle-link closed form."""
-
-    __slots__ = ("requests", "idle_duration")
-
-    def __init__(self, requests: list[tuple[FluidLink, float]]) -> None:
-        self.requests = requests
-        self.idle_duration = IdleDuration.of_requests(requests)
-
-    def idle_end_s(self, now_s: float) -> float:
-        return self.idle_duration.end_s(now_s)
-
-    def idle_from(self, run: "ClosedFormRun", start_s: float) -> bool:
-        """Whether `wait_transfers` started at `start_s` would take its closed form (each link idle)."""
-        if run._busy_until_s <= start_s:
-            return True
-        return not run._abandoned and all(link.busy_until_s <= start_s for link, _ in self.requests)
-
-
 class ClosedFormRun:
-    """One run in closed form; also the context its twin reads and changes (the `RunContext` API)."""
+    """One run in closed form; also the context its twin reads and changes (the `RunContext` API).
+    Its transfers and the links they share are `links` (`RunLinks`)."""
 
     def __init__(
         self,
@@ -282,27 +176,13 @@ class ClosedFormRun:
         # Background completions: (time, sequence, callback).
         self._background: list[tuple[float, int, Callable[[], None]]] = []
         self._background_s = _INFINITY
-        self._next_stop_s = self.deadline_s
+        self.next_stop_s = self.deadline_s
         """The earliest of the next arrival, the next background event and the deadline: a chunk or
         a wait that ends before it needs no look at either."""
         self._load_next_arrival()
         self._sequence = 0
-        # Links: registered flows exist only after an abandoned or background group.
-        self._links: dict[tuple, FluidLink] = {}
-        self._busy_until_s = -_INFINITY
-        self._family_busy_until_s: dict[object, float] = {}
-        """Per storage tier and direction (a link family): when its last flow in flight arrives."""
-        self._abandoned: dict[object, list[tuple]] = {}
-        """Per family, abandoned tier transfers not yet registered on their links: (transfers, node
-        incarnations, start, end). Most never meet a later transfer (their links are idle again
-        first), so they are registered only when a later group finds the family busy."""
-        self._tiers = {tier.name: tier for tier in scenario.storage}
-        self._waited_group: TransferGroup | None = None
-        self._tier_link_ids: set[int] = set()
-        self._fast_wait: str | list[tuple[FluidLink, float]] | None = None
-        """While the trainer waits on transfers timed in closed form and not registered: "tier" (their
-        links not resolved: any storage link) or their requests. A background transfer joining one of
-        their links would slow them, which the closed form did not count."""
+        self.links = RunLinks(self)
+        """The run's links and the transfers on them (`start_transfers`, `wait_group`, `wait_transfers`, `wait_tier_group`)."""
         self._fraction_done = 0.0
         self._training = False
         self._state_changed = False
@@ -314,7 +194,7 @@ class ClosedFormRun:
         finally:
             # The shared exception keeps the frames of its last raise, and with them this run and its
             # records, until the next raise (of a later run): let them go when the run does.
-            _INTERRUPTED.__traceback__ = None
+            INTERRUPTED.__traceback__ = None
 
     def _train_loop(self) -> None:
         twin = self.twin
@@ -353,7 +233,7 @@ class ClosedFormRun:
                 iteration_time_s = self.iteration_time_s
                 start_s = self.now
                 end_s = start_s + (chunk - 0.0) * iteration_time_s
-                if end_s < self._next_stop_s and self._state is self.healthy_state:
+                if end_s < self.next_stop_s and self._state is self.healthy_state:
                     self.book_unstopped_chunk(start_s, end_s, chunk, iteration_time_s)
                     continue
                 self._train(chunk)  # False when a failure or the deadline stopped it: the loop decides next
@@ -363,9 +243,7 @@ class ClosedFormRun:
         # Drop the reference cycles that would keep the run alive until a collection: the last busy
         # periods' batch ↔ group, and background callbacks (a redundant replacement holds the run)
         # that will never be called.
-        for link in self._links.values():
-            for finished in link.batches:
-                finished.group = None
+        self.links.release()
         self._background.clear()
 
     def _cycles(self, writer) -> None:
@@ -383,11 +261,11 @@ class ClosedFormRun:
 
         def write() -> bool:
             now = self.now
-            if not transfers.idle_from(self, now):
+            if not transfers.idle_from(self.links, now):
                 return False
             written_s = now + serialization_s if serialization_s > 0 else now
             end_s = transfers.idle_end_s(written_s)
-            if end_s >= self._next_stop_s:
+            if end_s >= self.next_stop_s:
                 return False
             if serialization_s > 0:
                 waits["checkpoint_stall_s"] += written_s - now
@@ -426,7 +304,7 @@ class ClosedFormRun:
             chunk = remaining if remaining < until_boundary else until_boundary
             now = self.now
             end_s = now + (chunk - 0.0) * iteration_time_s
-            if end_s >= self._next_stop_s:
+            if end_s >= self.next_stop_s:
                 return
             self.book_unstopped_chunk(now, end_s, chunk, iteration_time_s)
 
@@ -452,11 +330,11 @@ class ClosedFormRun:
             state = self._state  # the state trained in, whatever it is when this is booked
             start_s = self.now
             end_s = start_s + (goal - self._fraction_done) * iteration_time_s
-            if end_s < self._next_stop_s:
+            if end_s < self.next_stop_s:
                 stopped_s = None
             else:
                 self._training = True
-                stopped_s = self._advance(end_s)
+                stopped_s = self.advance(end_s)
                 self._training = False
             if stopped_s is None:
                 self.now = end_s
@@ -507,14 +385,14 @@ class ClosedFormRun:
                 self.timeline.extend(("train", "train", -1, start_s, self.now, None))
 
     # ----------------------------------------------------------------- what can stop a chunk or a wait
-    def _advance(self, end_s: float) -> float | None:
+    def advance(self, end_s: float) -> float | None:
         """Replay arrivals and background events up to `end_s`; the instant the trainer is stopped, or None.
 
         A failure that needs handling (not ignored, its stage not already down) stops it at its
         arrival; so does the deadline, and, while training, a background event that changes the
         pipeline state. Arrivals that change nothing are booked on the way.
         """
-        if end_s < self._next_stop_s:
+        if end_s < self.next_stop_s:
             return None
         deadline_s = self.deadline_s
         while True:
@@ -525,7 +403,7 @@ class ClosedFormRun:
                     break
                 _, _, callback = heapq.heappop(self._background)
                 self._background_s = self._background[0][0] if self._background else _INFINITY
-                self._next_stop_s = min(self._arrival_s, self._background_s, self.deadline_s)
+                self.next_stop_s = min(self._arrival_s, self._background_s, self.deadline_s)
                 self.now = background_s
                 callback()
                 if self._state_changed:
@@ -561,7 +439,7 @@ class ClosedFormRun:
             else:
                 self._arrival_same_step = True
             self._arrival_s = self._churn_now
-        self._next_stop_s = min(self._arrival_s, self._background_s, self.deadline_s)
+        self.next_stop_s = min(self._arrival_s, self._background_s, self.deadline_s)
 
     def _arrive(self) -> bool:
         """The arrival of the next failure event (sim/run.py `Run._arrive`); True if it needs handling."""
@@ -591,8 +469,8 @@ class ClosedFormRun:
         heapq.heappush(self._background, (time_s, self._sequence, callback))
         if time_s < self._background_s:
             self._background_s = time_s
-            if time_s < self._next_stop_s:
-                self._next_stop_s = time_s
+            if time_s < self.next_stop_s:
+                self.next_stop_s = time_s
 
     # ----------------------------------------------------------------- waits (sim/run_context.py)
     def wait(self, duration_s: float, category: str, name: str, *, stage: int = -1, span_category: str | None = None) -> None:
@@ -600,11 +478,11 @@ class ClosedFormRun:
         if duration_s > 0:
             start_s = self.now
             end_s = start_s + duration_s
-            stopped_s = None if end_s < self._next_stop_s else self._advance(end_s)
+            stopped_s = None if end_s < self.next_stop_s else self.advance(end_s)
             if stopped_s is not None:
                 self.now = stopped_s
-                self._book_wait(category, name, stage, span_category, start_s, True)
-                raise _INTERRUPTED.with_traceback(None)
+                self.book_wait(category, name, stage, span_category, start_s, True)
+                raise INTERRUPTED.with_traceback(None)
             self.now = end_s
             self.waits_s[category] += end_s - start_s
             if end_s > start_s:
@@ -614,21 +492,27 @@ class ClosedFormRun:
         """Block training until the instant `end_s` (an event's), booked to `category`."""
         start_s = self.now
         if end_s > start_s:
-            stopped_s = None if end_s < self._next_stop_s else self._advance(end_s)
+            stopped_s = None if end_s < self.next_stop_s else self.advance(end_s)
             if stopped_s is not None:
                 self.now = stopped_s
-                self._book_wait(category, name, stage, span_category, start_s, True)
-                raise _INTERRUPTED.with_traceback(None)
+                self.book_wait(category, name, stage, span_category, start_s, True)
+                raise INTERRUPTED.with_traceback(None)
             self.now = end_s
             self.waits_s[category] += end_s - start_s
             self.timeline.extend((name, span_category or _SPAN_CATEGORY[category], stage, start_s, end_s, None))
 
-    def _book_wait(self, category, name, stage, span_category, start_s, interrupted: bool) -> None:
+    def book_wait(self, category, name, stage, span_category, start_s, interrupted: bool) -> None:
         now = self.now
         self.waits_s[category] += now - start_s
         if now > start_s:
             label = f"{name} (interrupted)" if interrupted else name
             self.timeline.extend((label, span_category or _SPAN_CATEGORY[category], stage, start_s, now, None))
+
+    def book_completed_wait(self, category: str, name: str, start_s: float, end_s: float) -> None:
+        """A wait from `start_s` that nothing stopped, until `end_s` (a transfer's wait, `RunLinks`)."""
+        self.now = end_s
+        self.waits_s[category] += end_s - start_s
+        self.timeline.extend((name, _SPAN_CATEGORY[category], -1, start_s, end_s, None))
 
     def _joined_s(self, stages) -> float:
         """When the last replacement node of `stages` has joined (0 if none is down)."""
@@ -658,11 +542,11 @@ class ClosedFormRun:
         restarted_s = joined_s + restart_s if restart_s > 0 else joined_s
         if transfers is None:
             end_s = restarted_s
-        elif transfers.idle_from(self, restarted_s):
+        elif transfers.idle_from(self.links, restarted_s):
             end_s = transfers.idle_end_s(restarted_s)
         else:
             return False
-        if end_s >= self._next_stop_s:
+        if end_s >= self.next_stop_s:
             return False
         waits, timeline = self.waits_s, self.timeline
         if joined_s > now:
@@ -749,285 +633,3 @@ class ClosedFormRun:
             setback_iterations=self.setback_iterations,
             iterations_executed=self.iterations_executed,
         )
-
-    # ----------------------------------------------------------------- links and transfers
-    def tier_link(self, tier_name: str, direction: str, stage: int, *, generation: int = 0, node_generation: int | None = None) -> FluidLink:
-        """The link to tier `tier_name` of `stage`'s node (of its incarnation `node_generation`, default the current)."""
-        tier = self._tiers.get(tier_name) or self.scenario.tier(tier_name)
-        incarnation = self.node_generation[stage] if node_generation is None else node_generation
-        owner = ("shared",) if tier.shared else (stage, incarnation)
-        key = ("tier", tier_name, direction, owner, generation)
-        link = self._links.get(key)
-        if link is None:
-            bandwidth = tier.write_bandwidth_bytes_per_s if direction == "write" else tier.read_bandwidth_bytes_per_s
-            link = FluidLink(
-                bandwidth_bytes_per_s=bandwidth,
-                latency_s=tier.total_latency_s,
-                name=f"{tier_name}-{direction}-{owner}",
-                family=(tier_name, direction, generation),
-            )
-            self._links[key] = link
-            self._tier_link_ids.add(id(link))
-        return link
-
-    def node_link(self, source_stage: int, destination_stage: int) -> FluidLink:
-        key = ("node", source_stage, destination_stage)
-        link = self._links.get(key)
-        if link is None:
-            bandwidths, latencies = self.healthy_state.link_bandwidth_bytes_per_s, self.healthy_state.link_latency_s
-            assert bandwidths is not None and latencies is not None, "a built pipeline state has its link matrices"
-            link = FluidLink(
-                bandwidth_bytes_per_s=bandwidths[source_stage][destination_stage],
-                latency_s=latencies[source_stage][destination_stage],
-                name=f"link-{source_stage}-{destination_stage}",
-            )
-            self._links[key] = link
-        return link
-
-    def start_transfers(self, requests, *, on_done: Callable[[], None] | None = None, background: bool = False) -> TransferGroup:
-        """Start `requests` ((link, bytes) pairs, in order) now, as `all_transfers_done` does.
-
-        For the trainer to wait for (neither argument), a batch on an idle link is timed in closed
-        form and not registered. In the background (`background`, or an `on_done`) every batch is
-        registered and the group's `end_s` follows later flows that delay it; `on_done`, if given,
-        is called when the last transfer arrives. A background group without one costs no event:
-        its owner reads `end_s` when it gets there.
-        """
-        if self._abandoned:
-            for link, _ in requests:
-                if link.family in self._abandoned:
-                    self._register_abandoned(link.family)
-        now = self.now
-        group = TransferGroup(on_done, background=background)
-        background = group.background
-        end_s = now
-        if len(requests) == 1:
-            link, num_bytes = requests[0]
-            end_s = max(end_s, self._start_batch(group, link, [num_bytes], now, background))
-        else:
-            for link, same_link in itertools.groupby(requests, key=_LINK_OF_REQUEST):  # consecutive requests on one link: one batch
-                end_s = max(end_s, self._start_batch(group, link, [num_bytes for _, num_bytes in same_link], now, background))
-        group.end_s = end_s
-        if on_done is not None:
-            self._schedule_group(group)
-        return group
-
-    def _start_batch(self, group: TransferGroup, link: FluidLink, sizes: list[float], now: float, background: bool) -> float:
-        latency_s = link.latency_s
-        positive: tuple[float, ...]
-        if len(sizes) == 1:
-            positive = (sizes[0],) if sizes[0] > 0 else ()
-        else:
-            positive = tuple(size for size in sizes if size > 0)
-        end_s = -_INFINITY
-        if link.instant or len(positive) < len(sizes):
-            end_s = now + latency_s
-            if end_s > group.instant_end_s:
-                group.instant_end_s = end_s
-        if link.instant or not positive:
-            return end_s
-        admit_s = now + latency_s if latency_s > 0 else now
-        batch = FlowBatch(admit_s, positive, group, link)
-        group.batches.append(batch)
-        if not background and link.busy_until_s <= admit_s:
-            batch.end_s = processor_sharing_end_s(admit_s, positive, link.bandwidth_bytes_per_s)
-            group.unregistered.append(batch)
-        else:
-            if background:
-                fast_wait = self._fast_wait
-                if fast_wait is not None and (
-                    id(link) in self._tier_link_ids if isinstance(fast_wait, str) else any(link is used for used, _ in fast_wait)
-                ):
-                    raise NeedsEventModel(f"a background transfer joins {link.name} during a transfer the trainer waits for")
-                self._check_trainer_group_untouched(link, admit_s)
-            self._add_to_link(batch)
-        return max(end_s, batch.end_s)
-
-    def _check_trainer_group_untouched(self, link: FluidLink, admit_s: float) -> None:
-        waited = self._waited_group
-        if waited is not None:
-            for batch in waited.unregistered:
-                if batch.link is link and batch.end_s > admit_s:
-                    raise NeedsEventModel(f"a background transfer joins {link.name}, which the trainer is waiting on")
-
-    def _add_to_link(self, batch: FlowBatch) -> None:
-        link = batch.link
-        # Re-time only the batches something waits for: a background group's, the trainer's.
-        watched: list[FlowBatch] | tuple[()]
-        if batch.admit_s >= link.busy_until_s:
-            watched = ()  # an idle link: nothing earlier to re-time
-        else:
-            watched = [
-                earlier for earlier in link.batches
-                if earlier.group is not None and (earlier.group.background or earlier.group.waited)
-            ]
-        moved = link.add(batch, watched=watched)
-        if link.busy_until_s > self._busy_until_s:
-            self._busy_until_s = link.busy_until_s
-        family = link.family
-        if family is not None and link.busy_until_s > self._family_busy_until_s.get(family, -_INFINITY):
-            self._family_busy_until_s[family] = link.busy_until_s
-        for earlier in moved:
-            group = earlier.group
-            if group is None:
-                continue
-            group.refresh_end()
-            if group.waited:
-                raise NeedsEventModel(f"a transfer joins {link.name} while the trainer waits for an earlier one there")
-            if group.on_done is not None:
-                self._schedule_group(group)
-
-    def _schedule_group(self, group: TransferGroup) -> None:
-        group.version += 1
-        version = group.version
-
-        on_done = group.on_done
-        assert on_done is not None
-
-        def done() -> None:
-            if group.version == version:
-                on_done()
-
-        self.schedule(group.end_s, done)
-
-    def _register(self, group: TransferGroup) -> None:
-        """The trainer abandoned `group`: its flows go on, and slow whatever later shares their links."""
-        for batch in group.unregistered:
-            self._add_to_link(batch)
-        group.unregistered = []
-
-    def wait_group(self, group: TransferGroup, category: str, name: str) -> None:
-        """Wait for `group` (started with `start_transfers` without `on_done`) to complete."""
-        group.waited = True
-        self._waited_group = group
-        try:
-            self.wait_until(group.end_s, category, name)
-        except Interrupted:
-            self._register(group)
-            raise
-        finally:
-            group.waited = False
-            self._waited_group = None
-
-    def wait_transfers(self, transfers: NodeTransfers, category: str, name: str) -> None:
-        """Start `transfers` and wait for them all; timed by their idle-link closed form when every link is idle."""
-        requests = transfers.requests
-        now = self.now
-        if self._busy_until_s > now:
-            if self._abandoned:
-                for link, _ in requests:
-                    if link.family in self._abandoned:
-                        self._register_abandoned(link.family)
-            for link, _ in requests:
-                if link.busy_until_s > now:
-                    self.wait_group(self.start_transfers(requests), category, name)
-                    return
-        # Every link is idle: each link's batch ends at its closed form; nothing to register unless abandoned.
-        end_s = transfers.idle_end_s(now)
-        if end_s > now:
-            self._fast_wait = requests
-            stopped_s = self._advance(end_s)
-            self._fast_wait = None
-            if stopped_s is not None:
-                self.now = now
-                self._register(self.start_transfers(requests))
-                self.now = stopped_s
-                self._book_wait(category, name, -1, None, now, True)
-                raise _INTERRUPTED.with_traceback(None)
-            self.now = end_s
-            self.waits_s[category] += end_s - now
-            self.timeline.extend((name, _SPAN_CATEGORY[category], -1, now, end_s, None))
-
-    def wait_tier_group(self, transfers: TierTransfers, category: str, name: str) -> None:
-        """Start `transfers` and wait for them; in closed form, without resolving links, when no flow is in flight."""
-        now = self.now
-        family = transfers.family
-        if not transfers.idle_from(self, now):
-            self._register_abandoned(family)
-            self.wait_group(self.start_transfers(transfers.requests(self, self.node_generation)), category, name)
-            return
-        end_s = transfers.idle_end_s(now)
-        if end_s > now:
-            generations = self.node_generation[:]  # the incarnations it writes from (a failure changes them)
-            self._fast_wait = "tier"
-            stopped_s = None if end_s < self._next_stop_s else self._advance(end_s)
-            self._fast_wait = None
-            if stopped_s is not None:
-                # Its flows go on, on the links of the node incarnations at the start.
-                self._abandoned.setdefault(family, []).append((transfers, generations, now, end_s))
-                if end_s > self._busy_until_s:
-                    self._busy_until_s = end_s
-                if end_s > self._family_busy_until_s.get(family, -_INFINITY):
-                    self._family_busy_until_s[family] = end_s
-                self.now = stopped_s
-                self._book_wait(category, name, -1, None, now, True)
-                raise _INTERRUPTED.with_traceback(None)
-            self.now = end_s
-            self.waits_s[category] += end_s - now
-            self.timeline.extend((name, _SPAN_CATEGORY[category], -1, now, end_s, None))
-
-    def _register_abandoned(self, family: object) -> None:
-        """Register the abandoned transfers of `family` still in flight on their links, in start order."""
-        pending = self._abandoned.pop(family, None)
-        if not pending:
-            return
-        now = self.now
-        for transfers, generations, start_s, end_s in pending:
-            if end_s > now:  # one that has arrived can slow nothing any more
-                self.now = start_s
-                self._register(self.start_transfers(transfers.requests(self, generations)))
-        self.now = now
-
-
-class IdleDuration:
-    """When batches of transfers started together on idle links have all arrived, worked out once.
-
-    A batch is (latency, bandwidth, sizes): the flows one link starts together. Its instant part (a
-    zero-byte transfer, an infinite bandwidth) ends one latency after the start, its flows one
-    latency plus their processor-sharing chain later: one flow's quotient bytes / bandwidth, as the
-    event model computes it (to the bit); equal flows' one step, size × count / bandwidth (to the
-    bit); unequal flows' chain length, run once from admission 0 (the event model runs it from the
-    admission instant: a few units in the last place). Batches of one latency keep only their
-    longest flows, which rounding, being monotonic, makes the latest end.
-    """
-
-    __slots__ = ("_instant_latency_s", "_flows")
-
-    def __init__(self, batches) -> None:
-        instant_latency_s: float | None = None
-        longest_flows_s: dict[float, float] = {}
-        for latency_s, bandwidth_bytes_per_s, sizes in batches:
-            positive = [size for size in sizes if size > 0]
-            instant = bandwidth_bytes_per_s == _INFINITY
-            if instant or len(positive) < len(sizes):
-                instant_latency_s = latency_s if instant_latency_s is None else max(instant_latency_s, latency_s)
-            if instant or not positive:
-                continue
-            if len(positive) == 1:
-                flows_s = max(positive[0], 0.0) * 1 / bandwidth_bytes_per_s
-            else:
-                flows_s = processor_sharing_end_s(0.0, positive, bandwidth_bytes_per_s)
-            longest_flows_s[latency_s] = max(longest_flows_s.get(latency_s, flows_s), flows_s)
-        self._instant_latency_s = instant_latency_s
-        self._flows = tuple(longest_flows_s.items())
-
-    @classmethod
-    def of_requests(cls, requests) -> "IdleDuration":
-        """For (link, bytes) pairs in order: consecutive ones on one link start as one batch."""
-        batches: list[tuple[FluidLink, list[float]]] = []
-        for link, num_bytes in requests:
-            if batches and batches[-1][0] is link:
-                batches[-1][1].append(num_bytes)
-            else:
-                batches.append((link, [num_bytes]))
-        return cls((link.latency_s, link.bandwidth_bytes_per_s, sizes) for link, sizes in batches)
-
-    def end_s(self, now: float) -> float:
-        end_s = now
-        if self._instant_latency_s is not None and now + self._instant_latency_s > end_s:
-            end_s = now + self._instant_latency_s
-        for latency_s, flows_s in self._flows:
-            batch_end_s = (now + latency_s if latency_s > 0 else now) + flows_s
-            if batch_end_s > end_s:
-                end_s = batch_end_s
-        return end_s

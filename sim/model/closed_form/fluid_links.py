@@ -6,7 +6,7 @@ earliest completion. Here:
 - a batch of transfers that starts on an idle link ends at `processor_sharing_end_s`: the event
   model's wake-up chain replayed with the same floating-point operations in the same order, so the
   very instant the event model computes (the closed-form engine runs the chain once per set of
-  transfers and adds its length to each admission: `engine.IdleDuration`);
+  transfers and adds its length to each admission: `transfers.IdleDuration`);
 - a batch that joins a busy link (flows of an abandoned transfer still in flight, a background
   refresh) is timed by `FluidLink`, which replays the event model's steps (to the bit) unless
   abandoned transfers pile up, and reports the earlier batches whose completion moved, so the

@@ -17,7 +17,8 @@ from ..methods.base import embedding_weight_bytes, head_weight_bytes
 from ..methods.checkpointing import stale_stage_loss_iterations
 from ..methods.rebuild import CheckFreePlusPolicy, RebuildPolicy
 from .checkpointing import SyncCheckpointerTwin
-from .engine import ClosedFormPolicy, ClosedFormRun, NodeTransfers, TransferGroup
+from .engine import ClosedFormPolicy, ClosedFormRun
+from .transfers import NodeTransfers, TransferGroup
 
 
 class _LostSet:
@@ -88,7 +89,7 @@ class RebuildTwin(ClosedFormPolicy):
         start_s = run.now
         transfers = known.transfers
         if transfers is None:
-            transfers = known.transfers = NodeTransfers([(run.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends])
+            transfers = known.transfers = NodeTransfers([(run.links.node_link(source, stage), num_bytes) for source, stage, num_bytes in known.sends])
         transfer_label = "weight transfer"
         if restored:
             assert self.edge_checkpointer is not None
@@ -100,7 +101,7 @@ class RebuildTwin(ClosedFormPolicy):
             run.wait_for_replacements(lost)
             run.wait(self.restart_s, "recovery_downtime_s", "restart")
             if transfers.requests:
-                run.wait_transfers(transfers, "recovery_downtime_s", transfer_label)
+                run.links.wait_transfers(transfers, "recovery_downtime_s", transfer_label)
         stale_iterations = 0.0
         if restored:
             assert policy.edge_checkpointer is not None
@@ -154,8 +155,8 @@ class CheckFreePlusTwin(RebuildTwin):
             self._book_refresh(run)
         last = self.num_stages - 1
         self._refresh_started = (run.now, run.timeline_length())
-        self._refresh = run.start_transfers(
-            [(run.node_link(0, 1), self._refresh_bytes[0]), (run.node_link(last, last - 1), self._refresh_bytes[1])],
+        self._refresh = run.links.start_transfers(
+            [(run.links.node_link(0, 1), self._refresh_bytes[0]), (run.links.node_link(last, last - 1), self._refresh_bytes[1])],
             background=True,
         )
         policy._refresh_origin = run.iterations_executed

@@ -19,7 +19,8 @@ from churnsim.calibration.scenario import Scenario
 from ..methods.base import stage_weight_bytes
 from ..methods.redundant import RedundantPolicy
 from .checkpointing import SyncCheckpointerTwin, recover
-from .engine import ClosedFormPolicy, ClosedFormRun, TransferGroup
+from .engine import ClosedFormPolicy, ClosedFormRun
+from .transfers import TransferGroup
 
 
 class RedundantTwin(ClosedFormPolicy):
@@ -114,9 +115,9 @@ class _Replacement:
         if self.stale():
             return
         run, stage, weight_bytes = self.run, self.stage, self.twin.weight_bytes
-        run.start_transfers([(run.node_link(stage - 1, stage), weight_bytes[stage])], on_done=self.own_done)
+        run.links.start_transfers([(run.links.node_link(stage - 1, stage), weight_bytes[stage])], on_done=self.own_done)
         if stage + 1 < self.twin.num_stages:
-            self.replica = run.start_transfers([(run.node_link(stage + 1, stage), weight_bytes[stage + 1])], background=True)
+            self.replica = run.links.start_transfers([(run.links.node_link(stage + 1, stage), weight_bytes[stage + 1])], background=True)
 
     def own_done(self) -> None:
         if self.stale():
