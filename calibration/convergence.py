@@ -38,8 +38,8 @@ from pydantic import Field, model_validator
 from .base import StrictModel
 from .errors import InputError
 from .methods import METHOD_CONFIGS, METHOD_NAMES
+from .stage_positions import StagePosition
 
-StagePosition = Literal["interior", "edge"]
 SetbackSource = Literal["measured", "paper_fitted", "default"]
 
 
@@ -373,10 +373,6 @@ def critical_batch_tokens_at_loss(loss: float) -> float:
     """Kaplan et al.'s critical batch at `loss` (nats per token), in tokens: an order of magnitude for
     B_noise where none was measured (their fit is for WebText2 and their tokenizer)."""
     return CRITICAL_BATCH_TOKENS_AT_LOSS_ONE / loss ** (1.0 / CRITICAL_BATCH_LOSS_EXPONENT)
-
-
-def stage_position(stage: int, num_stages: int) -> StagePosition:
-    return "edge" if stage in (0, num_stages - 1) else "interior"
 
 
 def iterations_for_target(curve: PowerLawLossCurve, target_loss: float) -> int:

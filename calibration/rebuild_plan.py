@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .convergence import StagePosition, stage_position
+from .stage_positions import StagePosition, stage_position
 
 Weighting = Literal["gradient", "uniform", "copy", "none"]
 BlocksFrom = Literal["sources", "random_init", "edge_checkpoint"]
