@@ -23,8 +23,8 @@ import pandas as pd
 from churnsim.calibration.builtin import resolve_calibration
 from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.presets import PRESETS, configured_scenario, preset
-from churnsim.calibration.scenario import Scenario, load_scenario
+from churnsim.calibration.presets import PRESETS, build_scenario
+from churnsim.calibration.scenario import Scenario
 from churnsim.sim.studies.verdict import Verdict
 
 
@@ -46,15 +46,18 @@ class Results:
     """whatif only: the checkpoint-interval study (checkpoint_intervals.csv)."""
 
 
+def _source(scenario: Scenario | str | Path) -> Scenario | Path | str:
+    """What `presets.build_scenario` takes: a Scenario, a preset's name, or a scenario file as a Path."""
+    if isinstance(scenario, Scenario) or (isinstance(scenario, str) and scenario in PRESETS):
+        return scenario
+    if Path(scenario).is_file():
+        return Path(scenario)
+    raise InputError(f"{scenario!r} is neither a preset (`churnsim presets`) nor a scenario file")
+
+
 def scenario_of(scenario: Scenario | str | Path) -> Scenario:
     """A Scenario from a Scenario, a preset name or a scenario file path."""
-    if isinstance(scenario, Scenario):
-        return scenario
-    if isinstance(scenario, str) and scenario in PRESETS:
-        return preset(scenario)
-    if Path(scenario).is_file():
-        return load_scenario(str(scenario))
-    raise InputError(f"{scenario!r} is neither a preset (`churnsim presets`) nor a scenario file")
+    return build_scenario(_source(scenario))
 
 
 def calibration_of(calibration: Calibration | str | Path | None) -> Calibration | None:
@@ -74,15 +77,14 @@ def _configured(
     calibration: Calibration | str | Path | None = None,
     calibration_mode: str = "full",
 ) -> Scenario:
-    """The scenario with the methods, settings, calibration, replications and seed asked for, as the
-    command line makes it (`presets.configured_scenario`: a calibrated preset is built again with the
+    """The scenario with the methods, settings, calibration, replications and seed asked for, built as
+    the command line builds it (`presets.build_scenario`: a calibrated preset is built again with the
     settings)."""
-    preset_name = scenario if isinstance(scenario, str) and scenario in PRESETS else None
-    configured = configured_scenario(
-        scenario_of(scenario), preset_name, settings, methods=methods or (), calibration=calibration_of(calibration),
+    return build_scenario(
+        _source(scenario), methods=methods or (), settings=settings, calibration=calibration_of(calibration),
         calibration_mode=calibration_mode,  # type: ignore[arg-type]
+        replications=replications, seed=seed,
     )
-    return configured.with_run_settings(replications=replications, seed=seed)
 
 
 def simulate(
@@ -133,8 +135,10 @@ def whatif(
 
     if replications < 2:
         raise InputError(f"replications = {replications}: confidence intervals need at least 2")
-    base = _configured(scenario, methods=methods, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
-    chosen = base.methods if methods is not None else ()
+    # As `churnsim whatif` (`jobs.whatif_job`): the scenario keeps its other methods' configurations
+    # for the interval study; `methods` picks the compared ones.
+    base = _configured(scenario, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
+    chosen = base.with_methods(methods).methods if methods else ()
     plan = whatif_plan(base, failure_rates=failure_rates, methods=chosen, replications=replications, interval_study=interval_study)
     result = compute_whatif(plan, workers=workers)
     return Results(

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from churnsim.app import app
-from churnsim.commands_sim import finish, stderr_console
+from churnsim.console import finish, stderr_console
 from churnsim.extras import require_torch
 
 LINK_PROFILE_FILE = "link_profile.csv"
@@ -224,20 +224,20 @@ def _scenario_suite_settings(scenario_path: Optional[Path], preset_name: Optiona
     """The suite's sizes on the model and pipeline of the scenario named (cpu-tiny's when only --set
     is given), refused in one line where this machine cannot run it; and the device it runs on
     (`device`, else the scenario's training.device)."""
-    from churnsim.calibration.presets import configured_scenario
+    from churnsim.calibration.presets import build_scenario
     from churnsim.calibration.scenario_overrides import apply_settings, parse_settings
-    from churnsim.commands_sim import load_scenario_argument
+    from churnsim.options import scenario_argument
     from churnsim.calibration.errors import InputError
     from churnsim.real.calibration_suite import SHAPE_ITERATIONS, SHAPE_SCENARIO_FIELDS, scenario_suite_settings, suite_shapes, suite_shared_cores
     from churnsim.real.scenario_run import check_fits_machine
 
     if scenario_path is None and preset_name is None:
         preset_name = "cpu-tiny"
-    base_scenario, overrides = load_scenario_argument(scenario_path, preset_name), parse_settings(settings)
+    source, overrides = scenario_argument(scenario_path, preset_name), parse_settings(settings)
 
     def suite_scenario(shape: dict[str, object]):
         # Only the model, pipeline and training are calibrated; the suite picks its own methods (--method).
-        return configured_scenario(base_scenario, preset_name, {**overrides, **shape}, methods=("none",))
+        return build_scenario(source, settings={**overrides, **shape}, methods=("none",))
 
     scenario = suite_scenario({})
     suite_settings = scenario_suite_settings(scenario, base)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -33,8 +33,9 @@ def check_setback_sensitivity(plan) -> None:
     check_setback_methods(study_scenario_and_methods(plan)[1])
 
 
-def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console) -> list[Path]:
-    """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`."""
+def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console, progress: Callable) -> list[Path]:
+    """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`;
+    `progress(total, description)` yields the function to call per finished task (`jobs.Progress`)."""
     from churnsim.sim.studies.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_tasks, setback_sensitivity
 
     # Under the scenario's own churn the study runs at its own rate (the sensitivity tables are keyed
@@ -45,9 +46,7 @@ def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any
         return []
     scenario, methods = study_scenario_and_methods(plan)
     total = len(sensitivity_tasks(scenario, scales=SENSITIVITY_SCALES, failure_rates=rates, replications=plan.replications, methods=methods))
-    from churnsim.commands_sim import progress_bar
-
-    with progress_bar(total, f"setback sensitivity on {scenario.name}") as advance:
+    with progress(total, f"setback sensitivity on {scenario.name}") as advance:
         result = setback_sensitivity(
             scenario, failure_rates=rates, replications=plan.replications, methods=methods, workers=workers, client=client, on_task_done=advance
         )
