@@ -51,7 +51,7 @@ def test_the_calibration_runs_curve_predicts_when_longer_runs_reach_their_goal()
 
 def test_calibrate_says_when_the_exponent_sits_at_its_bound(capsys):
     from churnsim.calibration.builtin import load_builtin_calibration
-    from churnsim.commands_calibrate import print_calibration
+    from churnsim.calibration_report import print_calibration
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     assert calibration is not None and calibration.convergence.baseline.exponent == pytest.approx(MAXIMUM_CURVE_EXPONENT)
