@@ -11,7 +11,7 @@ method's name.
 `METHOD_CONFIGS` is the registry, and it is open: `register_method_config(cls)` adds a method, and
 `MethodConfig` (the type of `Scenario.methods`) validates a config by looking its `name` up there,
 so a new method needs no edit to this module. sim/ and real/ each keep one class per name
-(`sim.methods.POLICIES`, `real.methods.METHODS`); a test checks that the three registries agree.
+(`sim.model.methods.POLICIES`, `real.methods.METHODS`); a test checks that the three registries agree.
 """
 
 from collections.abc import Mapping

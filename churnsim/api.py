@@ -39,7 +39,7 @@ class Results:
     trajectories: pd.DataFrame
     """Loss against wall-clock, first replication of each method (trajectories.csv)."""
     verdict: Verdict
-    """The answer at each failure rate (and grid point): winner, speed-ups, ties (`sim/verdict.py`)."""
+    """The answer at each failure rate (and grid point): winner, speed-ups, ties (`sim/studies/verdict.py`)."""
     notes: tuple[str, ...] = ()
     """Caveats that apply to these results."""
     intervals: pd.DataFrame | None = field(default=None)

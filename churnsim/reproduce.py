@@ -62,7 +62,7 @@ def compute(
     workers: int | None = None,
     on_task_done: Callable[[], None] | None = None,
 ):
-    """The `Reproduction` of `paper` (sim/reproduce_claims.py); nothing is written."""
+    """The `Reproduction` of `paper` (sim/checks/reproduce_claims.py); nothing is written."""
     check_arguments(paper, replications=replications, workers=workers, quick=quick)
     if paper == "datastates":
         from churnsim.sim.checks.reproduce_datastates import reproduce_datastates

@@ -27,7 +27,7 @@ def study_scenario_and_methods(plan):
 
 
 def check_setback_sensitivity(plan) -> None:
-    """Before the what-if runs: the study needs a method with setbacks (`sim.setback_sensitivity`)."""
+    """Before the what-if runs: the study needs a method with setbacks (`sim.studies.setback_sensitivity`)."""
     from churnsim.sim.studies.setback_sensitivity import check_setback_methods
 
     check_setback_methods(study_scenario_and_methods(plan)[1])

@@ -1,6 +1,6 @@
 """The claims of a paper next to churnsim's numbers for them, and how a verdict is reached.
 
-`churnsim reproduce PAPER` (sim/reproduce_checkfree.py, sim/reproduce_datastates.py) lists every
+`churnsim reproduce PAPER` (sim/checks/reproduce_checkfree.py, sim/checks/reproduce_datastates.py) lists every
 published claim of one paper (from ../shared/reference/), the number churnsim gives for it from a
 preset of that paper's setup, and a verdict:
 

@@ -36,7 +36,7 @@ For each run record:
    simulated; for real runs the prediction adds the calibration's `evaluation` time per evaluation
    and its `warmup_extra_s` once. For methods with a measured steady extra cost
    (`method_iteration_extra_s`) the replay's iteration is stretched to it, on another setup to it
-   scaled as the iteration model's own extra of the method (`sim/method_extras.py`). Process start-up (before the ranks' first barrier) is outside
+   scaled as the iteration model's own extra of the method (`sim/model/method_extras.py`). Process start-up (before the ranks' first barrier) is outside
    a run record's clock, on both sides.
 
 Quantities (`calibration.tables.VALIDATION_COLUMNS`, one row each): `total_wall_clock_s`,

@@ -23,7 +23,7 @@ the categories are:
   and full host buffers.
 - lost_work_s = (iterations rolled back + the fraction of an iteration a failure, or the
   wall-clock limit, interrupted) · T_h: a failure destroys the iteration in flight. A stale stage
-  reloaded under `rollback = "stage"` is booked here too (see `sim/methods/checkpointing.py`).
+  reloaded under `rollback = "stage"` is booked here too (see `sim/model/methods/checkpointing.py`).
 - recovery_downtime_s: waits while training is stopped by a recovery (join delay, restart, checkpoint
   reads, weight transfers).
 - degraded_slowdown_s = Σ over the pipeline states X slower than healthy (T_X > T_h) of

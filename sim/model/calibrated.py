@@ -3,7 +3,7 @@
 `calibration/fit.py` may not import sim/, so `build_calibration` takes the iteration model as a
 function; `iteration_predictor` is that function. It also builds the scenario and the failures a
 run record is replayed with (`replay_scenario`, `replay_failures`, `replay_failures_at_steps`; the
-rules are in sim/validate.py).
+rules are in sim/checks/validate.py).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def replay_storage(measured: Sequence[TierBandwidth], needed: Sequence[str]) -> 
     return tuple(tiers)
 
 
-# -- replaying a run record (sim/validate.py) ---------------------------------------------------
+# -- replaying a run record (sim/checks/validate.py) ---------------------------------------------------
 
 
 def replay_scenario(record: RunRecord, calibration: Calibration | None) -> Scenario:
@@ -205,7 +205,7 @@ def replay_failures_at_steps(record: RunRecord, simulate: Callable[[tuple[Failur
     the earlier failures placed, begins that step; failures of one step strike together. A failure
     after the simulated run's end is dropped. So a prediction keeps the run's failure pattern (which
     checkpoint a rollback returns to, which failures overlap) even where its speed differs from the
-    run's, which replay at measured times does not (sim/validate.py). Records whose failures lack a
+    run's, which replay at measured times does not (sim/checks/validate.py). Records whose failures lack a
     step are replayed at their measured times.
     """
     failures = record.failures.failures

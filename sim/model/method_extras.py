@@ -1,7 +1,7 @@
 """A calibration's measured steady extra of a method, charged to the method's runs.
 
-Kept apart from sim/calibrated.py (which reads run records, and so pandas) because every simulated
-run of a calibrated scenario passes through it (sim/run.py), and a run imports neither pandas nor
+Kept apart from sim/model/calibrated.py (which reads run records, and so pandas) because every simulated
+run of a calibrated scenario passes through it (sim/model/run.py), and a run imports neither pandas nor
 scipy.
 """
 
@@ -52,7 +52,7 @@ def _with_method_extra_charged(scenario: Scenario, method: MethodConfig, extra_s
     compute = scenario.compute
     assert isinstance(compute, ExplicitCompute)
     # Every run of one setup asks the same: solve it once. A healthy iteration follows from these
-    # alone (sim/methods/base.py, `_shared_states`), all hashable.
+    # alone (sim/model/methods/base.py, `_shared_states`), all hashable.
     key = (scenario.model, scenario.pipeline, compute, scenario.network, method, extra_s, reference_s)
     optimizer_step_s = _CHARGED_OPTIMIZER_STEP_S.get(key)
     if optimizer_step_s is None:

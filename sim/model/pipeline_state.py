@@ -73,7 +73,7 @@ class PipelineState:
     head_gradient_bytes: float = 0.0
     """Bytes the embedding node all-reduces for the final norm and lm_head (with `embedding_node` only)."""
     redundant_forward: bool = False
-    """Bamboo: each stage also runs its successor's forward in idle time (see sim.iteration)."""
+    """Bamboo: each stage also runs its successor's forward in idle time (see sim.model.iteration)."""
     data_parallel_degree: int = 1
     gradient_bytes_per_stage: tuple[float, ...] | None = None
     """Bytes each stage all-reduces; None means zero."""
@@ -83,7 +83,7 @@ class PipelineState:
     shared_cores: int | None = None
     """None: every node computes on a processor of its own. A number: every node is a one-thread
     process on one host with this many CPU cores, which running operations share (see
-    sim.iteration); operation times are then core-seconds of work."""
+    sim.model.iteration); operation times are then core-seconds of work."""
     _num_nodes: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from churnsim.calibration.tables import TIME_CATEGORIES
 
 BADPUT_CATEGORIES: tuple[str, ...] = TIME_CATEGORIES[1:]
 """Where wall-clock time goes besides goodput: goodput_s + sum(badput) == wall_clock_s for every run
-(definitions in calibration/tables.py and sim/accounting.py)."""
+(definitions in calibration/tables.py and sim/model/accounting.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

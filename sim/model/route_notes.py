@@ -40,7 +40,7 @@ def swapped_route_notes(scenario: Scenario) -> tuple[str, ...]:
     """One note per method of `scenario` whose route crosses stage pairs of a site network the plain route does not.
 
     On a uniform network the extra hops cost what any hop costs and the steady-overhead caveat
-    (`sim.verdict.steady_overhead_caveats`) covers them; on a site network they may cross an ocean.
+    (`sim.studies.verdict.steady_overhead_caveats`) covers them; on a site network they may cross an ocean.
     """
     num_stages, num_microbatches = scenario.pipeline.num_stages, scenario.pipeline.num_microbatches
     if not isinstance(scenario.network, SiteNetwork):

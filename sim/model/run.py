@@ -24,11 +24,11 @@ stage (and per node incarnation, so a dead node's unfinished transfers do not sl
 Approximation: these links are separate from the activation traffic inside an iteration (the
 iteration model has its own links), so a background flush over a pipeline link does not slow
 training, and a transfer cannot be cancelled: an abandoned one finishes on its own link.
-Time accounting: see `sim/accounting.py`.
+Time accounting: see `sim/model/accounting.py`.
 
 Two engines compute this model. `Run` below is the event model: every chunk, checkpoint write, flush
 and failure is a SimPy event; it is the reference (`simulate_run(..., reference_events=True)`).
-By default `simulate_run` uses the closed-form engine (`sim/closed_form/`), which computes the same
+By default `simulate_run` uses the closed-form engine (`sim/model/closed_form/`), which computes the same
 run between failures without scheduling events where nothing contends, and falls back to `Run`
 where it cannot (`NeedsEventModel`, or a policy without a closed-form twin); the differential test
 `tests/sim/test_closed_form_equivalence.py` holds both to the same results. The environment variable
@@ -283,7 +283,7 @@ class _UrgentTimeout(simpy.events.Event):
 
 class Run:
     """One simulated run: the trainer loop, the churn and the deadline. Policies never see it: they
-    get its `RunContext` (sim/run_context.py), the state and services they share with the trainer."""
+    get its `RunContext` (sim/model/run_context.py), the state and services they share with the trainer."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """What a recovery policy may read and do in a simulated run: one small object, the `RunContext`.
 
-The trainer (`sim/run.py`) owns a run's context and drives it: it advances `progress`, books
-training time, and tells the context how to interrupt it. A policy (`sim/methods/`) receives only
+The trainer (`sim/model/run.py`) owns a run's context and drives it: it advances `progress`, books
+training time, and tells the context how to interrupt it. A policy (`sim/model/methods/`) receives only
 the context, never the trainer, so it can:
 
 - read the clock (`env`, `now`), `progress`, `iterations_executed`, `iteration_time_s`,

@@ -15,12 +15,12 @@
    the grid grows past it (half the smallest, twice the largest interval) and runs again, up to
    `MAX_GRID_EXTENSIONS` times, until the best point has a neighbour on each side, the smallest is
    1 iteration, or the largest exceeds the iterations a run executes (no checkpoint is taken then).
-3. The winner is the best variant of each method compared by `sim/verdict.py`'s rule (methods that
+3. The winner is the best variant of each method compared by `sim/studies/verdict.py`'s rule (methods that
    reached the target in every replication first, then the lowest mean time to target).
 4. Robustness: each method's best variant (knobs fixed) runs again with every setback scaled (0.5×,
    2×) and the failure rate scaled (×0.5, ×2); each case says whether the winner changes. At a
    scaled failure rate each checkpoint interval is also tuned there (Daly's optimum or a search,
-   `sim/untuned_intervals.py`), and the case takes the better of the two.
+   `sim/studies/untuned_intervals.py`), and the case takes the better of the two.
 
 Common random numbers throughout: every variant and case of replication r sees the same failure
 path (for the same churn) and the same setback draws.
@@ -71,7 +71,7 @@ class Candidate:
     """The mean over the replications that reached the target."""
     time_to_target_at_least_s: float | None = None
     """A lower bound on the mean over all of them, the missed runs counted at the time they were
-    stopped (`sim.replicate.time_to_target_at_least_s`); None where unknown."""
+    stopped (`sim.studies.replicate.time_to_target_at_least_s`); None where unknown."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +342,7 @@ def _robustness(
                "robustness")
 
     # At another failure rate a checkpoint interval's best moves: tuned there (Daly's optimum or a
-    # search, sim/untuned_intervals.py), a method enters the case with the better of the two.
+    # search, sim/studies/untuned_intervals.py), a method enters the case with the better of the two.
     retuned: dict[str, list[Candidate]] = {}
     for name, factor, case_scenario, keys in cases:
         case = f"{name}×{factor:g}"

@@ -3,7 +3,7 @@
 Every setback of the scenario is multiplied by a common factor (`convergence.setback_scale`: 0.5, 1,
 2, 3, 5 by default; 1 is the scenario as it is, with its replications' setback draws) and the
 what-if is repeated at each factor and failure rate. The table says which method wins at each
-(rate, factor) (`sim/verdict.py`'s rule) and where the winner changes: between two factors whose
+(rate, factor) (`sim/studies/verdict.py`'s rule) and where the winner changes: between two factors whose
 winners differ, the crossover is where the two methods' mean times to target meet, interpolated
 linearly in the factor (a method's time grows about linearly with its setbacks while its progress
 is not clipped at zero). Common random numbers: every factor sees the same failure paths and the

@@ -60,7 +60,7 @@ def simulate_tables(scenario: Scenario, *, on_replication_done: Callable[[], Non
     summary = summary_table(runs)
     verdict = verdict_from_summary(summary, notes=scenario_notes(scenario), runs=runs)
     # Each checkpoint interval also tuned, and the answer given again with the better ones
-    # (sim/untuned_intervals.py), in this process as the rest.
+    # (sim/studies/untuned_intervals.py), in this process as the rest.
     verdict = rerun_untuned_intervals(verdict, [scenario], runs, workers=1)
     verdict = with_own_rate_named(verdict, scenario)
     return SimulationOutput(

@@ -220,7 +220,7 @@ def sweep_verdict(
 ) -> Verdict:
     """The answer at every grid point and failure rate of a sweep of `scenario`. With the sweep's
     `tasks`, each checkpoint interval is also tuned at every point, and where that is clearly better
-    the point is answered again with it (sim/untuned_intervals.py: a few more, small sweeps)."""
+    the point is answered again with it (sim/studies/untuned_intervals.py: a few more, small sweeps)."""
     notes = scenario_notes(scenario) if result.notes is None else result.notes
     verdict = verdict_from_summary(result.summary, grid_columns=result.grid_columns, notes=notes, runs=result.runs)
     if tasks is None:

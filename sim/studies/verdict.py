@@ -1,6 +1,6 @@
 """The answer to "which method reaches the target first, and by how much", as data.
 
-From a summary table (`sim.replicate.summary_table`, one row per scenario × failure rate × method)
+From a summary table (`sim.studies.replicate.summary_table`, one row per scenario × failure rate × method)
 `verdict_from_summary` picks, at each failure rate (and each grid point of a sweep):
 
 - the *winner*: the real method (neither the no-failure reference, trait `ignores_failures`, nor an
@@ -92,7 +92,7 @@ class MethodStanding:
 
 @dataclass(frozen=True, kw_only=True)
 class IntervalRerun:
-    """A method run again at a better checkpoint interval at one point (sim/untuned_intervals.py)."""
+    """A method run again at a better checkpoint interval at one point (sim/studies/untuned_intervals.py)."""
 
     method: str
     interval_field: str
@@ -228,7 +228,7 @@ def cannot_be_told_apart(winner: TimedToTarget, other: TimedToTarget) -> bool:
     """Their 95 % intervals overlap, and where `other` missed the target in some replications (its
     interval covers only the runs that reached it) its lower bound is within the winner's interval.
 
-    Also `sim.recommend`'s rule for its candidates, which carry the same three fields."""
+    Also `sim.studies.recommend`'s rule for its candidates, which carry the same three fields."""
     if not winner.time_to_target_s.overlaps(other.time_to_target_s):
         return False
     at_least, winner_high = other.time_to_target_at_least_s, winner.time_to_target_s.ci95_high
@@ -291,7 +291,7 @@ def verdict_from_summary(
 ) -> Verdict:
     """One `PointVerdict` per (scenario, failure rate), rates ascending within each scenario.
 
-    `notes` are the scenario's caveats (`sim.outputs.scenario_notes`); with `runs` (runs.csv) the
+    `notes` are the scenario's caveats (`sim.studies.outputs.scenario_notes`); with `runs` (runs.csv) the
     methods whose failure-free iteration is markedly slower than the plain pipeline's get one too.
     """
     points = []

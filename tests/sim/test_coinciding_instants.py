@@ -1,5 +1,5 @@
 """Instants that coincide exactly: a failure at the instant something else ends comes first, in both
-engines (sim/run.py, "Coinciding instants"), and training is labelled by the state it ran in.
+engines (sim/model/run.py, "Coinciding instants"), and training is labelled by the state it ran in.
 
 Trace replays remove nodes at whole minutes; with round hop times failures land exactly on
 takeovers, replica arrivals and chunk ends. These pin the order the differential test

@@ -1,4 +1,4 @@
-"""The closed-form engine's links (sim/closed_form/fluid_links.py) time transfers as the event model's
+"""The closed-form engine's links (sim/model/closed_form/fluid_links.py) time transfers as the event model's
 `ProcessorSharingLink` does: a group on an idle link to the bit, a busy period to rounding."""
 
 from __future__ import annotations

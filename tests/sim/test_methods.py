@@ -193,7 +193,7 @@ def test_a_rebuild_that_leaves_no_trained_weights_restarts_training_from_iterati
     assert result.badput["convergence_setback_s"] == pytest.approx(300 * iteration_s, rel=1e-9)
     assert result.iterations_executed == 900
     assert any("training restarted from iteration 0" in note for note in result.notes)
-    # A wall-clock replay of a real run (sim/validate.py) drops it: the real run trains on from the
+    # A wall-clock replay of a real run (sim/checks/validate.py) drops it: the real run trains on from the
     # random weights for its fixed number of iterations.
     replay = run(without_setbacks(scenario), name, [failure(failure_s, 0)])
     assert replay.iterations_executed == 600 and replay.badput["convergence_setback_s"] == 0.0

@@ -1,4 +1,4 @@
-"""`recommend` (sim/recommend.py) on the Young/Daly scenario of test_analytic.py, and `churnsim recommend --json`.
+"""`recommend` (sim/studies/recommend.py) on the Young/Daly scenario of test_analytic.py, and `churnsim recommend --json`.
 
 Only the `checkpoint` method, one stage with a 1 s iteration, δ = 10 s, Poisson failures with
 M = 2000 s: Young's interval is 200 iterations, Daly's 193, and the simulated optimum lies near them

@@ -1,4 +1,4 @@
-"""The setback-sensitivity study finds where the winner changes (sim/setback_sensitivity.py)."""
+"""The setback-sensitivity study finds where the winner changes (sim/studies/setback_sensitivity.py)."""
 
 from __future__ import annotations
 

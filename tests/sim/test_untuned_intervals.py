@@ -1,5 +1,5 @@
 """An answer tries each method's checkpoint interval at a better value at every point with failures
-(sim/untuned_intervals.py): a blocking checkpoint at Daly's optimum where it is far from it, one
+(sim/studies/untuned_intervals.py): a blocking checkpoint at Daly's optimum where it is far from it, one
 that blocks nothing by a halving/doubling search; where that is clearly better the point gets a
 second answer with the tuned intervals, in `whatif`, `sweep` and `simulate` alike.
 

@@ -1,5 +1,5 @@
 """`whatif` under a scenario's own churn: a churn model other than the per-stage hourly probability is
-asked at multiples of its own rate, not replaced (sim/whatif.py `whatif_plan`)."""
+asked at multiples of its own rate, not replaced (sim/studies/whatif.py `whatif_plan`)."""
 
 from __future__ import annotations
 

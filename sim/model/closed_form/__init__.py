@@ -1,6 +1,6 @@
 """The closed-form run engine and the closed-form twins of the built-in recovery policies.
 
-`simulate_run` (sim/run.py) uses this engine unless asked for the event model
+`simulate_run` (sim/model/run.py) uses this engine unless asked for the event model
 (`reference_events=True`); see `engine.py` for what is computed in closed form and how it stays
 equal to the event model. A policy class without a registered twin (one a user adds with
 `register_policy`) runs in the event model; `register_twin` adds one.

@@ -1,4 +1,4 @@
-"""Closed-form twin of `sim/methods/async_checkpoint.py`: the lazy flush pipeline as a recurrence.
+"""Closed-form twin of `sim/model/methods/async_checkpoint.py`: the lazy flush pipeline as a recurrence.
 
 The event model runs one flusher process per stage for the first level and one round process per
 later level. Between failures they do not interact with anything but each other, so their times
@@ -98,7 +98,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
         self.first_shared = first.shared
         self.first_bytes = tuple(policy.level_bytes[0])
         self.first_serialization_s = tuple(policy.level_serialization_s[0])
-        # One flow per stage link: the flush ends at admit + bytes × 1 / bandwidth (sim/links.py).
+        # One flow per stage link: the flush ends at admit + bytes × 1 / bandwidth (sim/model/links.py).
         self.first_flow_s = tuple(
             max(size, 0.0) * 1 / self.first_bandwidth_bytes_per_s if size > 0 and self.first_bandwidth_bytes_per_s != math.inf else None
             for size in self.first_bytes
@@ -234,7 +234,7 @@ class AsyncCheckpointTwin(ClosedFormPolicy):
     # ------------------------------------------------------------ durable instants
     def _advance_flushes(self, run: ClosedFormRun, until_s: float, *, before_failure: bool = False) -> None:
         """Book the durable instants up to `until_s`; before a failure at `until_s`, only those before
-        it: a flush ending as the failure strikes comes after it (sim/run.py, coinciding instants)."""
+        it: a flush ending as the failure strikes comes after it (sim/model/run.py, coinciding instants)."""
         if before_failure:
             until_s = math.nextafter(until_s, -math.inf)
         pending = self._pending_first

@@ -1,4 +1,4 @@
-"""Closed-form twins of `sim/methods/checkpointing.py`: synchronous checkpoints and restart recovery.
+"""Closed-form twins of `sim/model/methods/checkpointing.py`: synchronous checkpoints and restart recovery.
 
 Each function mirrors one generator of the event model line by line, on the same objects
 (`SyncCheckpointer`, `RestartRecovery`), so their state (committed progress, the stages being

@@ -1,6 +1,6 @@
-"""The closed-form run engine: the run model of `sim/run.py` with no SimPy event where nothing contends.
+"""The closed-form run engine: the run model of `sim/model/run.py` with no SimPy event where nothing contends.
 
-`sim/run.py`'s `Run` (the reference, `simulate_run(..., reference_events=True)`) advances a SimPy
+`sim/model/run.py`'s `Run` (the reference, `simulate_run(..., reference_events=True)`) advances a SimPy
 environment: a chunk of iterations is a timeout, every checkpoint write, flush and read goes through
 processor-sharing links as events, and a failure interrupts a process. Between failures everything
 is deterministic, so this engine computes it instead, in the same order and, wherever that is
@@ -23,7 +23,7 @@ cheap, with the same floating-point operations:
   checkpoint read) are booked in one step (`recover_unstopped`) when they end before anything can
   stop them on idle links, else waited for one by one.
 - Background work that the event model runs as processes (lazy asynchronous flushes, redundant
-  replacements, replica refreshes) is each method's own recurrence (`sim/closed_form/*.py`), a
+  replacements, replica refreshes) is each method's own recurrence (`sim/model/closed_form/*.py`), a
   completion scheduled on a small heap, evaluated when the run reaches its time, or, where the
   completion changes nothing until its owner looks (CheckFree+'s refresh, a redundant successor's
   replica), a background group whose `end_s` the owner reads when it gets there: no event at all.
@@ -32,21 +32,21 @@ cheap, with the same floating-point operations:
   event model re-enters it: the remaining wait is recomputed, never replayed event by event.
 
 Each recovery method has a closed-form twin (`ClosedFormPolicy`, registered per policy class in
-`sim/closed_form/__init__.py`) that drives the policy object's own state (checkpointers, restart
+`sim/model/closed_form/__init__.py`) that drives the policy object's own state (checkpointers, restart
 recoveries, rebuild sets) and mirrors its generators line by line; a policy without a twin (one a
 user registers) runs in the event model. Where transfers would truly share a link with something the
 twin cannot re-time (a background transfer joining a link the trainer is waiting on, a shared
 first-level flush tier with a backlog), the twin raises `NeedsEventModel` and the whole run is
-simulated again in the event model (`sim/run.py`), so the answer never depends on the engine.
+simulated again in the event model (`sim/model/run.py`), so the answer never depends on the engine.
 
 Exactness: the results equal the event model's to floating-point rounding (the differential test
 `tests/sim/test_closed_form_equivalence.py` asserts 1e-9 relative): chunks, waits and uncontended
 transfers to the bit (unequal parts on one link: to a few units in the last place, `IdleDuration`); transfers on a link that other flows share (`FluidLink`) to rounding.
-Instants that coincide exactly follow the model's rule (sim/run.py, "Coinciding instants"): a
+Instants that coincide exactly follow the model's rule (sim/model/run.py, "Coinciding instants"): a
 failure arrival comes before a background completion, a chunk end or a transfer end at its instant,
 and training is labelled by the state it ran in, so a state change at a chunk's end may come either
 side of it. Other ties are ordered as the event model usually orders them (the deadline first,
-sim/closed_form/async_checkpoint.py for flush rounds); the event model orders those by when SimPy
+sim/model/closed_form/async_checkpoint.py for flush rounds); the event model orders those by when SimPy
 scheduled each event (a chunk that ends exactly at the deadline: the event model may complete it
 and start the boundary's work first, which changes only the counters of work started at that
 instant); with a deadline that is no exact multiple of the iteration and generic bandwidths they do
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from ..methods.base import RecoveryPolicy
     from .checkpointing import SyncCheckpointerTwin
 
-_CREDIT_TOLERANCE = 1e-9  # relative: as sim/run.py
+_CREDIT_TOLERANCE = 1e-9  # relative: as sim/model/run.py
 _SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method"}
 _INFINITY = math.inf
 
@@ -187,7 +187,7 @@ class ClosedFormRun:
         self._training = False
         self._state_changed = False
 
-    # ----------------------------------------------------------------- the trainer (sim/run.py)
+    # ----------------------------------------------------------------- the trainer (sim/model/run.py)
     def execute(self) -> None:
         try:
             self._train_loop()
@@ -398,7 +398,7 @@ class ClosedFormRun:
         while True:
             arrival_s = self._arrival_s
             background_s = self._background_s
-            if background_s < arrival_s:  # a failure at the same instant comes first (sim/run.py)
+            if background_s < arrival_s:  # a failure at the same instant comes first (sim/model/run.py)
                 if background_s > end_s or background_s >= deadline_s:
                     break
                 _, _, callback = heapq.heappop(self._background)
@@ -442,7 +442,7 @@ class ClosedFormRun:
         self.next_stop_s = min(self._arrival_s, self._background_s, self.deadline_s)
 
     def _arrive(self) -> bool:
-        """The arrival of the next failure event (sim/run.py `Run._arrive`); True if it needs handling."""
+        """The arrival of the next failure event (sim/model/run.py `Run._arrive`); True if it needs handling."""
         event = self._next_event
         assert event is not None
         self._load_next_arrival()
@@ -472,7 +472,7 @@ class ClosedFormRun:
             if time_s < self.next_stop_s:
                 self.next_stop_s = time_s
 
-    # ----------------------------------------------------------------- waits (sim/run_context.py)
+    # ----------------------------------------------------------------- waits (sim/model/run_context.py)
     def wait(self, duration_s: float, category: str, name: str, *, stage: int = -1, span_category: str | None = None) -> None:
         """Block training for `duration_s`, booked to `category` even if interrupted (raises `Interrupted`)."""
         if duration_s > 0:
@@ -562,7 +562,7 @@ class ClosedFormRun:
         self.now = end_s
         return True
 
-    # ----------------------------------------------------------------- progress (sim/run_context.py)
+    # ----------------------------------------------------------------- progress (sim/model/run_context.py)
     @property
     def pipeline_state(self) -> PipelineState:
         return self._state

@@ -1,4 +1,4 @@
-"""The processor-sharing link of `sim/links.py` without SimPy: transfer completion times as numbers.
+"""The processor-sharing link of `sim/model/links.py` without SimPy: transfer completion times as numbers.
 
 `ProcessorSharingLink` advances its flows on every arrival and departure and arms one wake-up at the
 earliest completion. Here:
@@ -10,7 +10,7 @@ earliest completion. Here:
 - a batch that joins a busy link (flows of an abandoned transfer still in flight, a background
   refresh) is timed by `FluidLink`, which replays the event model's steps (to the bit) unless
   abandoned transfers pile up, and reports the earlier batches whose completion moved, so the
-  closed-form engine (`sim/closed_form/engine.py`) can re-time what waits for them.
+  closed-form engine (`sim/model/closed_form/engine.py`) can re-time what waits for them.
 
 Approximation: none beyond the event model's (flows count as finished within a relative
 `COMPLETION_TOLERANCE` of their size), except in virtual service time (rounding, see `FluidLink`);

@@ -1,4 +1,4 @@
-"""Closed-form twins of `sim/methods/rebuild.py`: CheckFree, CheckFree+ and the rebuild ablations.
+"""Closed-form twins of `sim/model/methods/rebuild.py`: CheckFree, CheckFree+ and the rebuild ablations.
 
 A rebuild is a sequence of waits (join delay, restart, weight transfers over the node links with any
 edge checkpoint reads), each one comparison with the next failure; a failure during it re-enters it

@@ -1,4 +1,4 @@
-"""Closed-form twin of `sim/methods/redundant.py`: Bamboo-style redundancy with a checkpoint fallback.
+"""Closed-form twin of `sim/model/methods/redundant.py`: Bamboo-style redundancy with a checkpoint fallback.
 
 The event model runs one process per replacement (wait for the node, restart, receive the stage's
 and its successor's weights); here a replacement is a small object whose steps are background

@@ -1,6 +1,6 @@
 """The one abstract recovery policy of the simulator: a few hooks the run model calls.
 
-A policy never loops over time itself. The run model (`sim/run.py`) calls:
+A policy never loops over time itself. The run model (`sim/model/run.py`) calls:
 
 - `healthy_state()`: the pipeline state of a failure-free iteration under this method (redundant
   forwards, CheckFree+ swapped routes);
@@ -13,7 +13,7 @@ A policy never loops over time itself. The run model (`sim/run.py`) calls:
   keeps the recovery in progress in its own state and merges (it must leave that state consistent
   at every `yield`, and apply rollbacks and setbacks so that a repeated call does not count twice).
 
-`context` is the run's `RunContext` (sim/run_context.py): the state and services a policy may use,
+`context` is the run's `RunContext` (sim/model/run_context.py): the state and services a policy may use,
 never the trainer itself. Generators spend simulated time only through `context.wait(...)`, which
 books it to a badput category.
 """

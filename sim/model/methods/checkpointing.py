@@ -11,7 +11,7 @@ is gone after any failure (a part of it died with the node). Progress 0 is an im
 initialisation), so a failure before the first checkpoint needs no read.
 
 CheckFree's edge checkpoints reuse `SyncCheckpointer` with `stages=(0, S-1)` and charge a reload with
-`stale_stage_loss_iterations`, as `rollback = "stage"` does (sim/methods/rebuild.py).
+`stale_stage_loss_iterations`, as `rollback = "stage"` does (sim/model/methods/rebuild.py).
 
 Restart recovery (`RestartRecovery`): wait until every lost stage's replacement has joined, then
 `recovery.restart_s` (rendezvous, process groups), then the checkpoint reads (all stages for
