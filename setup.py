@@ -1,6 +1,6 @@
 """Build churnsim, with the simulator's closed-form run engine compiled to C by mypyc where it can be.
 
-Why: the closed-form engine (sim/closed_form/) books every failure, checkpoint, replica refresh and
+Why: the closed-form engine (sim/model/closed_form/) books every failure, checkpoint, replica refresh and
 snapshot of a run in some twenty small Python calls, and a long run has tens of thousands of them.
 Compiled by mypyc from the same typed source (same arithmetic, same order) a run takes about half
 the time. Everything else, the event model it is checked against included, stays Python.
@@ -9,7 +9,7 @@ the time. Everything else, the event model it is checked against included, stays
 - An editable install (`pip install -e .`, for working on the code) never compiles it, so that the
   source you edit is what runs (a compiled module beside it would shadow it).
 - Where mypyc or a C compiler is missing or fails, the build goes on in pure Python and says so:
-  the results are the same, only slower. `churnsim.sim.closed_form.COMPILED` tells which one runs.
+  the results are the same, only slower. `churnsim.sim.model.closed_form.COMPILED` tells which one runs.
 
 The metadata and the package list are in pyproject.toml.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-ENGINE_DIRECTORY = "sim/closed_form"
+ENGINE_DIRECTORY = "sim/model/closed_form"
 COMPILE_VARIABLE = "CHURNSIM_COMPILE"
 # Commands that only ask for metadata or set up an editable install: nothing to compile for them.
 _NO_COMPILE_COMMANDS = {"egg_info", "dist_info", "sdist", "editable_wheel"}
@@ -54,7 +54,7 @@ def _compiled_engine_modules() -> list:
     # module would have to import its own compiled modules before it exists.
     sources = sorted(str(path) for path in Path(ENGINE_DIRECTORY).glob("*.py") if path.name != "__init__.py")
     try:
-        # mypyc names modules by their path; the engine installs as churnsim.sim.closed_form, so it
+        # mypyc names modules by their path; the engine installs as churnsim.sim.model.closed_form, so it
         # is type-checked and compiled from a view of the tree under that name (see `_package_view`).
         build_directory = str(Path("build", "mypyc").resolve())
         with _package_view() as view_root:
@@ -78,8 +78,8 @@ def _compiled_engine_modules() -> list:
 @contextlib.contextmanager
 def _package_view() -> Iterator[str]:
     """A temporary directory laid out as the install lays out the package (pyproject.toml's
-    `package-dir`, links to this tree's folders), so that mypy sees `sim/closed_form/engine.py` as
-    `churnsim.sim.closed_form.engine`."""
+    `package-dir`, links to this tree's folders), so that mypy sees `sim/model/closed_form/engine.py` as
+    `churnsim.sim.model.closed_form.engine`."""
     from setuptools.config.pyprojecttoml import read_configuration
 
     here = Path(__file__).resolve().parent

@@ -174,7 +174,7 @@ def summarize(table) -> dict[str, dict[str, float]]:
     import dataclasses
 
     from churnsim.calibration.statistics import median_with_ci95
-    from churnsim.sim.validate import interval_coverage
+    from churnsim.sim.checks.validate import interval_coverage
 
     summary: dict[str, dict[str, float]] = {}
     for group, rows in headline_rows(table).items():
@@ -253,7 +253,7 @@ def carry_by_setup(tables) -> dict[str, dict[str, object]]:
     rounds, with a 95 % interval that resamples rounds. 1.10: the setup's steps run 10 % longer than
     the carry predicts, where the calibrated setup's run as predicted."""
     from churnsim.calibration.statistics import median_with_ci95
-    from churnsim.sim.validate import steady_step_carry
+    from churnsim.sim.checks.validate import steady_step_carry
 
     per_setup: dict[str, list[float]] = {}
     for table in tables:
@@ -304,7 +304,7 @@ def machine_speeds(table) -> dict[str, dict[str, float]]:
     setups it also holds the compute model's error at those setups."""
     import dataclasses
 
-    from churnsim.sim.validate import machine_speed
+    from churnsim.sim.checks.validate import machine_speed
 
     calibrated = table["run_id"].str.contains("-calibrated-")
     speeds = {}

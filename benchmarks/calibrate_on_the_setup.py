@@ -47,7 +47,7 @@ def validation_figures(runs: Path, calibration: Path) -> dict:
     """Per method the median |relative error| of the total wall-clock (absolute, load-normalised) and
     the runs' steady steps over the calibration's prediction (`sim.validate.machine_speed`)."""
     from churnsim.calibration.builtin import resolve_calibration
-    from churnsim.sim.validate import load_held_out_records, machine_speed, median_absolute_error, validate_records
+    from churnsim.sim.checks.validate import load_held_out_records, machine_speed, median_absolute_error, validate_records
 
     loaded = resolve_calibration(str(calibration))
     report = validate_records(load_held_out_records([runs], loaded), loaded)

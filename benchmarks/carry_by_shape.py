@@ -153,7 +153,7 @@ def _steady_over_predicted(directory: Path, calibration: str) -> dict[str, float
     """run id → the run's median steady step over the calibration's prediction for it (the validator
     in this process, as `churnsim validate` runs it)."""
     from churnsim.calibration.builtin import resolve_calibration
-    from churnsim.sim.validate import load_held_out_records, validate_records
+    from churnsim.sim.checks.validate import load_held_out_records, validate_records
 
     loaded = resolve_calibration(calibration)
     table = validate_records(load_held_out_records(sorted(directory.glob("*-r*")), loaded), loaded).table

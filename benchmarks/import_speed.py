@@ -5,11 +5,11 @@ until two runs agree within 20 % (benchmarks/speed_common.py):
 - `churnsim simulate --help` (the console script: typer and the command modules; rich, pydantic and
   the simulator load only when a command runs);
 - `python -c "import churnsim.sim"` (the package, as the target names it);
-- `python -c "import churnsim.sim.run"` (what a script that calls `simulate_run` imports);
+- `python -c "import churnsim.sim.model.run"` (what a script that calls `simulate_run` imports);
 - `python -c "pass"` (the interpreter's own start, for scale);
 - a script's first simulated run (`FIRST_RUN`: imports, a preset, its failure path, a short run of
   checkfree), no target: what the imports cost a script, with whatever a run imports on first use.
-Also lists the ten heaviest imports of `churnsim.sim.run` (`python -X importtime`). There is no
+Also lists the ten heaviest imports of `churnsim.sim.model.run` (`python -X importtime`). There is no
 event-model reference here: imports are the same in both engines. Writes
 benchmarks/results/import-speed.json.
 
@@ -17,7 +17,7 @@ Bytecode: a user's second command finds churnsim's modules compiled in `__pycach
 them on the first import), so the timed commands run with bytecode writing allowed, after one
 warm-up that writes them, even where the environment sets PYTHONDONTWRITEBYTECODE (this machine
 does: without the caches every import compiles churnsim's ~30 modules from source, ≈ 75 ms of an
-import of `churnsim.sim.run` by cProfile; the first command after an install pays that).
+import of `churnsim.sim.model.run` by cProfile; the first command after an install pays that).
 
     python benchmarks/import_speed.py [--max-rounds 8]
 """
@@ -42,7 +42,7 @@ FIRST_RUN = """
 from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import preset
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.run import simulate_run
 scenario = preset("checkfree-500m-geo-16pct", {"target.loss": None, "target.iterations": 300})
 simulate_run(scenario, method_from_name("checkfree"), failures_for_replication(scenario))
 """
@@ -58,7 +58,7 @@ def commands() -> dict[str, list[str]]:
     return {
         "churnsim simulate --help": [console_script, "simulate", "--help"],
         "import churnsim.sim": [sys.executable, "-c", "import churnsim.sim"],
-        "import churnsim.sim.run": [sys.executable, "-c", "import churnsim.sim.run"],
+        "import churnsim.sim.model.run": [sys.executable, "-c", "import churnsim.sim.model.run"],
         "python (empty)": [sys.executable, "-c", "pass"],
         "first run of a preset": [sys.executable, "-c", FIRST_RUN],
     }
@@ -113,8 +113,8 @@ def main() -> None:
         rows[name] = {**timing.summary(), "target_s": target, "meets_target": None if target is None else seconds <= target}
         verdict = "" if target is None else ("met" if seconds <= target else "NOT met")
         print(f"{name:28s} {seconds:6.3f} s  [{min(timing.wall_s):.3f}–{max(timing.wall_s):.3f}]  {verdict}")
-    heavy = heaviest_imports("churnsim.sim.run")
-    print("heaviest imports of churnsim.sim.run (cumulative s):", ", ".join(f"{name} {seconds:.3f}" for name, seconds in heavy))
+    heavy = heaviest_imports("churnsim.sim.model.run")
+    print("heaviest imports of churnsim.sim.model.run (cumulative s):", ", ".join(f"{name} {seconds:.3f}" for name, seconds in heavy))
     path = write_result(
         "import-speed",
         {"benchmark": "fresh-interpreter wall clock of CLI help and simulator imports", "commands": rows,

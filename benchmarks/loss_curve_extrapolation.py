@@ -31,7 +31,7 @@ from speed_common import RESULTS_DIRECTORY  # noqa: E402
 from report import add_report_option, report_if_asked  # noqa: E402
 
 from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT, fit_baseline_curve  # noqa: E402
-from churnsim.sim.validate import SMOOTHING_ITERATIONS, progress_for_smoothed_loss, reached_own_goal, smoothed_loss  # noqa: E402
+from churnsim.sim.checks.validate import SMOOTHING_ITERATIONS, progress_for_smoothed_loss, reached_own_goal, smoothed_loss  # noqa: E402
 
 LOSSES_FILE = Path(__file__).resolve().parent.parent / "tests" / "calibration" / "data" / "cpu-tiny-no-failure-losses.csv"
 RESULTS_FILE = RESULTS_DIRECTORY / "loss-curve-extrapolation.json"

@@ -80,7 +80,7 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "import-speed", "import_speed.py",
         "Fresh-interpreter wall clock of `churnsim simulate --help`, of importing the simulator, of an empty "
         "interpreter (for scale) and of a script's first simulated run, repeated until two runs agree within 20 %; "
-        "also the ten heaviest imports of `churnsim.sim.run`.",
+        "also the ten heaviest imports of `churnsim.sim.model.run`.",
         "python benchmarks/import_speed.py", "at most 0.3 s for the help and for each import"),
     Benchmark(
         "calibrate-and-validate", "calibrate_and_validate.py",

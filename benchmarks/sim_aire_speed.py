@@ -25,8 +25,8 @@ from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
 from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.scenario import Scenario  # noqa: E402
-from churnsim.sim.replicate import ReplicationTask, run_replication  # noqa: E402
-from churnsim.sim.run import REFERENCE_EVENTS_VARIABLE  # noqa: E402
+from churnsim.sim.studies.replicate import ReplicationTask, run_replication  # noqa: E402
+from churnsim.sim.model.run import REFERENCE_EVENTS_VARIABLE  # noqa: E402
 
 TARGET_S = 0.65
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "aire-equiv.json"

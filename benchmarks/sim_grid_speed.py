@@ -29,9 +29,9 @@ from speed_common import repeat_until_agreed, timed, write_result  # noqa: E402
 from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.presets import preset  # noqa: E402
-from churnsim.sim.run import REFERENCE_EVENTS_VARIABLE  # noqa: E402
-from churnsim.sim.sweep import run_sweep  # noqa: E402
-from churnsim.sim.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, rate_tasks  # noqa: E402
+from churnsim.sim.model.run import REFERENCE_EVENTS_VARIABLE  # noqa: E402
+from churnsim.sim.studies.sweep import run_sweep  # noqa: E402
+from churnsim.sim.studies.whatif import WHATIF_FAILURE_RATES, WhatIfPlan, rate_tasks  # noqa: E402
 
 TARGET_S = 60.0
 SIZES = ("checkfree-124m-geo-10pct", "checkfree-500m-geo-10pct", "checkfree-1.5b-geo-10pct")

@@ -27,9 +27,9 @@ from churnsim.calibration.failure_sampling import failures_for_replication  # no
 from churnsim.calibration.methods import METHOD_NAMES  # noqa: E402
 from churnsim.calibration.presets import preset  # noqa: E402
 from churnsim.calibration.scenario import TargetSpec  # noqa: E402
-from churnsim.sim.iteration import IterationModel  # noqa: E402
-from churnsim.sim.pipeline_state import build_pipeline_state  # noqa: E402
-from churnsim.sim.run import simulate_run, simulate_run_and_policy  # noqa: E402
+from churnsim.sim.model.iteration import IterationModel  # noqa: E402
+from churnsim.sim.model.pipeline_state import build_pipeline_state  # noqa: E402
+from churnsim.sim.model.run import simulate_run, simulate_run_and_policy  # noqa: E402
 
 TARGET_S = 0.1
 PRESET = "checkfree-500m-geo-16pct"

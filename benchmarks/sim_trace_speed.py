@@ -24,8 +24,8 @@ from report import add_report_option  # noqa: E402
 
 from churnsim.calibration.failure_sampling import failures_for_replication  # noqa: E402
 from churnsim.calibration.scenario import Scenario  # noqa: E402
-from churnsim.sim.iteration import IterationModel  # noqa: E402
-from churnsim.sim.run import simulate_run_and_policy  # noqa: E402
+from churnsim.sim.model.iteration import IterationModel  # noqa: E402
+from churnsim.sim.model.run import simulate_run_and_policy  # noqa: E402
 
 TARGET_S = 0.08
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "spot-p3-trace-span.json"

@@ -103,7 +103,7 @@ def machine() -> dict:
 def closed_form_engine() -> str:
     """Which build of the closed-form engine this process runs: a regular install's, compiled by mypyc
     (setup.py), or an editable install's source."""
-    from churnsim.sim.closed_form import COMPILED
+    from churnsim.sim.model.closed_form import COMPILED
 
     return "compiled (mypyc)" if COMPILED else "source (pure Python)"
 

@@ -84,7 +84,7 @@ def calibrated_compute(scenario: Scenario, calibration: Calibration) -> Explicit
     """Compute of the scenario's model and pipeline on the calibrated machine: the measured per-stage
     times on the calibrated setup, the compute cost model on any other; either with the spread of
     the calibration's run speeds (calibration/speed_uncertainty.py) and the methods' measured steady
-    extras (charged by sim.method_extras.with_measured_method_extra)."""
+    extras (charged by sim.model.method_extras.with_measured_method_extra)."""
     compute = _calibrated_compute_times(scenario, calibration)
     return compute.model_copy(
         update={

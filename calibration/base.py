@@ -25,7 +25,7 @@ class StrictModel(BaseModel):
 
     Modules that define models do without `from __future__ import annotations`: pydantic would turn
     every string annotation back into a type when the class is created, which was half of the
-    models' share of `import churnsim.sim.run` (tests/calibration/test_model_modules.py keeps it so).
+    models' share of `import churnsim.sim.model.run` (tests/calibration/test_model_modules.py keeps it so).
     """
 
     # Infinite bandwidths are legal values; JSON has no literal for them, so they travel as "Infinity".

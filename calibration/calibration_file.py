@@ -95,7 +95,7 @@ class Calibration(FiniteNumbersModel):
     method_model_extra_s: dict[str, float] = Field(default_factory=dict)
     """Per method in `method_iteration_extra_s`, the extra the simulator's iteration model itself gives
     it on the calibrated setup, from compute alone: on another setup the measured extra is scaled by
-    the model's extra there over this (sim.method_extras.with_measured_method_extra). Empty in
+    the model's extra there over this (sim.model.method_extras.with_measured_method_extra). Empty in
     calibrations made before it existed, whose extras are then carried unscaled."""
     compute_model: ComputeCostModel | None = None
     """Compute of other models and pipelines of this machine (calibration.compute_cost); None in

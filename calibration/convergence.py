@@ -38,8 +38,8 @@ from pydantic import Field, model_validator
 from .base import StrictModel
 from .errors import InputError
 from .methods import METHOD_CONFIGS, METHOD_NAMES
+from .stage_positions import StagePosition
 
-StagePosition = Literal["interior", "edge"]
 SetbackSource = Literal["measured", "paper_fitted", "default"]
 
 
@@ -217,14 +217,14 @@ class ConvergenceSpec(StrictModel):
     stale_reload_costs_progress: bool = True
     """A stage reloaded from an older checkpoint while the others keep going (checkpoint with
     rollback "stage", CheckFree's edge checkpoints) costs the run Δ/S iterations of progress, the
-    simulator's stand-in for the damage a stale stage does to convergence (sim/methods/
+    simulator's stand-in for the damage a stale stage does to convergence (sim/model/methods/
     checkpointing.py). False drops it, as a wall-clock replay of a real run must: the real run does
-    not repeat those iterations, it only trains on with a stale stage (sim/validate.py)."""
+    not repeat those iterations, it only trains on with a stale stage (sim/checks/validate.py)."""
     restart_from_scratch_costs_progress: bool = True
     """A rebuild that leaves no trained weight anywhere (every stage lost at random init,
     `calibration.rebuild_plan.leaves_no_trained_weights`) costs all the progress made: training
     starts again from iteration 0. False drops it, as a wall-clock replay of a real run must: the
-    real run trains on from the random weights for its fixed number of iterations (sim/validate.py)."""
+    real run trains on from the random weights for its fixed number of iterations (sim/checks/validate.py)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -373,10 +373,6 @@ def critical_batch_tokens_at_loss(loss: float) -> float:
     """Kaplan et al.'s critical batch at `loss` (nats per token), in tokens: an order of magnitude for
     B_noise where none was measured (their fit is for WebText2 and their tokenizer)."""
     return CRITICAL_BATCH_TOKENS_AT_LOSS_ONE / loss ** (1.0 / CRITICAL_BATCH_LOSS_EXPONENT)
-
-
-def stage_position(stage: int, num_stages: int) -> StagePosition:
-    return "edge" if stage in (0, num_stages - 1) else "interior"
 
 
 def iterations_for_target(curve: PowerLawLossCurve, target_loss: float) -> int:

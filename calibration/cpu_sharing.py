@@ -2,7 +2,7 @@
 
 A local CPU run starts one single-threaded process per stage; with more processes computing than
 there are cores, each computes at a fraction of a core, so a span's wall time overstates its work.
-The simulator models the sharing itself (sim.iteration, `shared_cores`), so it needs the work:
+The simulator models the sharing itself (sim.model.iteration, `shared_cores`), so it needs the work:
 under fair processor sharing a span that is open while n processes of its run use a core
 progresses at min(1, cores / n) core-seconds per second, and its work is the integral of that rate
 over the span.

@@ -25,11 +25,12 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from .convergence import MethodSetbacks, PowerLawLossCurve, SetbackSpec, StagePosition, default_setbacks, stage_position
+from .convergence import MethodSetbacks, PowerLawLossCurve, SetbackSpec, default_setbacks
 from .errors import InputError
 from .failures import FailureSchedule
 from .methods import method_traits
 from .run_record import RunRecord
+from .stage_positions import StagePosition, stage_position
 from .statistics import mean_with_ci95
 
 DEFAULT_WINDOW_ITERATIONS = 20

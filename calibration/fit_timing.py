@@ -54,10 +54,10 @@ def has_plain_iteration(record: RunRecord) -> bool:
 
 Predictor = Callable[[ModelSpec, PipelineSpec, ExplicitCompute], float]
 """The simulator's healthy iteration time of a model and pipeline with given compute (calibration/
-may not import sim/, so the model is passed in: sim.calibrated.iteration_predictor)."""
+may not import sim/, so the model is passed in: sim.model.calibrated.iteration_predictor)."""
 MethodExtraPredictor = Callable[[ModelSpec, PipelineSpec, ExplicitCompute, MethodConfigBase], float]
 """How much longer the simulator's iteration model makes a method's healthy iteration than the plain
-pipeline's, from compute alone (sim.calibrated.method_extra_predictor)."""
+pipeline's, from compute alone (sim.model.calibrated.method_extra_predictor)."""
 
 
 def record_name(record: RunRecord) -> str:

@@ -11,11 +11,11 @@ method's name.
 `METHOD_CONFIGS` is the registry, and it is open: `register_method_config(cls)` adds a method, and
 `MethodConfig` (the type of `Scenario.methods`) validates a config by looking its `name` up there,
 so a new method needs no edit to this module. sim/ and real/ each keep one class per name
-(`sim.methods.POLICIES`, `real.methods.METHODS`); a test checks that the three registries agree.
+(`sim.model.methods.POLICIES`, `real.methods.METHODS`); a test checks that the three registries agree.
 """
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 from pydantic_core import PydanticCustomError
@@ -23,9 +23,15 @@ from pydantic_core import PydanticCustomError
 from .base import StrictModel, validate_model
 from .errors import InputError
 from .pipeline_schedule import MINIMUM_STAGES_FOR_SWAP
-
-if TYPE_CHECKING:
-    from .rebuild_plan import RebuildPlan
+from .rebuild_plan import (
+    RebuildPlan,
+    checkfree_plus_stage_plan,
+    checkfree_stage_plan,
+    copy_stage_plan,
+    random_stage_plan,
+    uniform_stage_plan,
+    uses_edge_checkpoints,
+)
 
 GradientWeighting = Literal["squared_l2", "l2", "uniform"]
 MethodFamily = Literal["reference", "checkpoint", "redundant", "rebuild"]
@@ -228,16 +234,11 @@ class CheckFreeConfig(_NeighbourRebuildConfig):
 
     @property
     def tiers_used(self) -> tuple[str, ...]:
-        # Only when edge checkpoints are written: `copy`/`random` fallbacks need no storage. Imported
-        # here: rebuild_plan imports convergence, which imports this module.
-        from .rebuild_plan import uses_edge_checkpoints
-
+        # Only when edge checkpoints are written: `copy`/`random` fallbacks need no storage.
         return (self.edge_checkpoint_tier,) if uses_edge_checkpoints(self) else ()
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
         """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
-        from .rebuild_plan import checkfree_stage_plan  # here: rebuild_plan imports convergence, which imports this module
-
         return checkfree_stage_plan(self, stage, lost, num_stages)
 
 
@@ -259,8 +260,6 @@ class CheckFreePlusConfig(_NeighbourRebuildConfig):
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
         """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
-        from .rebuild_plan import checkfree_plus_stage_plan  # here: rebuild_plan imports convergence, which imports this module
-
         return checkfree_plus_stage_plan(self, stage, lost, num_stages)
 
 
@@ -275,8 +274,6 @@ class CopyConfig(_NeighbourRebuildConfig):
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
         """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
-        from .rebuild_plan import copy_stage_plan  # here: rebuild_plan imports convergence, which imports this module
-
         return copy_stage_plan(self, stage, lost, num_stages)
 
 
@@ -291,8 +288,6 @@ class UniformConfig(_NeighbourRebuildConfig):
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
         """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
-        from .rebuild_plan import uniform_stage_plan  # here: rebuild_plan imports convergence, which imports this module
-
         return uniform_stage_plan(self, stage, lost, num_stages)
 
 
@@ -307,8 +302,6 @@ class RandomConfig(_NeighbourRebuildConfig):
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
         """What lost `stage` starts from when the stages `lost` went together (calibration/rebuild_plan.py)."""
-        from .rebuild_plan import random_stage_plan  # here: rebuild_plan imports convergence, which imports this module
-
         return random_stage_plan(self, stage, lost, num_stages)
 
 

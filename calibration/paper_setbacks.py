@@ -5,7 +5,7 @@ the 500M model after 10,000 iterations at 16 %/h (v1 `plot_perplexity.py`, gensy
 gradient-weighted average 22.60, copy 29.24, random 121.03. This module turns them into setbacks
 (iterations of baseline progress lost per rebuilt stage), the quantity the simulator charges.
 
-The model (the simulator's own, sim/run_context.py `apply_setback`): effective progress grows by one
+The model (the simulator's own, sim/model/run_context.py `apply_setback`): effective progress grows by one
 per executed iteration; every rebuilt stage subtracts a setback s, not below 0; the loss is the
 baseline curve at the effective progress. Rebuilds arrive as a Poisson process in executed
 iterations at the rate the `checkfree-500m-geo-16pct` preset produces (`PaperSetting`: 12 stages, each

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Callable, Mapping
 
 from .apply import ApplyMode, apply_calibration
@@ -35,6 +36,7 @@ from .scenario import (
     TargetSpec,
     TrainingSpec,
     UniformNetwork,
+    load_scenario,
     tokens_per_iteration,
 )
 
@@ -600,6 +602,32 @@ def configured_scenario(
     if calibration is None:
         return configured
     return _calibrated(configured, calibration, mode=calibration_mode, settings=settings or {})
+
+
+def build_scenario(
+    source: Scenario | Path | str,
+    *,
+    methods: Sequence[str] = (),
+    settings: Mapping[str, object] | None = None,
+    calibration: Calibration | None = None,
+    calibration_mode: ApplyMode = "full",
+    replications: int | None = None,
+    seed: int | None = None,
+) -> Scenario:
+    """The scenario a command or a Python API call runs, built one way for both: `source` (a
+    `Scenario`; a `Path`, a scenario file; a `str`, a preset's name) configured with `methods`,
+    `settings` and `calibration` (`configured_scenario`), then given `replications` and `seed`
+    (None keeps the scenario's)."""
+    if isinstance(source, Scenario):
+        scenario, preset_name = source, None
+    elif isinstance(source, Path):
+        scenario, preset_name = load_scenario(str(source)), None
+    else:
+        scenario, preset_name = preset(source), source
+    configured = configured_scenario(
+        scenario, preset_name, settings, methods=methods, calibration=calibration, calibration_mode=calibration_mode
+    )
+    return configured.with_run_settings(replications=replications, seed=seed)
 
 
 def _calibrated(configured: Scenario, calibration: Calibration, *, mode: ApplyMode, settings: Mapping[str, object]) -> Scenario:

@@ -1,7 +1,7 @@
 """What a lost stage starts from under the rebuild methods: one rule, read by sim/ and real/.
 
 `plan_rebuild(method_config, lost_stages, num_stages)` returns, per lost stage, a `RebuildPlan`:
-pure data that the simulator turns into bytes, seconds and a setback (sim/methods/rebuild.py) and
+pure data that the simulator turns into bytes, seconds and a setback (sim/model/methods/rebuild.py) and
 that real runs carry out with tensors over the process group or from files
 (real/methods/rebuild.py). Every rank of a real run computes the same plan.
 
@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .convergence import StagePosition, stage_position
+from .stage_positions import StagePosition, stage_position
 
 Weighting = Literal["gradient", "uniform", "copy", "none"]
 BlocksFrom = Literal["sources", "random_init", "edge_checkpoint"]

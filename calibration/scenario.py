@@ -131,7 +131,7 @@ class PipelineSpec(StrictModel):
 
 def seconds_by_method(value: object) -> tuple[tuple[str, float], ...]:
     """A mapping of method name to seconds as sorted (name, seconds) pairs: hashable, as the
-    simulator keys its caches by compute (sim/methods/base.py). Malformed input raises ValueError,
+    simulator keys its caches by compute (sim/model/methods/base.py). Malformed input raises ValueError,
     which validation turns into its one-line message."""
     example = 'give an object of method name to seconds, e.g. {"checkpoint": 0.05}'
     if isinstance(value, dict):
@@ -183,7 +183,7 @@ class ExplicitCompute(StrictModel):
     """Per method, its measured steady extra over the plain pipeline's iteration on the calibrated
     setup (`Calibration.method_iteration_extra_s`; set by a calibration, empty otherwise). A run of
     that method lasts the plain iteration plus this, scaled to the scenario's setup
-    (sim.method_extras.with_measured_method_extra)."""
+    (sim.model.method_extras.with_measured_method_extra)."""
     method_model_extra_s: SecondsByMethod = ()
     """Per method, the extra the iteration model itself gave it on the calibrated setup
     (`Calibration.method_model_extra_s`): the reference the measured extra is scaled by."""
@@ -245,7 +245,7 @@ class StorageTier(StrictModel):
     name: str = Field(min_length=1)
     write_bandwidth_bytes_per_s: float = Field(gt=0)
     read_bandwidth_bytes_per_s: float = Field(gt=0)
-    # At most 31.7 years, as every latency the simulator takes (sim/pipeline_state.py).
+    # At most 31.7 years, as every latency the simulator takes (sim/model/pipeline_state.py).
     latency_s: float = Field(0.0, ge=0, le=LONGEST_DURATION_S, allow_inf_nan=False)
     fixed_cost_s: float = Field(0.0, ge=0, le=LONGEST_DURATION_S, allow_inf_nan=False)
     """Seconds every transfer to or from this tier costs beyond `latency_s` whatever its size: a
@@ -438,7 +438,7 @@ class Scenario(FiniteNumbersModel):
         ):
             if not math.isfinite(total_bytes):
                 raise ValueError(f"model.{field} {getattr(self.model, field):g} makes the model's bytes overflow to {total_bytes}; give a smaller size")
-        # Like a link's transfers (sim/pipeline_state.py), a tier's must end within 31.7 years: at 1e-300
+        # Like a link's transfers (sim/model/pipeline_state.py), a tier's must end within 31.7 years: at 1e-300
         # B/s every replay of a what-if ran to its 30-day limit, minutes per answer.
         stage_checkpoint_bytes = max(self.stage_parameters(stage) for stage in range(stages)) * self.model.checkpoint_bytes_per_parameter
         for tier in self.storage:

@@ -122,7 +122,7 @@ def methods_that_fit(scenario: Scenario, settings: dict[str, Any]) -> tuple[str,
     its own (`scenario.method_pipeline_problem`: CheckFree+ needs 4 stages, rebuilds equal stages),
     when some cannot; () when every one can, or the settings' model or pipeline is itself invalid
     (the scenario's validation then says why). The commands narrow an unchosen method list to these,
-    and the outputs say which were left out (sim/outputs.py)."""
+    and the outputs say which were left out (sim/studies/outputs.py)."""
     shape = {path: value for path, value in settings.items() if path.split(".", 1)[0] in ("model", "pipeline")}
     if not shape:
         return ()

@@ -25,7 +25,8 @@ import zlib
 
 import numpy as np
 
-from .convergence import ConvergenceSpec, MethodSetbacks, SetbackSpec, StagePosition
+from .convergence import ConvergenceSpec, MethodSetbacks, SetbackSpec
+from .stage_positions import StagePosition
 from .statistics import NORMAL_QUANTILE_975
 
 SETBACK_STREAM = 2

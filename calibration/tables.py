@@ -98,7 +98,7 @@ def summary_columns() -> tuple[str, ...]:
 
 def sensitivity_columns() -> tuple[str, ...]:
     """setback_sensitivity.csv's columns: summary.csv's with the setback factor after the rate, and
-    whether the method wins at that (rate, factor) (sim/setback_sensitivity.py)."""
+    whether the method wins at that (rate, factor) (sim/studies/setback_sensitivity.py)."""
     columns = list(summary_columns())
     columns.insert(columns.index("failure_probability_per_stage_hour") + 1, "setback_scale")
     return (*columns, "winner")
@@ -147,7 +147,7 @@ INTERVAL_COLUMNS: tuple[str, ...] = (
 )
 
 # tuned_intervals.csv: one row per (point, method) whose checkpoint interval, tuned at that point,
-# was clearly better than the configured one (sim/untuned_intervals.py); a sweep's grid columns
+# was clearly better than the configured one (sim/studies/untuned_intervals.py); a sweep's grid columns
 # follow `scenario`.
 TUNED_INTERVAL_COLUMNS: tuple[str, ...] = (
     "scenario",

@@ -23,9 +23,9 @@ import pandas as pd
 from churnsim.calibration.builtin import resolve_calibration
 from churnsim.calibration.calibration_file import Calibration
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.presets import PRESETS, configured_scenario, preset
-from churnsim.calibration.scenario import Scenario, load_scenario
-from churnsim.sim.verdict import Verdict
+from churnsim.calibration.presets import PRESETS, build_scenario
+from churnsim.calibration.scenario import Scenario
+from churnsim.sim.studies.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -39,22 +39,25 @@ class Results:
     trajectories: pd.DataFrame
     """Loss against wall-clock, first replication of each method (trajectories.csv)."""
     verdict: Verdict
-    """The answer at each failure rate (and grid point): winner, speed-ups, ties (`sim/verdict.py`)."""
+    """The answer at each failure rate (and grid point): winner, speed-ups, ties (`sim/studies/verdict.py`)."""
     notes: tuple[str, ...] = ()
     """Caveats that apply to these results."""
     intervals: pd.DataFrame | None = field(default=None)
     """whatif only: the checkpoint-interval study (checkpoint_intervals.csv)."""
 
 
+def _source(scenario: Scenario | str | Path) -> Scenario | Path | str:
+    """What `presets.build_scenario` takes: a Scenario, a preset's name, or a scenario file as a Path."""
+    if isinstance(scenario, Scenario) or (isinstance(scenario, str) and scenario in PRESETS):
+        return scenario
+    if Path(scenario).is_file():
+        return Path(scenario)
+    raise InputError(f"{scenario!r} is neither a preset (`churnsim presets`) nor a scenario file")
+
+
 def scenario_of(scenario: Scenario | str | Path) -> Scenario:
     """A Scenario from a Scenario, a preset name or a scenario file path."""
-    if isinstance(scenario, Scenario):
-        return scenario
-    if isinstance(scenario, str) and scenario in PRESETS:
-        return preset(scenario)
-    if Path(scenario).is_file():
-        return load_scenario(str(scenario))
-    raise InputError(f"{scenario!r} is neither a preset (`churnsim presets`) nor a scenario file")
+    return build_scenario(_source(scenario))
 
 
 def calibration_of(calibration: Calibration | str | Path | None) -> Calibration | None:
@@ -74,15 +77,14 @@ def _configured(
     calibration: Calibration | str | Path | None = None,
     calibration_mode: str = "full",
 ) -> Scenario:
-    """The scenario with the methods, settings, calibration, replications and seed asked for, as the
-    command line makes it (`presets.configured_scenario`: a calibrated preset is built again with the
+    """The scenario with the methods, settings, calibration, replications and seed asked for, built as
+    the command line builds it (`presets.build_scenario`: a calibrated preset is built again with the
     settings)."""
-    preset_name = scenario if isinstance(scenario, str) and scenario in PRESETS else None
-    configured = configured_scenario(
-        scenario_of(scenario), preset_name, settings, methods=methods or (), calibration=calibration_of(calibration),
+    return build_scenario(
+        _source(scenario), methods=methods or (), settings=settings, calibration=calibration_of(calibration),
         calibration_mode=calibration_mode,  # type: ignore[arg-type]
+        replications=replications, seed=seed,
     )
-    return configured.with_run_settings(replications=replications, seed=seed)
 
 
 def simulate(
@@ -101,7 +103,7 @@ def simulate(
     (a file from `churnsim calibrate`, a built-in name or a Calibration) runs it on that machine, as
     `--calibration` does (`calibration_mode` "full" or "setbacks").
     """
-    from churnsim.sim.simulate import simulate_tables
+    from churnsim.sim.studies.simulate import simulate_tables
 
     configured = _configured(
         scenario, methods=methods, replications=replications, seed=seed, settings=settings, calibration=calibration, calibration_mode=calibration_mode
@@ -126,15 +128,17 @@ def whatif(
 
     `failure_rates` are per-stage hourly probabilities that replace the scenario's churn; without
     them a scenario with another churn model is asked under its own churn at a few multiples of its
-    rate (`churnsim.sim.whatif.whatif_plan`). `workers=1` runs in this process; more use a local
+    rate (`churnsim.sim.studies.whatif.whatif_plan`). `workers=1` runs in this process; more use a local
     process pool (same numbers, faster). `settings` and `calibration` as in `simulate`.
     """
-    from churnsim.sim.whatif import compute_whatif, whatif_plan
+    from churnsim.sim.studies.whatif import compute_whatif, whatif_plan
 
     if replications < 2:
         raise InputError(f"replications = {replications}: confidence intervals need at least 2")
-    base = _configured(scenario, methods=methods, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
-    chosen = base.methods if methods is not None else ()
+    # As `churnsim whatif` (`jobs.whatif_job`): the scenario keeps its other methods' configurations
+    # for the interval study; `methods` picks the compared ones.
+    base = _configured(scenario, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
+    chosen = base.with_methods(methods).methods if methods else ()
     plan = whatif_plan(base, failure_rates=failure_rates, methods=chosen, replications=replications, interval_study=interval_study)
     result = compute_whatif(plan, workers=workers)
     return Results(
@@ -162,7 +166,7 @@ def sweep(
     one column per swept field, and the verdict one point per grid point and failure rate. Each point
     is made as the command line makes it (a calibrated preset calibrated for its setup); `calibration`
     as in `simulate`."""
-    from churnsim.sim.sweep import build_tasks, grid_points, run_sweep, sweep_verdict
+    from churnsim.sim.studies.sweep import build_tasks, grid_points, run_sweep, sweep_verdict
 
     def configured(settings: Mapping[str, object] | None) -> Scenario:
         return _configured(
@@ -189,9 +193,9 @@ def recommend(
     calibration_mode: str = "full",
 ):
     """`churnsim recommend`: the best method with its knobs, its time to target and how robust the
-    choice is (`churnsim.sim.recommend.Recommendation`; `.to_json()` for plain data). `settings` and
+    choice is (`churnsim.sim.studies.recommend.Recommendation`; `.to_json()` for plain data). `settings` and
     `calibration` as in `simulate`."""
-    from churnsim.sim.recommend import recommend as recommend_scenario
+    from churnsim.sim.studies.recommend import recommend as recommend_scenario
 
     configured = _configured(scenario, settings=settings, calibration=calibration, calibration_mode=calibration_mode)
     return recommend_scenario(configured, replications=replications, workers=workers)

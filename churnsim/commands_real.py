@@ -41,12 +41,14 @@ def summary_paragraph(result: Any, *, out: Path) -> str:
 
 def resolve_real_scenario(scenario_path: Optional[Path], preset_name: Optional[str], method_name: Optional[str], settings: list[str]) -> Any:
     """The scenario a real run takes, with `--set` overrides, narrowed to the one method it performs."""
+    from churnsim.calibration.presets import build_scenario
     from churnsim.calibration.scenario_overrides import parse_settings
-    from churnsim.commands_sim import load_scenario_argument, with_settings
+    from churnsim.options import scenario_argument
 
+    source = scenario_argument(scenario_path, preset_name)
+    method = build_scenario(source).only_method(method_name).methods[0].name  # one of the scenario's methods
     # Narrowed first, so that an override such as fewer stages is checked against this method only.
-    narrowed = load_scenario_argument(scenario_path, preset_name).only_method(method_name)
-    return with_settings(narrowed, preset_name, parse_settings(settings), methods=(narrowed.methods[0].name,))
+    return build_scenario(source, methods=(method,), settings=parse_settings(settings))
 
 
 @real_app.command("run")
@@ -73,7 +75,8 @@ def real_run_command(
     if replication < 0:
         raise InputError(f"--replication {replication}: must be >= 0")
     scenario = resolve_real_scenario(scenario_path, preset_name, method, settings)
-    from churnsim.commands_sim import check_up_front, scenario_source
+    from churnsim.jobs import check_up_front
+    from churnsim.options import scenario_source
 
     check_up_front([scenario], source=scenario_source(scenario_path, preset_name))
     scenario.check_real_run_layout()

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from churnsim.app import app
-from churnsim.commands_sim import OVERWRITE_HELP, progress_bar, stderr_console
+from churnsim.console import progress_bar, stderr_console
+from churnsim.options import OVERWRITE_HELP
 
 
 @app.command("reproduce")

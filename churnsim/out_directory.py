@@ -25,7 +25,7 @@ TABLE_STEMS = (
     "setback_sensitivity", "setback_crossovers", "tuned_intervals",
 )
 OUTPUT_DIRECTORIES = ("figures", "records", "timelines")
-"""What churnsim writes in a results directory (sim/simulate.py, sim/whatif.py, sim/sweep.py, validate)."""
+"""What churnsim writes in a results directory (sim/studies/simulate.py, sim/studies/whatif.py, sim/studies/sweep.py, validate)."""
 REPORT_FILES = ("report.md", "report.html")  # churnsim/results_report.py
 
 

@@ -1,6 +1,6 @@
-"""How `churnsim recommend` shows a `sim.recommend.Recommendation`: a few lines, or strict JSON.
+"""How `churnsim recommend` shows a `sim.studies.recommend.Recommendation`: a few lines, or strict JSON.
 
-Formatting only: what is recommended and why is decided in sim/recommend.py.
+Formatting only: what is recommended and why is decided in sim/studies/recommend.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""How the commands show a verdict (`churnsim.sim.verdict`): a table per failure rate, one answer line
+"""How the commands show a verdict (`churnsim.sim.studies.verdict`): a table per failure rate, one answer line
 each, the caveats; or the same as strict JSON on stdout for scripts (`--json`).
 
-Formatting only: which method wins, by how much and against whom is decided in sim/verdict.py.
+Formatting only: which method wins, by how much and against whom is decided in sim/studies/verdict.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from churnsim.calibration.churn import RATE_FIELD_OF_KIND, rate_field_of_setting
 from churnsim.calibration.statistics import intervals_unreliable, small_sample_caveat
 
 
-from churnsim.sim.verdict import duration_unit as _unit
+from churnsim.sim.studies.verdict import duration_unit as _unit
 
 
 def _duration(estimate, unit: tuple[str, float], *, suffix: str = "") -> str:
@@ -71,7 +71,7 @@ def answer_line(point) -> str:
 
 
 def tuned_answer_line(point) -> str | None:
-    """The answer again with the checkpoint intervals tuned at this point (sim/untuned_intervals.py), or None."""
+    """The answer again with the checkpoint intervals tuned at this point (sim/studies/untuned_intervals.py), or None."""
     tuned = point.with_tuned_intervals
     return None if tuned is None else "  with checkpoint intervals tuned here (see the caveats): " + answer_text(tuned)
 

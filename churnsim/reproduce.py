@@ -1,7 +1,7 @@
 """`churnsim reproduce PAPER`: a report of one paper's published claims against churnsim's numbers.
 
-The claims and churnsim's numbers come from `churnsim.sim.reproduce_checkfree` and
-`churnsim.sim.reproduce_datastates`; this module writes them into `--out DIR`:
+The claims and churnsim's numbers come from `churnsim.sim.checks.reproduce_checkfree` and
+`churnsim.sim.checks.reproduce_datastates`; this module writes them into `--out DIR`:
 
     report.md            the claims table (claim, source, setting, paper, churnsim, verdict), why each
                          disagreement happens, how churnsim's numbers were made, supporting tables
@@ -62,15 +62,15 @@ def compute(
     workers: int | None = None,
     on_task_done: Callable[[], None] | None = None,
 ):
-    """The `Reproduction` of `paper` (sim/reproduce_claims.py); nothing is written."""
+    """The `Reproduction` of `paper` (sim/checks/reproduce_claims.py); nothing is written."""
     check_arguments(paper, replications=replications, workers=workers, quick=quick)
     if paper == "datastates":
-        from churnsim.sim.reproduce_datastates import reproduce_datastates
+        from churnsim.sim.checks.reproduce_datastates import reproduce_datastates
 
         return reproduce_datastates(on_step=on_task_done)
     from dataclasses import replace
 
-    from churnsim.sim import reproduce_checkfree as checkfree
+    from churnsim.sim.checks import reproduce_checkfree as checkfree
 
     plan = checkfree.QUICK_PLAN if quick else checkfree.CheckFreePlan()
     if replications is not None:
@@ -81,10 +81,10 @@ def compute(
 def num_tasks(paper: str, *, quick: bool = False, replications: int | None = None) -> int:
     """Units of progress `compute` reports (for a progress bar)."""
     if paper == "datastates":
-        from churnsim.sim.reproduce_datastates import INTERVALS, PAPER_END_TO_END_S
+        from churnsim.sim.checks.reproduce_datastates import INTERVALS, PAPER_END_TO_END_S
 
         return len(PAPER_END_TO_END_S) * len(INTERVALS) + 1
-    from churnsim.sim import reproduce_checkfree as checkfree
+    from churnsim.sim.checks import reproduce_checkfree as checkfree
 
     plan = checkfree.QUICK_PLAN if quick else checkfree.CheckFreePlan()
     reps = replications if replications is not None else plan.replications

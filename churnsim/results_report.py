@@ -70,7 +70,7 @@ def write_results_report(out: Path, *, verdict=None) -> tuple[Path, Path] | None
     a `verdict` (a `sim.verdict.Verdict`), write `out/report.md` and `out/report.html` for it and
     the files in `out`; returns their paths, or None without a verdict."""
     from churnsim.calibration.base import atomic_write_text
-    from churnsim.sim.outputs import MANIFEST_FILE, add_to_manifest
+    from churnsim.sim.studies.outputs import MANIFEST_FILE, add_to_manifest
 
     if not (out / MANIFEST_FILE).is_file():
         return None

@@ -1,6 +1,6 @@
 """`churnsim whatif --setback-sensitivity`: the setback-sensitivity study beside the what-if.
 
-Runs `churnsim.sim.setback_sensitivity.setback_sensitivity` at the what-if's nonzero failure rates
+Runs `churnsim.sim.studies.setback_sensitivity.setback_sensitivity` at the what-if's nonzero failure rates
 with its replications and methods, writes setback_sensitivity.csv and setback_crossovers.csv into
 the what-if's directory (the figure is drawn with the others) and prints one short table on stderr,
 so that `--json` keeps stdout to the answer.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -20,22 +20,23 @@ from churnsim.calibration.tables import write_table
 
 def study_scenario_and_methods(plan):
     """The what-if's scenario narrowed to its chosen methods, and the methods the study compares."""
-    from churnsim.sim.setback_sensitivity import sensitivity_methods
+    from churnsim.sim.studies.setback_sensitivity import sensitivity_methods
 
     scenario = plan.scenario.model_copy(update={"methods": plan.chosen_methods()})
     return scenario, sensitivity_methods(scenario)
 
 
 def check_setback_sensitivity(plan) -> None:
-    """Before the what-if runs: the study needs a method with setbacks (`sim.setback_sensitivity`)."""
-    from churnsim.sim.setback_sensitivity import check_setback_methods
+    """Before the what-if runs: the study needs a method with setbacks (`sim.studies.setback_sensitivity`)."""
+    from churnsim.sim.studies.setback_sensitivity import check_setback_methods
 
     check_setback_methods(study_scenario_and_methods(plan)[1])
 
 
-def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console) -> list[Path]:
-    """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`."""
-    from churnsim.sim.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_tasks, setback_sensitivity
+def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any, parquet: bool, console: Console, progress: Callable) -> list[Path]:
+    """The study for a `WhatIfPlan`, its tables written to `out`, its summary printed on `console`;
+    `progress(total, description)` yields the function to call per finished task (`jobs.Progress`)."""
+    from churnsim.sim.studies.setback_sensitivity import SENSITIVITY_SCALES, sensitivity_tasks, setback_sensitivity
 
     # Under the scenario's own churn the study runs at its own rate (the sensitivity tables are keyed
     # by the hourly probability, which that churn has none of).
@@ -45,9 +46,7 @@ def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any
         return []
     scenario, methods = study_scenario_and_methods(plan)
     total = len(sensitivity_tasks(scenario, scales=SENSITIVITY_SCALES, failure_rates=rates, replications=plan.replications, methods=methods))
-    from churnsim.commands_sim import progress_bar
-
-    with progress_bar(total, f"setback sensitivity on {scenario.name}") as advance:
+    with progress(total, f"setback sensitivity on {scenario.name}") as advance:
         result = setback_sensitivity(
             scenario, failure_rates=rates, replications=plan.replications, methods=methods, workers=workers, client=client, on_task_done=advance
         )
@@ -59,7 +58,7 @@ def run_setback_sensitivity(plan, out: Path, *, workers: int | None, client: Any
 
 def sensitivity_table(result, *, source: str) -> Table:
     """Winner per (rate, setback scale) and where it changes."""
-    from churnsim.sim.setback_sensitivity import change_text
+    from churnsim.sim.studies.setback_sensitivity import change_text
 
     scales = sorted(set(result.table["setback_scale"]))
     table = Table(

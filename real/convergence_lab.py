@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from churnsim.calibration.convergence import stage_position
+from churnsim.calibration.stage_positions import stage_position
 from churnsim.calibration.fit_setbacks import LAB_FAILURE_POINTS, LAB_ITERATIONS, LAB_WINDOW_ITERATIONS, lab_failure_span
 from churnsim.calibration.methods import MethodConfig, method_from_name
 from churnsim.calibration.pipeline_schedule import microbatch_route

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from churnsim import api
-from churnsim.calibration.presets import preset
-from churnsim.commands_sim import override_run_settings, with_settings
+from churnsim.jobs import ScenarioChoice
 
 
 def test_the_api_and_the_command_line_configure_a_calibrated_preset_alike():
     settings = {"pipeline.num_stages": 6, "model.num_layers": 6}
     from_api = api._configured("cpu-tiny", methods=["checkpoint", "checkfree"], replications=2, settings=settings)
-
-    def overrides(scenario):
-        return override_run_settings(scenario, methods=["checkpoint", "checkfree"], replications=2, seed=None)
-
-    from_cli = with_settings(overrides(preset("cpu-tiny")), "cpu-tiny", settings, methods=["checkpoint", "checkfree"], overrides=overrides)
+    # What `churnsim simulate --preset cpu-tiny --method checkpoint --method checkfree --replications 2 --set ...` runs.
+    from_cli = ScenarioChoice("cpu-tiny", methods=("checkpoint", "checkfree"), settings=settings, replications=2).build()
     assert from_api == from_cli
     # The calibration's compute model for six stages, not the calibrated setup's four per-stage times.
     assert from_api.pipeline.num_stages == 6 and len(from_api.compute.block_forward_s) == 6

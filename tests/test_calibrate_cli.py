@@ -23,8 +23,8 @@ from churnsim.calibration.scenario import ModelSpec, PipelineSpec
 from churnsim.calibration.speed_uncertainty import run_speed_log_sd
 from churnsim.calibration.tables import VALIDATION_COLUMNS
 from churnsim.cli import main
-from churnsim.sim.validate import OWN_SETUP_CALIBRATION_ADVICE
-from churnsim.sim.calibrated import iteration_predictor
+from churnsim.sim.checks.validate import OWN_SETUP_CALIBRATION_ADVICE
+from churnsim.sim.model.calibrated import iteration_predictor
 
 NUM_STAGES = 4
 NUM_MICROBATCHES = 2

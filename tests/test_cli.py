@@ -185,8 +185,8 @@ def test_simulate_and_sweep_take_another_setup_of_the_calibrated_preset(tmp_path
     runs = pd.read_csv(tmp_path / "simulated" / "runs.csv")
     six = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6})
     assert len(six.compute.block_forward_s) == 6 and six.compute == calibrated_compute(six, calibration)
-    from churnsim.sim.replicate import replication_scenario
-    from churnsim.sim.run import simulate_run
+    from churnsim.sim.studies.replicate import replication_scenario
+    from churnsim.sim.model.run import simulate_run
 
     # Replication 0 runs at its drawn machine speed (calibration/speed_uncertainty.py).
     drawn = replication_scenario(six, 0)

@@ -15,8 +15,8 @@ from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.tables import SUMMARY_COLUMNS
 from churnsim.report import answer_line
-from churnsim.sim.route_notes import swapped_route_notes
-from churnsim.sim.verdict import verdict_from_summary
+from churnsim.sim.model.route_notes import swapped_route_notes
+from churnsim.sim.studies.verdict import verdict_from_summary
 
 
 
@@ -130,7 +130,7 @@ def test_an_answer_with_tuned_intervals_follows_the_answer_and_is_in_the_json(tm
 
 
 def test_whatif_says_when_rates_given_replace_the_scenarios_own_churn():
-    from churnsim.sim.whatif import churn_replaced_note
+    from churnsim.sim.studies.whatif import churn_replaced_note
 
     trace = churn_replaced_note(preset("spot-p3-trace"))
     assert trace is not None and trace.startswith("the rates replace the scenario's own churn (trace)")

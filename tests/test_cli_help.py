@@ -88,7 +88,7 @@ import json, sys
 from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import preset
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.run import simulate_run
 scenario = preset("checkfree-500m-geo-16pct", {"target.loss": None, "target.iterations": 200})
 simulate_run(scenario, method_from_name("checkfree"), failures_for_replication(scenario))
 print(json.dumps(sorted(sys.modules)), file=sys.stderr)

@@ -26,8 +26,8 @@ from churnsim.real.methods import (
     build_method,
     register_method,
 )
-from churnsim.sim.methods import POLICIES, RecoveryPolicy, register_policy
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.methods import POLICIES, RecoveryPolicy, register_policy
+from churnsim.sim.model.run import simulate_run
 from pydantic import Field
 
 TOY = "toy_restart"

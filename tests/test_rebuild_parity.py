@@ -31,7 +31,7 @@ from churnsim.calibration.scenario import (
 from churnsim.real.methods import MethodContext, StageRuntime, build_method
 from churnsim.real.model import StageModule, model_preset
 from churnsim.real.spans import SpanRecorder
-from churnsim.sim.methods import build_policy
+from churnsim.sim.model.methods import build_policy
 
 STAGE_COUNTS = range(1, 9)
 CONFIGS = {

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from churnsim.cli import main
-from churnsim.sim import reproduce_checkfree
-from churnsim.sim.reproduce_claims import Claim, agreement, verdict_of
-from churnsim.sim.reproduce_datastates import reproduce_datastates
+from churnsim.sim.checks import reproduce_checkfree
+from churnsim.sim.checks.reproduce_claims import Claim, agreement, verdict_of
+from churnsim.sim.checks.reproduce_datastates import reproduce_datastates
 
 VERDICT = re.compile(r"^(agrees( within (10|25) %)?|disagrees( \(.*\))?|fitted: .*|not checked.*)$")
 

@@ -99,7 +99,7 @@ def test_the_manifest_says_how_the_folder_was_made(whatif_folder):
 
 
 def test_outside_a_git_checkout_the_manifest_names_the_installed_version(tmp_path, monkeypatch):
-    import churnsim.sim.outputs as outputs
+    import churnsim.sim.studies.outputs as outputs
     from churnsim.calibration.presets import preset
 
     monkeypatch.setattr(outputs, "provenance_fields", lambda: {"git_revision": "unknown", "created_utc": "now"})
@@ -124,8 +124,8 @@ def test_two_replications_print_no_negative_interval_and_warn(tmp_path, capsys):
 
 def test_recommend_says_its_ties_are_unreliable_at_few_replications():
     from churnsim.recommend_report import recommendation_lines
-    from churnsim.sim.recommend import Candidate, Recommendation
-    from churnsim.sim.verdict import Estimate
+    from churnsim.sim.studies.recommend import Candidate, Recommendation
+    from churnsim.sim.studies.verdict import Estimate
 
     def candidate(method, mean_s):
         return Candidate(method=method, knobs={}, fraction_reached=1.0, time_to_target_s=Estimate(mean=mean_s, ci95_low=mean_s / 2, ci95_high=mean_s * 2))

@@ -14,7 +14,7 @@ import pytest
 import pandas as pd
 
 from churnsim.calibration.fit_convergence import MAXIMUM_CURVE_EXPONENT, fit_baseline_curve
-from churnsim.sim.validate import progress_for_smoothed_loss, reached_own_goal
+from churnsim.sim.checks.validate import progress_for_smoothed_loss, reached_own_goal
 
 DATA = Path(__file__).parent / "data" / "cpu-tiny-no-failure-losses.csv"
 SHORT_RUNS = ("fit-none-s0", "fit-none-s1")
@@ -51,7 +51,7 @@ def test_the_calibration_runs_curve_predicts_when_longer_runs_reach_their_goal()
 
 def test_calibrate_says_when_the_exponent_sits_at_its_bound(capsys):
     from churnsim.calibration.builtin import load_builtin_calibration
-    from churnsim.commands_calibrate import print_calibration
+    from churnsim.calibration_report import print_calibration
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     assert calibration is not None and calibration.convergence.baseline.exponent == pytest.approx(MAXIMUM_CURVE_EXPONENT)

@@ -83,7 +83,7 @@ def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
     (its per-stage times would not fit six stages); an explicit compute value still wins."""
     from churnsim.calibration.apply import calibrated_compute
     from churnsim.calibration.compute_cost import compute_carry_note
-    from churnsim.sim.outputs import scenario_notes
+    from churnsim.sim.studies.outputs import scenario_notes
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     assert calibration is not None and calibration.compute_model is not None

@@ -78,7 +78,7 @@ def test_a_calibration_file_from_before_the_term_reads_as_no_shared_core_cost():
 
 def test_calibrate_prints_the_shared_core_cost_only_where_it_was_measured(capsys):
     from churnsim.calibration.builtin import load_builtin_calibration
-    from churnsim.commands_calibrate import print_calibration
+    from churnsim.calibration_report import print_calibration
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     assert calibration is not None and calibration.compute_model is not None

@@ -81,7 +81,7 @@ def test_a_curve_that_names_no_batch_counts_iterations_alike():
 
 
 def test_the_outputs_say_when_the_curve_was_carried_to_another_batch():
-    from churnsim.sim.outputs import scenario_notes
+    from churnsim.sim.studies.outputs import scenario_notes
 
     scenario = preset("checkfree-500m-geo-10pct")
     doubled = apply_settings(scenario, {"pipeline.num_microbatches": 8})
@@ -120,7 +120,7 @@ def test_a_larger_model_moves_every_loss_by_the_parameter_term_and_reads_back():
 
 
 def test_the_outputs_say_when_the_curve_was_carried_to_another_model_size():
-    from churnsim.sim.outputs import scenario_notes
+    from churnsim.sim.studies.outputs import scenario_notes
 
     scenario = preset("checkfree-500m-geo-10pct")
     deeper = apply_settings(scenario, {"model.num_layers": 48})

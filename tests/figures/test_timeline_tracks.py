@@ -11,10 +11,10 @@ from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.methods import METHOD_NAMES, method_from_name
 from churnsim.calibration.presets import preset
-from churnsim.sim.iteration import IterationModel, simulate_iteration
-from churnsim.sim.methods import build_policy
-from churnsim.sim.outputs import PIPELINE_TRACK, _Slice, chrome_trace, nested_lanes
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.iteration import IterationModel, simulate_iteration
+from churnsim.sim.model.methods import build_policy
+from churnsim.sim.studies.outputs import PIPELINE_TRACK, _Slice, chrome_trace, nested_lanes
+from churnsim.sim.model.run import simulate_run
 
 MODEL = IterationModel()
 
@@ -90,7 +90,7 @@ def test_partly_overlapping_slices_go_to_an_overflow_lane_and_nested_ones_stay()
 
 
 def test_an_overflow_lane_is_a_named_track_of_its_own():
-    from churnsim.sim.results import RunResult, TimelineEvent
+    from churnsim.sim.model.results import RunResult, TimelineEvent
 
     timeline = (
         TimelineEvent(name="checkpoint 1 durable at remote", category="flush", stage=-1, start_s=0.0, end_s=10.0, track="storage tier remote"),

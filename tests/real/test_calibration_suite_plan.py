@@ -94,7 +94,7 @@ def test_a_shape_run_too_big_for_the_machine_is_refused_before_any_run_naming_th
     # 3072 wide: the suite's own 4-layer runs need about 20.6 GiB, its double-depth shape about 24.1.
     import churnsim.calibration.run_record as run_record
     import churnsim.real.scenario_run as scenario_run
-    from churnsim.commands_calibrate import _scenario_suite_settings
+    from churnsim.calibrating import _scenario_suite_settings
 
     monkeypatch.setattr(scenario_run, "available_memory_bytes", lambda: 22.8 * 2**30)
     monkeypatch.setattr(run_record, "hardware_description", lambda: {"cpu_count": cpu_count})

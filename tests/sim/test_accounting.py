@@ -8,10 +8,10 @@ from churnsim.calibration.churn import StageHourlyChurn
 from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.methods import METHOD_NAMES, method_from_name
 from churnsim.calibration.presets import preset
-from churnsim.sim.accounting import Ledger, split_time
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.results import BADPUT_CATEGORIES
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.accounting import Ledger, split_time
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.results import BADPUT_CATEGORIES
+from churnsim.sim.model.run import simulate_run
 
 MODEL = IterationModel()
 REPLICATIONS = range(6)

@@ -33,9 +33,9 @@ from churnsim.calibration.scenario import (
     TargetSpec,
     UniformNetwork,
 )
-from churnsim.sim.iteration import IterationModel
+from churnsim.sim.model.iteration import IterationModel
 from churnsim.calibration.failure_sampling import failures_for_replication
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.run import simulate_run
 
 CHECKPOINT_S = 10.0
 JOIN_S = 20.0

@@ -1,4 +1,4 @@
-"""The closed-form engine (sim/closed_form/) gives the event model's results (sim/run.py `Run`).
+"""The closed-form engine (sim/model/closed_form/) gives the event model's results (sim/model/run.py `Run`).
 
 Differential test: random scenarios (hypothesis; derandomized under CI=1, tests/conftest.py), every
 recovery method and every churn model, both engines on the same failure path; every numeric field of
@@ -35,9 +35,9 @@ from churnsim.calibration.scenario import (
     TargetSpec,
     UniformNetwork,
 )
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.results import BADPUT_CATEGORIES
-from churnsim.sim.run import SimulatedRun, simulate_run_and_policy
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.results import BADPUT_CATEGORIES
+from churnsim.sim.model.run import SimulatedRun, simulate_run_and_policy
 
 RELATIVE = 1e-9
 METHOD_NAMES = ("none", "checkpoint", "async_checkpoint", "redundant", "checkfree", "checkfree_plus", "copy", "uniform", "random")
@@ -166,7 +166,7 @@ def methods(draw, num_stages: int) -> tuple:
 
 # Each tier's bandwidths times its own generic factor: two background completions (flush rounds of
 # two levels) then never coincide to the bit, which only commensurate round numbers make happen and
-# whose order the event model decides by SimPy's event queue (sim/closed_form/async_checkpoint.py).
+# whose order the event model decides by SimPy's event queue (sim/model/closed_form/async_checkpoint.py).
 GENERIC = {"host_memory": 1 + 1 / math.sqrt(13), "local_disk": 1 + 1 / math.sqrt(7), "remote": 1 + 1 / math.sqrt(11)}
 GENERIC_DEADLINE = 1 + 1 / math.sqrt(17)
 
@@ -203,7 +203,7 @@ def _tiers(draw) -> tuple[StorageTier, ...]:
 def scenarios(draw, churn_kind: str, stage_counts=NUM_STAGES) -> tuple[Scenario, str]:
     num_stages = draw(stage_counts)
     # Round hop times often: with the trace's whole-minute removals, failures then coincide with
-    # chunk ends, restarts and takeovers, whose order both engines must fix alike (sim/run.py).
+    # chunk ends, restarts and takeovers, whose order both engines must fix alike (sim/model/run.py).
     forward_s = draw(st.one_of(st.sampled_from((0.5, 1.0, 2.0)), POSITIVE))
     iteration_estimate_s = (4 + num_stages) * 3 * forward_s
     target_iterations = draw(st.integers(20, 140))
@@ -232,7 +232,7 @@ def scenarios(draw, churn_kind: str, stage_counts=NUM_STAGES) -> tuple[Scenario,
             iterations=target_iterations,
             # Often a deadline inside the run: the wall-clock limit must stop both engines alike. Its
             # generic factor keeps it off the instants iterations end at: at an exact tie the event
-            # model lets whichever SimPy scheduled first go first (sim/closed_form/engine.py).
+            # model lets whichever SimPy scheduled first go first (sim/model/closed_form/engine.py).
             max_wall_clock_s=draw(st.sampled_from((0.4, 1.5, 6.0))) * GENERIC_DEADLINE * target_iterations * iteration_estimate_s,
         ),
         seed=draw(st.integers(0, 2**20)),
@@ -326,7 +326,7 @@ def test_a_wait_that_never_ends_stops_at_the_deadline_in_both_engines() -> None:
 def test_a_host_buffer_of_countless_tiny_snapshots_gives_the_event_models_results() -> None:
     """1e-300 checkpoint bytes a parameter: the host buffer holds 10^300 snapshots by division, which
     the closed form's window could not take (OverflowError); both engines cap it alike."""
-    from churnsim.sim.methods.async_checkpoint import MAX_HOST_BUFFER_SLOTS, AsyncCheckpointPolicy
+    from churnsim.sim.model.methods.async_checkpoint import MAX_HOST_BUFFER_SLOTS, AsyncCheckpointPolicy
 
     scenario = preset("datastates-30b-dp16", {"model.checkpoint_bytes_per_parameter": 1e-300})
     method = next(method for method in scenario.methods if method.name == "async_checkpoint")
@@ -355,8 +355,8 @@ def test_closed_form_is_used_for_the_usual_configurations() -> None:
 def test_a_recovery_booked_in_one_step_is_booked_as_its_waits_one_by_one(monkeypatch) -> None:
     """`ClosedFormRun.recover_unstopped` (join delay, restart and transfers at once) books exactly what
     the step-by-step waits book: the same run, to the bit, with it and with it always declining."""
-    from churnsim.sim.closed_form import COMPILED
-    from churnsim.sim.closed_form.engine import ClosedFormRun
+    from churnsim.sim.model.closed_form import COMPILED
+    from churnsim.sim.model.closed_form.engine import ClosedFormRun
 
     if COMPILED:
         pytest.skip("a compiled class's methods cannot be replaced; the source build (editable install) runs this")

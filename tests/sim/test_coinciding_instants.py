@@ -1,5 +1,5 @@
 """Instants that coincide exactly: a failure at the instant something else ends comes first, in both
-engines (sim/run.py, "Coinciding instants"), and training is labelled by the state it ran in.
+engines (sim/model/run.py, "Coinciding instants"), and training is labelled by the state it ran in.
 
 Trace replays remove nodes at whole minutes; with round hop times failures land exactly on
 takeovers, replica arrivals and chunk ends. These pin the order the differential test
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods.base import stage_weight_bytes
-from churnsim.sim.run import simulate_run_and_policy
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.methods.base import stage_weight_bytes
+from churnsim.sim.model.run import simulate_run_and_policy
 
 from sim_run_scenarios import failure, method, small_scenario, tiers
 

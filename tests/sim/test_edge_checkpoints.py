@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods.base import stage_checkpoint_bytes
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.methods.base import stage_checkpoint_bytes
+from churnsim.sim.model.run import simulate_run
 
 from sim_run_scenarios import CLOSED_FORM_ITERATION_S, failure, method, small_scenario
 

@@ -35,9 +35,9 @@ from churnsim.calibration.pipeline_schedule import microbatch_route, stage_opera
 from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import Scenario
 from churnsim.calibration.scenario_overrides import apply_settings
-from churnsim.sim.iteration import PipelineState, simulate_iteration
-from churnsim.sim.methods import build_policy
-from churnsim.sim.pipeline_state import build_pipeline_state
+from churnsim.sim.model.iteration import PipelineState, simulate_iteration
+from churnsim.sim.model.methods import build_policy
+from churnsim.sim.model.pipeline_state import build_pipeline_state
 
 COSTS = dict(forward_s=1.0, backward_s=2.0, embedding_forward_s=0.05, embedding_backward_s=0.1, head_forward_s=0.4, head_backward_s=0.8)
 

@@ -1,4 +1,4 @@
-"""The closed-form engine's links (sim/closed_form/fluid_links.py) time transfers as the event model's
+"""The closed-form engine's links (sim/model/closed_form/fluid_links.py) time transfers as the event model's
 `ProcessorSharingLink` does: a group on an idle link to the bit, a busy period to rounding."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from churnsim.sim.closed_form.engine import IdleDuration
-from churnsim.sim.closed_form.fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
-from churnsim.sim.links import ProcessorSharingLink
+from churnsim.sim.model.closed_form.transfers import IdleDuration
+from churnsim.sim.model.closed_form.fluid_links import FlowBatch, FluidLink, processor_sharing_end_s
+from churnsim.sim.model.links import ProcessorSharingLink
 
 BANDWIDTHS = st.sampled_from((7.0, 1e6, 62.5e6, 3.3e9))
 LATENCIES = st.sampled_from((0.0, 1e-5, 0.1))

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import churnsim.sim.iteration as iteration_module
+import churnsim.sim.model.iteration as iteration_module
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.pipeline_schedule import StageOperation
-from churnsim.sim.iteration import IterationModel, PipelineState, simulate_iteration
+from churnsim.sim.model.iteration import IterationModel, PipelineState, simulate_iteration
 
 COMPUTE_KINDS = ("forward", "backward", "redundant_forward", "optimizer")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from churnsim.sim.iteration import simulate_iteration
+from churnsim.sim.model.iteration import simulate_iteration
 from churnsim.calibration.methods import NoneConfig
-from churnsim.sim.pipeline_state import PipelineState
+from churnsim.sim.model.pipeline_state import PipelineState
 
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.01, 0.02, 0.005
 
@@ -64,9 +64,9 @@ def test_a_measured_method_extra_lengthens_the_iteration_by_itself(cores, method
     # measured 25 ms extra became 34 ms in the replay (2026-11-27). The measured extra here exceeds
     # what the iteration model predicts for the method by `beyond_model_s` (a smaller one cannot be met).
     from churnsim.calibration.presets import preset
-    from churnsim.sim.method_extras import structural_extra_s, with_measured_method_extra
-    from churnsim.sim.methods import build_policy
-    from churnsim.sim.pipeline_state import build_pipeline_state
+    from churnsim.sim.model.method_extras import structural_extra_s, with_measured_method_extra
+    from churnsim.sim.model.methods import build_policy
+    from churnsim.sim.model.pipeline_state import build_pipeline_state
 
     base = preset("cpu-tiny")
     method = next(method for method in base.methods if method.name == method_name)
@@ -93,9 +93,9 @@ def test_a_measured_method_extra_lengthens_the_iteration_by_itself(cores, method
 def test_a_measured_method_extra_scales_to_another_setup_as_the_models_own_extra_does(settings, more_extra):
     from churnsim.calibration.builtin import load_builtin_calibration
     from churnsim.calibration.presets import preset
-    from churnsim.sim.method_extras import structural_extra_s, with_measured_method_extra
-    from churnsim.sim.methods import build_policy
-    from churnsim.sim.pipeline_state import build_pipeline_state
+    from churnsim.sim.model.method_extras import structural_extra_s, with_measured_method_extra
+    from churnsim.sim.model.methods import build_policy
+    from churnsim.sim.model.pipeline_state import build_pipeline_state
 
     calibration, _ = load_builtin_calibration("cpu-tiny")
     measured_s = calibration.method_iteration_extra_s["redundant"]
@@ -122,7 +122,7 @@ def test_work_whose_end_the_clock_cannot_represent_finishes_instead_of_waking_fo
     at the same instant without end (which hung `churnsim validate` on such a file)."""
     import simpy
 
-    from churnsim.sim.iteration import _SharedCores
+    from churnsim.sim.model.iteration import _SharedCores
 
     env = simpy.Environment(initial_time=1e16)  # one unit in the last place: 2 s
     cores = _SharedCores(env, cores=1)

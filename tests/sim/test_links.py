@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from churnsim.calibration.errors import InputError
-from churnsim.sim.links import ProcessorSharingLink
+from churnsim.sim.model.links import ProcessorSharingLink
 
 
 def run_flows(flows, *, bandwidth_bytes_per_s, latency_s=0.0):
@@ -123,7 +123,7 @@ def test_flows_started_together_finish_exactly_when_all_bytes_could_have_been_se
 
 
 def test_fifo_message_link_sends_messages_one_after_another():
-    from churnsim.sim.links import FifoMessageLink
+    from churnsim.sim.model.links import FifoMessageLink
 
     env = simpy.Environment()
     link = FifoMessageLink(env, bandwidth_bytes_per_s=2.0, latency_s=0.5)

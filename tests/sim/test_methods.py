@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from churnsim.calibration.methods import METHOD_NAMES
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods.base import block_weight_bytes, embedding_weight_bytes, stage_weight_bytes
-from churnsim.sim.pipeline_state import build_pipeline_state
-from churnsim.sim.calibrated import without_setbacks
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.methods.base import block_weight_bytes, embedding_weight_bytes, stage_weight_bytes
+from churnsim.sim.model.pipeline_state import build_pipeline_state
+from churnsim.sim.model.calibrated import without_setbacks
+from churnsim.sim.model.run import simulate_run
 
 from sim_run_scenarios import CLOSED_FORM_ITERATION_S, failure, method, small_scenario, tiers
 
@@ -193,7 +193,7 @@ def test_a_rebuild_that_leaves_no_trained_weights_restarts_training_from_iterati
     assert result.badput["convergence_setback_s"] == pytest.approx(300 * iteration_s, rel=1e-9)
     assert result.iterations_executed == 900
     assert any("training restarted from iteration 0" in note for note in result.notes)
-    # A wall-clock replay of a real run (sim/validate.py) drops it: the real run trains on from the
+    # A wall-clock replay of a real run (sim/checks/validate.py) drops it: the real run trains on from the
     # random weights for its fixed number of iterations.
     replay = run(without_setbacks(scenario), name, [failure(failure_s, 0)])
     assert replay.iterations_executed == 600 and replay.badput["convergence_setback_s"] == 0.0

@@ -19,9 +19,9 @@ from churnsim.calibration.paper_setbacks import (
     solve_setback,
 )
 from churnsim.calibration.presets import checkfree_500m_geo
-from churnsim.sim.iteration import simulate_iteration
-from churnsim.sim.pipeline_state import build_pipeline_state
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.iteration import simulate_iteration
+from churnsim.sim.model.pipeline_state import build_pipeline_state
+from churnsim.sim.model.run import simulate_run
 
 COPY_SETBACK_ITERATIONS = 15.0
 NUM_REPLICATIONS = 6

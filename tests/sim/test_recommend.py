@@ -1,4 +1,4 @@
-"""`recommend` (sim/recommend.py) on the Young/Daly scenario of test_analytic.py, and `churnsim recommend --json`.
+"""`recommend` (sim/studies/recommend.py) on the Young/Daly scenario of test_analytic.py, and `churnsim recommend --json`.
 
 Only the `checkpoint` method, one stage with a 1 s iteration, δ = 10 s, Poisson failures with
 M = 2000 s: Young's interval is 200 iterations, Daly's 193, and the simulated optimum lies near them
@@ -19,8 +19,8 @@ from churnsim.calibration.base import strict_json_loads
 from churnsim.calibration.churn import WeibullChurn
 from churnsim.calibration.methods import method_from_name
 from churnsim.recommend_report import recommendation_lines
-from churnsim.sim.recommend import Candidate, Recommendation, interval_beyond_edge, recommend
-from churnsim.sim.verdict import Estimate, cannot_be_told_apart
+from churnsim.sim.studies.recommend import Candidate, Recommendation, interval_beyond_edge, recommend
+from churnsim.sim.studies.verdict import Estimate, cannot_be_told_apart
 
 from test_analytic import CHECKPOINT_S, ITERATION_S, one_stage_scenario
 

@@ -12,10 +12,10 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import preset
 from churnsim.calibration.statistics import mean_with_ci95
-from churnsim.sim.replicate import ReplicationTask, run_replication, runs_table, summary_table
+from churnsim.sim.studies.replicate import ReplicationTask, run_replication, runs_table, summary_table
 from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.scenario_overrides import apply_settings, parse_grid_setting
-from churnsim.sim.sweep import build_tasks, grid_points, run_sweep
+from churnsim.sim.studies.sweep import build_tasks, grid_points, run_sweep
 
 
 def small_scenario(replications: int = 2):
@@ -145,7 +145,7 @@ def test_a_lazily_sampled_failure_path_gives_the_results_of_the_whole_path():
     """Replications sample failures only as far as their runs get; results equal the eager path's."""
     from churnsim.calibration.failure_sampling import FailurePathSpec, LazyFailurePath
     from churnsim.calibration.presets import preset
-    from churnsim.sim.run import simulate_run
+    from churnsim.sim.model.run import simulate_run
 
     scenario = preset("checkfree-124m-geo-33pct")
     for replication in (0, 1):

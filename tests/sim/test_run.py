@@ -13,13 +13,13 @@ from churnsim.calibration.churn import PoissonChurn
 from churnsim.calibration.methods import METHOD_NAMES
 from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import FlopsCompute, TargetSpec
-from churnsim.sim.closed_form import ClosedFormRun, twin_for
-from churnsim.sim.iteration import IterationModel
-from churnsim.sim.methods import POLICIES, build_policy
-from churnsim.sim.pipeline_state import build_pipeline_state
-from churnsim.sim.results import BADPUT_CATEGORIES
+from churnsim.sim.model.closed_form import ClosedFormRun, twin_for
+from churnsim.sim.model.iteration import IterationModel
+from churnsim.sim.model.methods import POLICIES, build_policy
+from churnsim.sim.model.pipeline_state import build_pipeline_state
+from churnsim.sim.model.results import BADPUT_CATEGORIES
 from churnsim.calibration.failure_sampling import failures_for_replication
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.run import simulate_run
 
 from sim_run_scenarios import CLOSED_FORM_ITERATION_S, failure, method, small_scenario, tiers
 

@@ -1,4 +1,4 @@
-"""The setback-sensitivity study finds where the winner changes (sim/setback_sensitivity.py)."""
+"""The setback-sensitivity study finds where the winner changes (sim/studies/setback_sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from churnsim.calibration.convergence import MethodSetbacks, SetbackSpec
 from churnsim.calibration.failure_sampling import failures_for_replication
 from churnsim.calibration.failures import FailureSchedule, ScheduledFailure, write_failure_schedule
 from churnsim.calibration.tables import CROSSOVER_COLUMNS, SENSITIVITY_COLUMNS
-from churnsim.sim.run import simulate_run
-from churnsim.sim.setback_sensitivity import sensitivity_lines, setback_sensitivity
+from churnsim.sim.model.run import simulate_run
+from churnsim.sim.studies.setback_sensitivity import sensitivity_lines, setback_sensitivity
 
 from sim_run_scenarios import method, small_scenario
 

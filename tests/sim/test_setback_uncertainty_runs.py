@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from churnsim.calibration.presets import checkfree_500m_geo
-from churnsim.sim.replicate import ReplicationTask, run_replication, run_replications, runs_table, summary_table
-from churnsim.sim.outputs import scenario_notes
+from churnsim.sim.studies.replicate import ReplicationTask, run_replication, run_replications, runs_table, summary_table
+from churnsim.sim.studies.outputs import scenario_notes
 
 NUM_REPLICATIONS = 6
 

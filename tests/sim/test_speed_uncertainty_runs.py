@@ -7,7 +7,7 @@ import numpy as np
 from churnsim.calibration.churn import NoChurn
 from churnsim.calibration.presets import preset
 from churnsim.calibration.speed_uncertainty import replication_compute_factor
-from churnsim.sim.replicate import replication_scenario, run_replications, runs_table
+from churnsim.sim.studies.replicate import replication_scenario, run_replications, runs_table
 
 NUM_REPLICATIONS = 8
 

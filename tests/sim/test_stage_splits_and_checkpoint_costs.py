@@ -12,15 +12,15 @@ from churnsim.calibration.base import validate_model
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import DATASTATES_ITERATIONS, datastates, preset
 from churnsim.calibration.scenario import Scenario
-from churnsim.sim.iteration import simulate_iteration
-from churnsim.sim.methods.base import (
+from churnsim.sim.model.iteration import simulate_iteration
+from churnsim.sim.model.methods.base import (
     checkpoint_part_bytes,
     serialization_s,
     stage_checkpoint_bytes,
     tier_flow_bytes,
 )
-from churnsim.sim.pipeline_state import build_pipeline_state
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.pipeline_state import build_pipeline_state
+from churnsim.sim.model.run import simulate_run
 
 SPLIT = (5,) * 6 + (3,) * 6  # 48 layers of spot-p3-trace in 12 unequal stages
 

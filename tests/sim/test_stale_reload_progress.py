@@ -6,8 +6,8 @@ import pytest
 
 from churnsim.calibration.failure_sampling import FailureEvent
 from churnsim.calibration.presets import preset
-from churnsim.sim.calibrated import without_setbacks
-from churnsim.sim.run import simulate_run
+from churnsim.sim.model.calibrated import without_setbacks
+from churnsim.sim.model.run import simulate_run
 
 
 @pytest.mark.parametrize("reference_events", [False, True])

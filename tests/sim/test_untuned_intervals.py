@@ -1,5 +1,5 @@
 """An answer tries each method's checkpoint interval at a better value at every point with failures
-(sim/untuned_intervals.py): a blocking checkpoint at Daly's optimum where it is far from it, one
+(sim/studies/untuned_intervals.py): a blocking checkpoint at Daly's optimum where it is far from it, one
 that blocks nothing by a halving/doubling search; where that is clearly better the point gets a
 second answer with the tuned intervals, in `whatif`, `sweep` and `simulate` alike.
 
@@ -14,10 +14,10 @@ import math
 import pytest
 
 from churnsim.calibration.methods import method_from_name
-from churnsim.sim.simulate import simulate_tables
-from churnsim.sim.sweep import build_tasks, run_sweep, sweep_verdict
-from churnsim.sim.untuned_intervals import UNTUNED_INTERVAL_RATIO, daly_reruns
-from churnsim.sim.whatif import WhatIfPlan, compute_whatif, rate_tasks
+from churnsim.sim.studies.simulate import simulate_tables
+from churnsim.sim.studies.sweep import build_tasks, run_sweep, sweep_verdict
+from churnsim.sim.studies.untuned_intervals import UNTUNED_INTERVAL_RATIO, daly_reruns
+from churnsim.sim.studies.whatif import WhatIfPlan, compute_whatif, rate_tasks
 
 from test_analytic import CHECKPOINT_S, ITERATION_S, one_stage_scenario
 
@@ -132,7 +132,7 @@ def test_a_tuned_interval_that_reaches_the_target_more_often_is_taken():
 
 def test_the_tuned_intervals_are_a_table_too():
     from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS
-    from churnsim.sim.verdict import tuned_intervals_table
+    from churnsim.sim.studies.verdict import tuned_intervals_table
 
     result = compute_whatif(whatif_plan(1000), workers=1)
     table = tuned_intervals_table(result.verdict)

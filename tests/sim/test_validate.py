@@ -34,12 +34,12 @@ from churnsim.calibration.scenario import (
     UniformNetwork,
 )
 from churnsim.calibration.tables import VALIDATION_COLUMNS
-from churnsim.sim.outputs import write_simulated_run_records
+from churnsim.sim.studies.outputs import write_simulated_run_records
 from churnsim.calibration.failure_sampling import FailureEvent
 from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
-from churnsim.sim.calibrated import STEP_PLACEMENT_DELAY_S, executed_step_time_s, replay_failures_at_steps
-from churnsim.sim.run import simulate_run
-from churnsim.sim.validate import QUANTITIES, SMOOTHING_ITERATIONS, progress_for_smoothed_loss, validate_runs
+from churnsim.sim.model.calibrated import STEP_PLACEMENT_DELAY_S, executed_step_time_s, replay_failures_at_steps
+from churnsim.sim.model.run import simulate_run
+from churnsim.sim.checks.validate import QUANTITIES, SMOOTHING_ITERATIONS, progress_for_smoothed_loss, validate_runs
 
 FORWARD_S = (0.010, 0.012, 0.011, 0.014)
 BACKWARD_S = (0.020, 0.024, 0.022, 0.028)
@@ -252,7 +252,7 @@ def _validation_rows(run_id: str, method: str, *, steady_measured_s: float, stea
 
 
 def test_machine_speed_is_each_real_run_s_steady_step_over_the_prediction():
-    from churnsim.sim.validate import machine_speed, median_absolute_error
+    from churnsim.sim.checks.validate import machine_speed, median_absolute_error
 
     rows = (
         _validation_rows("a", "checkfree", steady_measured_s=0.9, steady_predicted_s=1.0, wall_error=-0.10, normalised_error=0.01)

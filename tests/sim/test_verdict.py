@@ -12,8 +12,8 @@ from rich.console import Console
 from churnsim.calibration.base import strict_json_loads
 from churnsim.calibration.tables import SUMMARY_COLUMNS
 from churnsim.report import answer_text, print_point_table
-from churnsim.sim.replicate import summary_table
-from churnsim.sim.verdict import steady_overhead_caveats, verdict_from_summary
+from churnsim.sim.studies.replicate import summary_table
+from churnsim.sim.studies.verdict import steady_overhead_caveats, verdict_from_summary
 
 
 def summary_row(method: str, mean_h: float, half_width_h: float, *, rate: float = 0.1, reached: float = 1.0, **speedups) -> dict:

@@ -1,5 +1,5 @@
 """`whatif` under a scenario's own churn: a churn model other than the per-stage hourly probability is
-asked at multiples of its own rate, not replaced (sim/whatif.py `whatif_plan`)."""
+asked at multiples of its own rate, not replaced (sim/studies/whatif.py `whatif_plan`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from churnsim import api
 from churnsim.calibration.churn import ScheduleChurn
 from churnsim.calibration.presets import PRESETS, preset
-from churnsim.sim.whatif import OWN_CHURN_FACTORS, QUICK_FAILURE_RATES, RATE_SETTING, WHATIF_FAILURE_RATES, whatif_plan
+from churnsim.sim.studies.whatif import OWN_CHURN_FACTORS, QUICK_FAILURE_RATES, RATE_SETTING, WHATIF_FAILURE_RATES, whatif_plan
 
 
 def test_the_plan_keeps_a_churn_with_a_rate_and_replaces_the_hourly_one_or_one_without_a_rate():
@@ -61,7 +61,7 @@ def test_the_runs_see_failures_in_proportion_to_the_rate(tiny_whatif):
 def test_the_interval_study_varies_the_scenarios_own_checkpoint_configuration():
     # `churnsim whatif --preset datastates-7b` failed with a traceback: the study took the default
     # checkpoint configuration, whose 'remote' tier the preset's storage (Lustre) does not have.
-    from churnsim.sim.whatif import interval_study_configs, interval_tasks
+    from churnsim.sim.studies.whatif import interval_study_configs, interval_tasks
 
     plan = whatif_plan(preset("datastates-7b"), quick=True)
     configs = {config.name: config for config in interval_study_configs(plan)}
@@ -79,7 +79,7 @@ def test_the_interval_study_varies_the_scenarios_own_checkpoint_configuration():
 def test_every_presets_whatif_builds_its_tasks(name):
     # Building the tasks validates every scenario the what-if will run; the four DataStates presets
     # used to fail here, in the interval study, with a traceback.
-    from churnsim.sim.whatif import interval_tasks, rate_tasks
+    from churnsim.sim.studies.whatif import interval_tasks, rate_tasks
 
     plan = whatif_plan(preset(name), quick=True)
     assert rate_tasks(plan) and (plan.interval_study_rate is None or interval_tasks(plan))
