@@ -29,12 +29,21 @@ def _register_commands() -> None:
     from churnsim import commands_sim, commands_calibrate, commands_reproduce, commands_real  # noqa: F401
 
 
+current_arguments: Optional[list[str]] = None
+"""The arguments of the command this process runs, once `main` started."""
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point of the console script."""
     arguments = sys.argv[1:] if argv is None else argv
+    global current_arguments
+    current_arguments = list(arguments)  # how a held --out names its command (out_directory.lock_out_directory)
     try:
         _main(arguments)
     finally:
+        out_directory = sys.modules.get("churnsim.out_directory")  # loaded only by commands that write a directory
+        if out_directory is not None:
+            out_directory.release_all_out_directories()
         if argv is None:  # the command line, not a caller (a test) that keeps its own Ctrl-C
             _exit_on_late_interrupt()
 

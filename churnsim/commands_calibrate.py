@@ -79,6 +79,7 @@ def _tier_bandwidths(storage):
 @app.command("calibrate")
 def calibrate_command(
     out: Path = typer.Option(..., "--out", help="Calibration JSON file to write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     device: Optional[str] = typer.Option(
         None,
         "--device",
@@ -118,6 +119,7 @@ def calibrate_command(
     from churnsim.calibration.fit import build_calibration
     from churnsim.calibration.fit_timing import fit_link_profile
     from churnsim.calibration.run_record import read_run_record
+    from churnsim.calibration.safe_files import input_stream
     from churnsim.sim.calibrated import iteration_predictor, method_extra_predictor
     from churnsim.sim.validate import run_record_directories
 
@@ -126,7 +128,7 @@ def calibrate_command(
         raise InputError(f"--device {device!r}: use cpu or cuda")
     from churnsim.out_directory import check_writable_file
 
-    check_writable_file(out, flag="--out")  # before minutes of real runs, not after them
+    check_writable_file(out, flag="--out", overwrite=overwrite)  # before minutes of real runs, not after them
     configures_the_suite = preset_name is not None or scenario_path is not None or bool(settings)
     lab_flags = {"--base": base, "--seeds": seeds, "--lab-iterations": lab_iterations, "--failure-points": failure_points, "--setback-table": setback_table}
     if convergence:
@@ -156,9 +158,9 @@ def calibrate_command(
         records = [read_run_record(directory) for directory in directories]
         device = device or _records_device(records)
         link_file = _find_measurement([Path(path) for path in runs], LINK_PROFILE_FILE)
-        link_points = pd.read_csv(link_file) if link_file is not None else _measure_link(device)
+        link_points = pd.read_csv(input_stream(link_file)) if link_file is not None else _measure_link(device)
         storage_file = _find_measurement([Path(path) for path in runs], STORAGE_FILE)
-        storage = pd.read_csv(storage_file) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
+        storage = pd.read_csv(input_stream(storage_file)) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
     else:
         require_torch("calibrating with real runs")
         from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan, suite_shared_cores
@@ -291,6 +293,7 @@ def calibrate_convergence(
     from churnsim.calibration.errors import InputError
     from churnsim.calibration.fit_setbacks import lab_failure_span, methods_told_apart, setback_summary, with_lab_setbacks
     from churnsim.calibration.run_record import provenance_fields
+    from churnsim.calibration.safe_files import input_stream
 
     console = stderr_console()
     if num_iterations < 50 or num_failure_points < 1:
@@ -313,7 +316,9 @@ def calibrate_convergence(
         import pandas as pd
 
         try:
-            rows = pd.read_csv(table)
+            rows = pd.read_csv(input_stream(table, what="--setback-table"))
+        except InputError:
+            raise
         except (OSError, ValueError) as error:
             raise InputError(f"--setback-table {table}: cannot read it as CSV ({error.__class__.__name__}); give a lab table") from None
         seeds = tuple(sorted(int(seed) for seed in rows["seed"].unique())) if "seed" in rows.columns else seeds

@@ -161,6 +161,8 @@ def override_run_settings(scenario, *, methods: Optional[list[str]], replication
     return narrowed.with_run_settings(replications=replications, seed=seed)
 
 
+from churnsim.work_bounds import MAX_WORK_HELP  # noqa: E402 (a string; the module imports nothing heavy)
+
 OVERWRITE_HELP = "Write into --out even though it holds another run's results or other files (churnsim's own old results there are replaced)."
 JSON_HELP = "Print the answer as strict JSON on stdout (tables go to stderr), for scripts."
 SET_HELP = "FIELD=VALUE override of a scenario field (dotted path, as in `sweep`); repeatable."
@@ -230,6 +232,7 @@ def whatif_command(
     setback_sensitivity: bool = typer.Option(
         False, "--setback-sensitivity", help="Also rerun it with every convergence setback scaled ×0.5, 1, 2, 3, 5: setback_sensitivity.csv, where the winner changes."
     ),
+    max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
     from churnsim.sim.whatif import run_whatif, whatif_plan
@@ -253,8 +256,10 @@ def whatif_command(
     from churnsim.report import show_verdict
     from churnsim.sim.sweep import connect_scheduler
     from churnsim.sim.whatif import interval_tasks, plan_at_rate, rate_tasks
+    from churnsim.work_bounds import check_whatif_work
 
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
+    check_whatif_work(plan, max_work=max_work)
     rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
     check_up_front(rate_scenarios, source=scenario_source(scenario_path, named_preset), workers=workers, parquet=parquet)
     if setback_sensitivity:
@@ -289,12 +294,14 @@ def recommend_command(
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications per variant (default: the scenario's)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recommendation as strict JSON on stdout, for scripts."),
+    max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:
     """What to use: the best method and its knobs (checkpoint interval against Young/Daly, CheckFree's
     edge fallback), its time to target, and whether the winner changes with the setbacks or the failure rate."""
     from churnsim.calibration.scenario_overrides import parse_settings
     from churnsim.recommend_report import show_recommendation
     from churnsim.sim.recommend import recommend
+    from churnsim.work_bounds import check_recommend_work
 
     calibration = resolve_calibration_option(calibration_argument, calibration_mode)
     scenario = with_settings(
@@ -305,6 +312,7 @@ def recommend_command(
 
         raise InputError(f"--replications {replications}: must be >= 1")
     checked = override_run_settings(scenario, methods=None, replications=replications, seed=None)
+    check_recommend_work(checked, max_work=max_work)
     check_up_front([checked], source=scenario_source(scenario_path, preset_name), workers=workers)
     console = stderr_console()
     console.print(f"recommending for {scenario.name} (methods, interval grids, then robustness cases)")
@@ -342,6 +350,7 @@ def sweep_command(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
     parquet: bool = typer.Option(False, "--parquet"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:
     """A grid over scenario fields, in local processes or on a Dask cluster."""
     from churnsim.calibration.scenario_overrides import parse_grid_setting
@@ -360,6 +369,9 @@ def sweep_command(
     scenario = with_settings(base, preset_name, {}, **configure)
     grid = [parse_grid_setting(text) for text in settings]
     from churnsim.sim.sweep import grid_points
+    from churnsim.work_bounds import check_sweep_work
+
+    check_sweep_work(base, grid, max_work=max_work)
 
     points = [with_settings(base, preset_name, point, **configure) for point in grid_points(grid)]
     check_up_front(points, source=scenario_source(scenario_path, preset_name), workers=workers, parquet=parquet)
@@ -389,6 +401,9 @@ def plot_command(
     from churnsim.calibration.errors import InputError
     from churnsim.figures.make_all import make_all_figures
 
+    from churnsim.out_directory import check_figure_directory
+
+    check_figure_directory(results, out)
     if not results.is_dir():
         raise InputError(f"{results}: not a results directory; pass the --out directory of whatif, simulate, sweep or validate")
     drawn = make_all_figures(results, out)
