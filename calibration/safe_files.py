@@ -256,5 +256,11 @@ def check_corpus(corpus: str | Path, *, what: str = "training.corpus") -> None:
         raise InputError(f"{what} = {_shown(corpus)!r}: the file is empty; give a text file with text in it")
     if status.st_size > MAX_TABLE_FILE_BYTES:
         raise InputError(f"{what} = {_shown(corpus)!r}: {status.st_size / 2**20:.0f} MiB, more than the limit of {MAX_TABLE_FILE_BYTES / 2**20:.0f} MiB; use a smaller corpus")
-    if not os.access(path, os.R_OK):
-        raise InputError(f"{what} = {_shown(corpus)!r}: permission denied; check the file's permissions")
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(64 * 1024)
+    except OSError as error:
+        raise InputError(f"{what} = {_shown(corpus)!r}: {describe_os_error(error)}") from None
+    if b"\x00" in head:
+        # The stage processes skip files holding NUL bytes (binary): a corpus of one such file has no text.
+        raise InputError(f"{what} = {_shown(corpus)!r}: a binary file (it holds NUL bytes), not text; give a text file")

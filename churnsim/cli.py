@@ -6,6 +6,7 @@ is imported only by the commands that run real pipelines.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -54,6 +55,14 @@ def _main(arguments: list[str]) -> None:
         returned = app(args=arguments, prog_name="churnsim", standalone_mode=False)
     except InputError as error:
         _fail(str(error))
+    except OSError as error:
+        # A path the system cannot use at all (too long, a symlink loop) is the user's to fix, wherever
+        # it is first touched; any other OSError is a bug and keeps its traceback.
+        if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        name = str(error.filename)
+        shown = name if len(name) <= 200 else f"{name[:120]}...({len(name)} characters)"
+        _fail(f"{shown}: {'the path is too long for the system' if error.errno == errno.ENAMETOOLONG else 'a symbolic link loop'}; give another path")
     except click_exceptions.NoArgsIsHelpError as no_arguments:
         # `churnsim` or `churnsim real` alone: the group's help, which plain click help only carries in the error.
         typer.echo(no_arguments.format_message())

@@ -351,9 +351,9 @@ def calibrate_convergence(
         out.parent.mkdir(parents=True, exist_ok=True)
         curve.to_csv(out.with_name(f"{out.stem}-lab-curve.csv"), index=False)
         description = f"{calibration.name} model, seeds {','.join(map(str, seeds))}, {num_iterations}-iteration no-failure runs"
+    measured = with_lab_setbacks(calibration, rows, description=description)  # checks the table before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(table_path, index=False)
-    measured = with_lab_setbacks(calibration, rows, description=description)
     provenance = measured.provenance.model_copy(
         update={**{key: value for key, value in provenance_fields().items() if key in type(measured.provenance).model_fields},
                 "command": "churnsim " + " ".join(sys.argv[1:])}

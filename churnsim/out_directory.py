@@ -299,6 +299,7 @@ def check_figure_directory(results: Path, out: Path | None) -> None:
     """`plot`'s paths: the results directory readable, its --out a directory that can be written."""
     check_out_path(results, flag="RESULTS")
     if out is not None:
+        check_out_path(out, flag="--out")
         if out.exists() and not out.is_dir():
             raise InputError(f"--out {out}: is a file; give a directory for the figures")
         check_writable_directory(out, flag="--out")
