@@ -22,7 +22,7 @@ def _numbers(frame: pd.DataFrame, column: str, path: Path, *, allow_missing: boo
         bad &= frame[column].notna().to_numpy()
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{path}: row {row + 2}: field '{column}' is not a finite number; fix or re-write the run record")
+        raise InputError(f"{path}: row {row} (data rows counted from 0): field '{column}' is not a finite number; fix or re-write the run record")
     return values
 
 
@@ -30,7 +30,7 @@ def _non_negative(values: pd.Series, column: str, path: Path) -> None:
     negative = (values < 0).to_numpy()
     if negative.any():
         row = int(np.flatnonzero(negative)[0])
-        raise InputError(f"{path}: row {row + 2}: field '{column}' = {values.iloc[row]:g} is negative; fix or re-write the run record")
+        raise InputError(f"{path}: row {row} (data rows counted from 0): field '{column}' = {values.iloc[row]:g} is negative; fix or re-write the run record")
 
 
 def check_spans(spans: pd.DataFrame, path: Path) -> None:
@@ -41,7 +41,7 @@ def check_spans(spans: pd.DataFrame, path: Path) -> None:
     if backwards.any():
         row = int(np.flatnonzero(backwards)[0])
         raise InputError(
-            f"{path}: row {row + 2}: the span ends (end_s = {end.iloc[row]:g}) before it starts (start_s = {start.iloc[row]:g}); "
+            f"{path}: row {row} (data rows counted from 0): the span ends (end_s = {end.iloc[row]:g}) before it starts (start_s = {start.iloc[row]:g}); "
             "fix or re-write the run record"
         )
     for column in ("rank", "stage", "iteration"):
