@@ -11,7 +11,6 @@ temporary sibling directory and renamed into place, so a crash leaves no half-wr
 """
 
 import datetime as _datetime
-import json
 import os
 import platform
 import shutil

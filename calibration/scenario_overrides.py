@@ -7,7 +7,6 @@ as a whole Scenario, so an override gets the same one-line errors as a scenario 
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 from pydantic import ValidationError

@@ -1,7 +1,9 @@
 """Fuzz: every kind of input, mutated at random, meets the promise for bad input.
 
 Kinds: a scenario file, a calibration file, a failure schedule, a spot-instance trace (two formats),
-a run record (its manifest and tables), and command-line flags. Each case mutates one valid input
+a run record (its manifest and tables), command-line flags, and bad paths (a device, a FIFO, a link
+loop, a path too long, JSON nested too deep or with a huge integer, ...) in every path slot of every
+command; plus the bad inputs issue 45 names, each refused in one line. Each case mutates one valid input
 (a value swapped for a wrong type, an extreme or a non-number; a key deleted or added; the file
 truncated, emptied or filled with bytes that are not UTF-8; a CSV cell, header or row broken) and runs
 the command that reads it, in this process. The promise: the command either succeeds (exit 0; many
@@ -247,7 +249,7 @@ def test_a_mutated_calibration_file(index, tmp_path, capsys, run_record):
 
 FLAG_COMMANDS = (  # on the small scenario, so that a command whose flags stay valid finishes in seconds
     ["simulate", "tiny.json", "--method", "checkfree", "--replications", "1", "--out", "out"],
-    ["whatif", "--scenario", "tiny.json", "--quick", "--rates", "0.1", "--workers", "1", "--no-figures", "--out", "out"],
+    ["whatif", "--scenario", "tiny.json", "--quick", "--rates", "0.1", "--workers", "1", "--no-figures", "--max-work", "1", "--out", "out"],
     ["sweep", "tiny.json", "--replications", "1", "--set", "pipeline.num_microbatches=2,4", "--out", "out"],
     ["recommend", "tiny.json", "--replications", "1", "--workers", "1"],
     ["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "x.json", "--out", "out"],
