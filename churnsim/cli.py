@@ -109,7 +109,12 @@ def _exit_on_late_interrupt() -> None:
 
 def _interrupted() -> None:
     # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C.
-    sys.stderr.write("churnsim: interrupted\n")
+    hint = ""
+    if current_arguments and current_arguments[:2] == ["real", "run"]:
+        from churnsim.out_directory import resume_hint
+
+        hint = resume_hint(current_arguments)
+    sys.stderr.write(f"churnsim: interrupted{hint}\n")
     sys.exit(130)
 
 

@@ -287,6 +287,23 @@ def check_real_run_inputs(scenario, out: Path, *, overwrite: bool, resume: bool)
             )
 
 
+def resume_hint(arguments: list[str]) -> str:
+    """After an interrupted `real run`: how to continue it, where its --out holds an unfinished run
+    with checkpoints ("" otherwise)."""
+    try:
+        out = Path(arguments[arguments.index("--out") + 1])
+        run = read_json_file(out / "run.json")
+        stages = [path for path in (out / "checkpoints").iterdir() if path.is_dir() and any(path.iterdir())]
+    except (ValueError, IndexError, OSError, InputError):
+        return ""
+    if not isinstance(run, dict) or run.get("status") == "finished":
+        return ""
+    num_stages = run.get("config", {}).get("num_stages") if isinstance(run.get("config"), dict) else None
+    if not isinstance(num_stages, int) or len(stages) < num_stages:
+        return ""  # not every stage has checkpoints: the method cannot resume
+    return "; its checkpoints are kept: continue it with the same command and --resume" if "--resume" not in arguments else "; continue it again with --resume"
+
+
 def _real_run_finished(out: Path) -> bool:
     try:
         run = read_json_file(out / "run.json")

@@ -88,3 +88,40 @@ def test_one_sigint_ends_the_command_and_its_workers(name, tmp_path):
         if command.poll() is None:
             command.kill()
             command.wait()
+
+
+def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(tmp_path):
+    pytest.importorskip("torch")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint",
+         "--set", "target.loss=null", "--set", "target.iterations=5000", "--set", "methods.checkpoint.interval_iterations=2",
+         "--out", "run"],
+        cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    group = command.pid
+    try:
+        # Mid-training: every stage has written a checkpoint.
+        deadline = time.monotonic() + 240
+        stages = [tmp_path / "run" / "checkpoints" / f"stage-{stage}" for stage in range(4)]
+        while time.monotonic() < deadline and command.poll() is None:
+            if all(stage.is_dir() and any(stage.iterdir()) for stage in stages):
+                break
+            time.sleep(0.2)
+        assert command.poll() is None, "the run ended before it could be interrupted"
+        os.killpg(group, signal.SIGINT)
+        try:
+            code = command.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("real run: still running 10 s after one SIGINT")
+        stderr = command.stderr.read()
+        assert code == 130, stderr
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("churnsim: interrupted") and "--resume" in last, stderr
+        time.sleep(5.0)
+        assert _group_members(group) == [], "real run: processes left after the interrupt"
+    finally:
+        for pid in _group_members(group):
+            os.kill(pid, signal.SIGKILL)
+        if command.poll() is None:
+            command.kill()
+            command.wait()
