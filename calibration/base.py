@@ -146,18 +146,11 @@ def validate_model(model_type: type[ModelT], data: Any, source: str) -> ModelT:
 
 
 def read_json(path: str | Path) -> Any:
-    """Parse a JSON file, raising `InputError` naming the file on any problem."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file; check the path") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot be read ({error.__class__.__name__}); check the file") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+    """Parse a JSON file, raising `InputError` naming the file on any problem (safe_files: regular
+    files only, a size limit, bounded nesting and integers)."""
+    from .safe_files import read_json_file
+
+    return read_json_file(path)
 
 
 def load_model(model_type: type[ModelT], path: str | Path) -> ModelT:

@@ -207,14 +207,19 @@ class ScheduleChurn(StrictModel):
 
 def resolve_trace_path(path: str | Path) -> Path:
     """Find a trace file: absolute as given; relative in the built-in directory, then the current one."""
+    from .safe_files import check_path_text, resolve_inside
+
+    check_path_text(path, what="churn.path")
     candidate = Path(path)
     if candidate.is_absolute():
         if candidate.is_file():
             return candidate
         raise InputError(f"churn.path = {str(path)!r}: no such file; check the path")
+    # A relative path stays inside the folder it is resolved against (no '..' or link out of it).
     for base in (TRACE_DIRECTORY, Path.cwd()):
-        if (base / candidate).is_file():
-            return base / candidate
+        found = resolve_inside(base, candidate, what="churn.path")
+        if found is not None:
+            return found
     available = ", ".join(sorted(str(p.relative_to(TRACE_DIRECTORY)) for p in builtin_trace_files()))
     raise InputError(
         f"churn.path = {str(path)!r}: not found in the built-in traces nor the current directory; "

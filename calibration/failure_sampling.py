@@ -25,6 +25,8 @@ adds a join delay); every removal counts as a preemption seen, whether or not it
 from __future__ import annotations
 
 import itertools
+import os
+import pathlib
 import math
 import operator
 from dataclasses import dataclass
@@ -178,6 +180,11 @@ def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> fl
 def scheduled_failures(config: ScheduleChurn, num_stages: int) -> tuple[FailureEvent, ...]:
     """The rows of a `schedule` churn's file as failure events, sorted; checked against the pipeline."""
     source = f"churn.path {config.path!r}"
+    from .safe_files import check_path_text, resolve_inside
+
+    check_path_text(config.path, what="churn.path")
+    if not os.path.isabs(config.path):  # a relative path stays inside the current directory
+        resolve_inside(pathlib.Path.cwd(), config.path, what="churn.path")
     schedule = read_failure_schedule(config.path).validate_for(num_stages, source=source)
     events = []
     for failure in schedule.failures:

@@ -9,6 +9,8 @@ CSV keeps schedules diffable and editable by hand.
 
 from __future__ import annotations
 
+import os
+
 import csv
 import io
 import math
@@ -106,11 +108,10 @@ def write_failure_schedule(schedule: FailureSchedule, path: str | Path) -> None:
 
 
 def read_failure_schedule(path: str | Path) -> FailureSchedule:
+    from .safe_files import read_input_text
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such failure schedule; check the path") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot read the failure schedule ({error.__class__.__name__})") from None
+    if not os.path.lexists(path) and len(str(path)) < 4096:
+        raise InputError(f"{path}: no such failure schedule; check the path")
+    text = read_input_text(path, what="failure schedule")
     return FailureSchedule.from_csv(text, source=str(path))

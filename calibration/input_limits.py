@@ -14,6 +14,7 @@ simulation does not parse them again), so a broken file is reported before any p
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from .errors import InputError
@@ -92,3 +93,69 @@ def check_scenario_size(scenario: "Scenario", *, source: str) -> None:
             f"{MAX_EXPECTED_FAILURES_PER_RUN:,}: lower the failure rate or target.max_wall_clock_s"
         )
 
+
+
+# -- work of a whole command: what-if, sweep, recommendation ------------------------------------------
+
+MAX_WORK_CORE_HOURS = 1.0
+"""Default limit on a command's estimated work, in core-hours (`--max-work` raises it): the default
+what-if is estimated at a few core-seconds, so this refuses only what would run for hours."""
+SECONDS_PER_RUN = 0.02
+"""One simulated run (one method, one replication, one failure path) besides its failures: the
+closed-form evaluation, its tables and the pool's transfer; an order of magnitude, as above."""
+BYTES_PER_RUN = 8 * 1024
+"""What one run keeps until the command ends: its task, its row of the runs table (≈ 60 columns as
+Python objects) and its share of the trajectories."""
+MEMORY_FRACTION_LIMIT = 0.5
+"""A command's estimated memory may take at most this share of the machine's physical memory."""
+
+
+def physical_memory_bytes() -> float:
+    """The machine's physical memory (8 GiB where the system does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8.0 * 2**30
+
+
+def seconds_per_run(scenario: "Scenario") -> float:
+    """Estimated core-seconds of one run of `scenario` (one method, one replication): SECONDS_PER_RUN.
+
+    A constant: the failures expected before the deadline (`expected_failures_per_run`) overstate a
+    run that reaches its target long before it by orders of magnitude, and a run's own length is not
+    known before it is simulated. `check_scenario_size` bounds the failures of one run separately."""
+    return SECONDS_PER_RUN
+
+
+def check_max_work(max_work_core_hours: float | None) -> float:
+    """The `--max-work` limit in core-hours (the default when not given); InputError for a bad value."""
+    if max_work_core_hours is None:
+        return MAX_WORK_CORE_HOURS
+    if not (max_work_core_hours > 0 and max_work_core_hours < float("inf")):
+        raise InputError(f"--max-work {max_work_core_hours}: must be a positive number of core-hours, e.g. 4")
+    return float(max_work_core_hours)
+
+
+def check_work(
+    runs: float, seconds_each: float, *, what: str, max_work_core_hours: float | None = None, flag: str = "--max-work"
+) -> None:
+    """Refuse (one line, before any work) `runs` simulated runs of `seconds_each` core-seconds when their
+    estimated work exceeds `--max-work` core-hours or their memory half the machine's.
+
+    `what` says how the runs come about ("5 rates × 100,000 replications × 9 methods").
+    """
+    limit_hours = check_max_work(max_work_core_hours)
+    seconds = runs * seconds_each
+    nbytes = runs * BYTES_PER_RUN
+    memory_limit = physical_memory_bytes() * MEMORY_FRACTION_LIMIT
+    if nbytes > memory_limit:
+        raise InputError(
+            f"{what} = {runs:,.0f} simulated runs, estimated at {_cost(seconds, nbytes)}: the memory is more than half of this "
+            f"machine's {physical_memory_bytes() / 2**30:.0f} GiB; use fewer replications, rates, methods or grid points"
+        )
+    if seconds > limit_hours * 3600.0:
+        raise InputError(
+            f"{what} = {runs:,.0f} simulated runs, estimated at {seconds / 3600.0:,.2g} core-hours ({_cost(seconds, nbytes)}), "
+            f"more than the limit of {limit_hours:g} core-hours: use fewer replications, rates, methods or grid points, "
+            f"or raise the limit with {flag} HOURS"
+        )

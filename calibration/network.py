@@ -8,6 +8,7 @@ per-site-pair delay and bandwidth; the built-in `checkfree_geo` table is the Che
 from __future__ import annotations
 
 import csv
+import io
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,8 +29,11 @@ def load_site_table(name_or_path: str) -> LinkTable:
     """(site_a, site_b) → (latency_s, bandwidth_bytes_per_s), symmetric."""
     path = BUILTIN_TABLES.get(name_or_path, Path(name_or_path))
     try:
-        with open(path, newline="", encoding="utf-8") as stream:
-            rows = list(csv.DictReader(stream))
+        from .safe_files import read_input_text
+
+        if not path.exists():
+            raise FileNotFoundError(path)
+        rows = list(csv.DictReader(io.StringIO(read_input_text(path, what="network table"), newline="")))
     except FileNotFoundError:
         raise InputError(
             f"network table {name_or_path!r}: no such file; use 'checkfree_geo' or a CSV with "

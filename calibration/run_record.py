@@ -11,7 +11,6 @@ temporary sibling directory and renamed into place, so a crash leaves no half-wr
 """
 
 import datetime as _datetime
-import json
 import os
 import platform
 import shutil
@@ -135,7 +134,9 @@ def check_record_directory(directory: str | Path, *, extra_entries: tuple[str, .
         problem = f"holds {shown}, which churnsim did not write"
     elif (directory / MANIFEST_FILE).exists():
         try:
-            manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+            from .safe_files import read_json_file
+
+            manifest = read_json_file(directory / MANIFEST_FILE)
         except (OSError, ValueError):
             manifest = None
         if not isinstance(manifest, dict) or not isinstance(manifest.get("run_id"), str):
@@ -183,7 +184,9 @@ def write_run_record(
 
 def _read_table(path: Path, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path)
+        from .safe_files import input_stream
+
+        frame = pd.read_csv(input_stream(path, what="run record table"))
     except FileNotFoundError:
         raise InputError(f"{path}: missing from the run record; re-run or copy the whole record directory") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -199,12 +202,16 @@ def read_run_record(directory: str | Path) -> RunRecord:
     if not directory.is_dir():
         raise InputError(f"{directory}: not a run record directory; pass a directory written by churnsim")
     manifest = load_model(RunManifest, directory / MANIFEST_FILE)
-    return RunRecord(
+    record = RunRecord(
         manifest=manifest,
         metrics=_read_table(directory / METRICS_FILE, METRICS_COLUMNS),
         spans=_read_table(directory / SPANS_FILE, SPANS_COLUMNS, SPANS_CPU_COLUMNS),
         failures=read_failure_schedule(directory / FAILURES_FILE),
     )
+    from .record_checks import check_record_values
+
+    check_record_values(record, directory)
+    return record
 
 
 def git_revision() -> str:

@@ -7,7 +7,6 @@ as a whole Scenario, so an override gets the same one-line errors as a scenario 
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 from pydantic import ValidationError
@@ -61,13 +60,9 @@ def parse_grid_setting(text: str) -> GridSetting:
     if not path:
         raise InputError(f"--set {text!r}: no field before '='; e.g. pipeline.num_stages=4,8")
     values = comma_separated(values_text, f"--set {text!r}", empty="the grid is empty; give at least one value after '='")
-    parsed = []
-    for value in values:
-        try:
-            parsed.append(json.loads(value))
-        except json.JSONDecodeError:
-            parsed.append(value)
-    return path, tuple(parsed)
+    from .safe_files import json_value_or_text
+
+    return path, tuple(json_value_or_text(value, source=f"--set {path}") for value in values)
 
 
 def repeated_value(values: Sequence[Any]) -> Any | None:

@@ -201,7 +201,12 @@ def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     if not path.is_file():
         raise InputError(f"{path}: no such result table; run the command that writes it first")
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        from .safe_files import input_stream
+
+        stream = input_stream(path, what="result table")
+        frame = pd.read_parquet(stream) if path.suffix == ".parquet" else pd.read_csv(stream)
+    except InputError:
+        raise
     except Exception as error:  # pandas raises many parser types; all mean the same to the user
         raise InputError(f"{path}: cannot be read as a table ({error.__class__.__name__})") from None
     missing = [column for column in columns if column not in frame.columns]

@@ -159,10 +159,9 @@ class _EventBuilder:
 
 def _numbered_lines(path: Path) -> list[tuple[int, str]]:
     """Non-blank lines with their 1-based numbers; CRLF and LF both accepted."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot be read ({error.__class__.__name__}); check the file") from None
+    from .safe_files import read_input_text
+
+    text = read_input_text(path, what="trace")
     return [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
@@ -200,7 +199,7 @@ def parse_bamboo_csv(path: Path) -> Trace:
     for number, line in lines:
         fields = [field.strip() for field in line.split(",")]
         if len(fields) != 3:
-            raise builder.fail(number, f"expected 3 fields 'time_ms,add|remove,node', found {len(fields)}: {line!r}")
+            raise builder.fail(number, f"expected 3 fields 'time_ms,add|remove,node', found {len(fields)}")
         time_s = _parse_number(builder, number, fields[0], "time_ms") / 1000.0
         kind, node = fields[1], fields[2]
         if kind == "add":
@@ -264,7 +263,7 @@ def _count_steps(path: Path, x_unit_s: float) -> Trace:
     for number, line in lines:
         fields = [field.strip() for field in line.split(",")]
         if len(fields) != 2:
-            raise builder.fail(number, f"expected 2 fields 'x,count', found {len(fields)}: {line!r}")
+            raise builder.fail(number, f"expected 2 fields 'x,count', found {len(fields)}")
         x = _parse_number(builder, number, fields[0], "x")
         count = _parse_count(builder, number, fields[1])
         first_x = x if first_x is None else first_x
@@ -295,7 +294,7 @@ def parse_gcloud_count(path: Path) -> Trace:
     for number, line in lines:
         fields = [field.strip() for field in line.split(",")]
         if len(fields) != 3:
-            raise builder.fail(number, f"expected 3 fields 'YYYY-MM-DD, HH:MM:SS, count', found {len(fields)}: {line!r}")
+            raise builder.fail(number, f"expected 3 fields 'YYYY-MM-DD, HH:MM:SS, count', found {len(fields)}")
         try:
             stamp = datetime.strptime(f"{fields[0]} {fields[1]}", "%Y-%m-%d %H:%M:%S")
         except ValueError:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable, Optional
 
+from churnsim.calibration.errors import InputError
+from churnsim.calibration.safe_files import input_stream
 from churnsim.extras import require_torch
 
 LINK_PROFILE_FILE = "link_profile.csv"
@@ -110,9 +112,9 @@ def calibrate(
         records = [read_run_record(directory) for directory in directories]
         device = device or _records_device(records)
         link_file = _find_measurement([Path(path) for path in runs], LINK_PROFILE_FILE)
-        link_points = pd.read_csv(link_file) if link_file is not None else _measure_link(device, on_message)
+        link_points = pd.read_csv(input_stream(link_file)) if link_file is not None else _measure_link(device, on_message)
         storage_file = _find_measurement([Path(path) for path in runs], STORAGE_FILE)
-        storage = pd.read_csv(storage_file) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
+        storage = pd.read_csv(input_stream(storage_file)) if storage_file is not None else _measure_storage({"local_disk": out.resolve().parent})
     else:
         require_torch("calibrating with real runs")
         from churnsim.real.calibration_suite import full_settings, quick_settings, run_suite, suite_plan, suite_shared_cores
@@ -285,7 +287,9 @@ def calibrate_convergence(
         import pandas as pd
 
         try:
-            rows = pd.read_csv(table)
+            rows = pd.read_csv(input_stream(table, what="--setback-table"))
+        except InputError:
+            raise
         except (OSError, ValueError) as error:
             raise InputError(f"--setback-table {table}: cannot read it as CSV ({error.__class__.__name__}); give a lab table") from None
         seeds = tuple(sorted(int(seed) for seed in rows["seed"].unique())) if "seed" in rows.columns else seeds
@@ -318,9 +322,9 @@ def calibrate_convergence(
         out.parent.mkdir(parents=True, exist_ok=True)
         curve.to_csv(out.with_name(f"{out.stem}-lab-curve.csv"), index=False)
         description = f"{calibration.name} model, seeds {','.join(map(str, seeds))}, {num_iterations}-iteration no-failure runs"
+    measured = with_lab_setbacks(calibration, rows, description=description)  # checks the table before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(table_path, index=False)
-    measured = with_lab_setbacks(calibration, rows, description=description)
     provenance = measured.provenance.model_copy(
         update={**{key: value for key, value in provenance_fields().items() if key in type(measured.provenance).model_fields},
                 "command": "churnsim " + " ".join(sys.argv[1:])}

@@ -6,6 +6,7 @@ is imported only by the commands that run real pipelines.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -30,12 +31,21 @@ def _register_commands() -> None:
     from churnsim import commands_sim, commands_calibrate, commands_reproduce, commands_real  # noqa: F401
 
 
+current_arguments: Optional[list[str]] = None
+"""The arguments of the command this process runs, once `main` started."""
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point of the console script."""
     arguments = sys.argv[1:] if argv is None else argv
+    global current_arguments
+    current_arguments = list(arguments)  # how a held --out names its command (out_directory.lock_out_directory)
     try:
         _main(arguments)
     finally:
+        out_directory = sys.modules.get("churnsim.out_directory")  # loaded only by commands that write a directory
+        if out_directory is not None:
+            out_directory.release_all_out_directories()
         if argv is None:  # the command line, not a caller (a test) that keeps its own Ctrl-C
             _exit_on_late_interrupt()
 
@@ -47,6 +57,14 @@ def _main(arguments: list[str]) -> None:
         returned = app(args=arguments, prog_name="churnsim", standalone_mode=False)
     except InputError as error:
         _fail(str(error))
+    except OSError as error:
+        # A path the system cannot use at all (too long, a symlink loop) is the user's to fix, wherever
+        # it is first touched; any other OSError is a bug and keeps its traceback.
+        if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        name = str(error.filename)
+        shown = name if len(name) <= 200 else f"{name[:120]}...({len(name)} characters)"
+        _fail(f"{shown}: {'the path is too long for the system' if error.errno == errno.ENAMETOOLONG else 'a symbolic link loop'}; give another path")
     except click_exceptions.NoArgsIsHelpError as no_arguments:
         # `churnsim` or `churnsim real` alone: the group's help, which plain click help only carries in the error.
         typer.echo(no_arguments.format_message())
@@ -93,7 +111,12 @@ def _exit_on_late_interrupt() -> None:
 
 def _interrupted() -> None:
     # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C.
-    sys.stderr.write("churnsim: interrupted\n")
+    hint = ""
+    if current_arguments and current_arguments[:2] == ["real", "run"]:
+        from churnsim.out_directory import resume_hint
+
+        hint = resume_hint(current_arguments)
+    sys.stderr.write(f"churnsim: interrupted{hint}\n")
     sys.exit(130)
 
 

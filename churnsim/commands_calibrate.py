@@ -19,6 +19,7 @@ from churnsim.console import finish, stderr_console
 @app.command("calibrate")
 def calibrate_command(
     out: Path = typer.Option(..., "--out", help="Calibration JSON file to write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     device: Optional[str] = typer.Option(
         None,
         "--device",
@@ -60,7 +61,7 @@ def calibrate_command(
         raise InputError(f"--device {device!r}: use cpu or cuda")
     from churnsim.out_directory import check_writable_file
 
-    check_writable_file(out, flag="--out")  # before minutes of real runs, not after them
+    check_writable_file(out, flag="--out", overwrite=overwrite)  # before minutes of real runs, not after them
     configures_the_suite = preset_name is not None or scenario_path is not None or bool(settings)
     lab_flags = {"--base": base, "--seeds": seeds, "--lab-iterations": lab_iterations, "--failure-points": failure_points, "--setback-table": setback_table}
     if convergence:

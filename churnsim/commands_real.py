@@ -61,6 +61,7 @@ def real_run_command(
     out: Path = typer.Option(
         ..., "--out", help="The run's directory: new, empty or a churnsim run record (anything else is refused); checkpoints from the start, the record when it finishes."
     ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a finished run in --out, or an existing --write-config file."),
     resume: bool = typer.Option(False, "--resume", help="Continue the unfinished (failed or killed) run in --out from its durable checkpoints; same scenario and options."),
     write_config: Optional[Path] = typer.Option(
         None, "--write-config", help="Write the resolved scenario for torchrun on several machines, and print the command, instead of running."
@@ -85,7 +86,7 @@ def real_run_command(
         from churnsim.calibration.scenario import save_scenario
         from churnsim.out_directory import check_writable_file
 
-        check_writable_file(write_config, flag="--write-config")
+        check_writable_file(write_config, flag="--write-config", overwrite=overwrite)
 
         save_scenario(scenario, str(write_config))
         Console().print(
@@ -95,13 +96,10 @@ def real_run_command(
             soft_wrap=True,
         )
         return
-    corpus = scenario.training.corpus
-    if corpus is not None and not Path(corpus).exists():
-        raise InputError(f"training.corpus = {corpus!r}: no such file or directory; give a text file or a directory of text files")
-
-    from churnsim.out_directory import check_writable_directory
+    from churnsim.out_directory import check_real_run_inputs, check_writable_directory
     from churnsim.real.run_directory import check_run_directory
 
+    check_real_run_inputs(scenario, out, overwrite=overwrite, resume=resume)  # corpus, remote directory, links, reuse
     check_writable_directory(out, flag="--out")
     check_run_directory(out, resume=resume)  # before torch and before any process starts
 

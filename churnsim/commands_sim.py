@@ -12,6 +12,7 @@ import typer
 
 from churnsim.app import app
 from churnsim.console import finish, progress_bar, stderr_console
+from churnsim.work_bounds import MAX_WORK_HELP  # a string; the module imports nothing heavy
 from churnsim.options import (
     CALIBRATION_HELP,
     CALIBRATION_MODE_HELP,
@@ -100,6 +101,7 @@ def whatif_command(
     setback_sensitivity: bool = typer.Option(
         False, "--setback-sensitivity", help="Also rerun it with every convergence setback scaled ×0.5, 1, 2, 3, 5: setback_sensitivity.csv, where the winner changes."
     ),
+    max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:
     """The main job: which method reaches the target loss first, at each failure rate, and by how much."""
     from churnsim.calibration.scenario_overrides import parse_settings
@@ -117,7 +119,8 @@ def whatif_command(
     check_run_flags(replications=replications, minimum_replications=2, why="confidence intervals need at least 2")
     result = whatif_job(
         choice, failure_rates=failure_rates, replications=replications, quick=quick, out=out, overwrite=overwrite, workers=workers,
-        scheduler=scheduler, parquet=parquet, setback_sensitivity=setback_sensitivity, progress=progress_bar, console=stderr_console(),
+        scheduler=scheduler, parquet=parquet, setback_sensitivity=setback_sensitivity, max_work_hours=max_work, progress=progress_bar,
+        console=stderr_console(),
     )
     show_verdict(result.verdict, as_json=as_json, extra={"command": "whatif", "out": str(out)})
     finish(out, result.notes if as_json else (), draw_figures=figures, verdict=result.verdict)
@@ -133,6 +136,7 @@ def recommend_command(
     replications: Optional[int] = typer.Option(None, "--replications", help="Replications per variant (default: the scenario's)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     as_json: bool = typer.Option(False, "--json", help="Print the recommendation as strict JSON on stdout, for scripts."),
+    max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:
     """What to use: the best method and its knobs (checkpoint interval against Young/Daly, CheckFree's
     edge fallback), its time to target, and whether the winner changes with the setbacks or the failure rate."""
@@ -149,7 +153,7 @@ def recommend_command(
     )
     console = stderr_console()
     result = recommend_job(
-        choice, replications=replications, workers=workers,
+        choice, replications=replications, workers=workers, max_work_hours=max_work,
         on_start=lambda scenario: console.print(f"recommending for {scenario.name} (methods, interval grids, then robustness cases)"),
         on_pass_done=lambda name: console.print(f"  done: {name}"),
     )
@@ -172,6 +176,7 @@ def sweep_command(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
     parquet: bool = typer.Option(False, "--parquet"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:
     """A grid over scenario fields, in local processes or on a Dask cluster."""
     from churnsim.calibration.scenario_overrides import parse_grid_setting
@@ -186,7 +191,7 @@ def sweep_command(
         described_as=scenario_source(scenario_path, preset_name),
     )
     grid = [parse_grid_setting(text) for text in settings]
-    verdict = sweep_job(choice, grid, out=out, overwrite=overwrite, workers=workers, scheduler=scheduler, parquet=parquet, progress=progress_bar)
+    verdict = sweep_job(choice, grid, out=out, overwrite=overwrite, workers=workers, scheduler=scheduler, parquet=parquet, max_work_hours=max_work, progress=progress_bar)
     show_verdict(verdict, as_json=as_json, extra={"command": "sweep", "out": str(out)})
     finish(out, verdict.caveats if as_json else (), draw_figures=False, verdict=verdict)
 
@@ -202,6 +207,9 @@ def plot_command(
     from churnsim.calibration.errors import InputError
     from churnsim.figures.make_all import make_all_figures
 
+    from churnsim.out_directory import check_figure_directory
+
+    check_figure_directory(results, out)
     if not results.is_dir():
         raise InputError(f"{results}: not a results directory; pass the --out directory of whatif, simulate, sweep or validate")
     drawn = make_all_figures(results, out)

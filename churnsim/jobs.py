@@ -102,6 +102,7 @@ def whatif_job(
     scheduler: str | None = None,
     parquet: bool = False,
     setback_sensitivity: bool = False,
+    max_work_hours: float | None = None,
     progress: Progress = no_progress,
     console: Any = None,
 ):
@@ -113,11 +114,13 @@ def whatif_job(
     from churnsim.out_directory import prepare_out_directory
     from churnsim.sim.studies.sweep import connect_scheduler
     from churnsim.sim.studies.whatif import interval_tasks, plan_at_rate, rate_tasks, run_whatif, whatif_plan
+    from churnsim.work_bounds import check_whatif_work
 
     scenario = choice.build(methods=())
     chosen = scenario.with_methods(choice.methods).methods if choice.methods else ()
     plan = whatif_plan(scenario, failure_rates=failure_rates, methods=chosen, replications=replications, quick=quick)
     # Checked per rate before the tasks exist: a huge replication count must not be built first.
+    check_whatif_work(plan, max_work=max_work_hours)
     rate_scenarios = [plan_at_rate(plan, rate) for rate in plan.failure_rates]
     check_up_front(rate_scenarios, source=choice.described_as, workers=workers, parquet=parquet)
     if setback_sensitivity:
@@ -150,16 +153,19 @@ def sweep_job(
     workers: int | None = None,
     scheduler: str | None = None,
     parquet: bool = False,
+    max_work_hours: float | None = None,
     progress: Progress = no_progress,
 ):
     """`churnsim sweep`: the choice at every point of `grid` ((dotted field path, values) pairs), its
     tables written to `out`; returns the verdict (`sim.studies.verdict.Verdict`)."""
     from churnsim.out_directory import prepare_out_directory
     from churnsim.sim.studies.sweep import build_tasks, connect_scheduler, grid_points, run_sweep, sweep_verdict, write_sweep
+    from churnsim.work_bounds import check_sweep_work
 
     # Every grid point is made from the source as named, then calibrated once (a calibration applied
     # twice would count its measured write latency twice).
     scenario = choice.build()
+    check_sweep_work(scenario, grid, max_work=max_work_hours)  # before a huge grid's points are built
     points = [choice.build(settings=point) for point in grid_points(grid)]
     check_up_front(points, source=choice.described_as, workers=workers, parquet=parquet)
     tasks = build_tasks(scenario, grid, points=points)
@@ -181,14 +187,18 @@ def recommend_job(
     *,
     replications: int | None = None,
     workers: int | None = None,
+    max_work_hours: float | None = None,
     on_start: Callable[[Scenario], None] = lambda scenario: None,
     on_pass_done: Callable[[str], None] = lambda name: None,
 ):
     """`churnsim recommend`: the best method and its knobs (`sim.studies.recommend.Recommendation`);
     `on_start` is called with the scenario once it is checked, `on_pass_done` after each pass."""
     from churnsim.sim.studies.recommend import recommend
+    from churnsim.work_bounds import check_recommend_work
 
     scenario = choice.build()
-    check_up_front([scenario.with_run_settings(replications=replications)], source=choice.described_as, workers=workers)
+    checked = scenario.with_run_settings(replications=replications)
+    check_recommend_work(checked, max_work=max_work_hours)
+    check_up_front([checked], source=choice.described_as, workers=workers)
     on_start(scenario)
     return recommend(scenario, replications=replications, workers=workers, on_pass_done=on_pass_done)

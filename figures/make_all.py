@@ -294,7 +294,9 @@ def _context(directory: Path) -> _Context:
     manifest: dict = {}
     if manifest_path.is_file():
         try:
-            loaded = json.loads(manifest_path.read_text())
+            from churnsim.calibration.safe_files import read_json_file
+
+            loaded = read_json_file(manifest_path)
             manifest = loaded if isinstance(loaded, dict) else {}
         except ValueError:
             manifest = {}

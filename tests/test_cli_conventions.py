@@ -97,8 +97,10 @@ def test_out_refuses_another_commands_results_unless_overwrite(tmp_path):
     line = one_error_line(run_cli(["simulate", "--preset", "checkfree-124m-geo-10pct", "--method", "checkfree", "--replications", "1", "--out", "out"], tmp_path))
     assert "holds churnsim simulate results" in line
     assert (tmp_path / "out" / "records" / "checkfree-r0").is_dir()  # refused: nothing removed
-    # The same command on the same scenario replaces its own results; --overwrite replaces another's.
-    assert run_cli([*SMALL_SIMULATE, "--out", "out"], tmp_path).returncode == 0
+    # Even the same command on the same scenario replaces its own earlier results only with --overwrite.
+    line = one_error_line(run_cli([*SMALL_SIMULATE, "--out", "out"], tmp_path))
+    assert "holds the results of an earlier churnsim simulate" in line and "--overwrite" in line
+    assert run_cli([*SMALL_SIMULATE, "--out", "out", "--overwrite"], tmp_path).returncode == 0
     result = run_cli(["simulate", "--preset", "checkfree-124m-geo-10pct", "--method", "checkpoint", "--replications", "1", "--out", "out", "--overwrite"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in (tmp_path / "out" / "records").iterdir()) == ["checkpoint-r0"]  # no stale records

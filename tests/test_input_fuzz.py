@@ -1,7 +1,9 @@
 """Fuzz: every kind of input, mutated at random, meets the promise for bad input.
 
 Kinds: a scenario file, a calibration file, a failure schedule, a spot-instance trace (two formats),
-a run record (its manifest and tables), and command-line flags. Each case mutates one valid input
+a run record (its manifest and tables), command-line flags, and bad paths (a device, a FIFO, a link
+loop, a path too long, JSON nested too deep or with a huge integer, ...) in every path slot of every
+command; plus the bad inputs issue 45 names, each refused in one line. Each case mutates one valid input
 (a value swapped for a wrong type, an extreme or a non-number; a key deleted or added; the file
 truncated, emptied or filled with bytes that are not UTF-8; a CSV cell, header or row broken) and runs
 the command that reads it, in this process. The promise: the command either succeeds (exit 0; many
@@ -247,7 +249,7 @@ def test_a_mutated_calibration_file(index, tmp_path, capsys, run_record):
 
 FLAG_COMMANDS = (  # on the small scenario, so that a command whose flags stay valid finishes in seconds
     ["simulate", "tiny.json", "--method", "checkfree", "--replications", "1", "--out", "out"],
-    ["whatif", "--scenario", "tiny.json", "--quick", "--rates", "0.1", "--workers", "1", "--no-figures", "--out", "out"],
+    ["whatif", "--scenario", "tiny.json", "--quick", "--rates", "0.1", "--workers", "1", "--no-figures", "--max-work", "1", "--out", "out"],
     ["sweep", "tiny.json", "--replications", "1", "--set", "pipeline.num_microbatches=2,4", "--out", "out"],
     ["recommend", "tiny.json", "--replications", "1", "--workers", "1"],
     ["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "x.json", "--out", "out"],
@@ -307,8 +309,8 @@ def test_the_mutations_are_not_all_trivially_refused(tmp_path):
         (["simulate", "poisson.json", "--out", "out"], "expected to fail 1.6e+10 stages"),
         (["simulate", "tiny.json", "--set", "replications=100000000", "--out", "out"], "replications = 100000000"),
         (["sweep", "tiny.json", "--set", "replications=1,100000000", "--out", "out"], "grid point"),
-        (["recommend", "tiny.json", "--replications", "100000000"], "replications = 100000000"),
-        (["whatif", "--scenario", "tiny.json", "--replications", "100000000", "--out", "out"], "replications = 100000000"),
+        (["recommend", "tiny.json", "--replications", "100000000"], "100,000,000 replications"),
+        (["whatif", "--scenario", "tiny.json", "--replications", "100000000", "--out", "out"], "100,000,000 replications"),
         (["whatif", "--scenario", "tiny.json", "--workers", "99999999999", "--out", "out"], "--workers 99999999999"),
         (["simulate", "tiny.json", "--out", "/proc/churnsim-out"], "cannot write there"),
         (["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "/proc/x.json", "--out", "out"], "cannot write a file"),
@@ -330,3 +332,254 @@ def test_ten_thousand_stages_are_refused_naming_the_field(stages, tmp_path, caps
     (tmp_path / "big.json").write_text(json.dumps(data))
     code, stderr = assert_promise(["simulate", "big.json", "--out", "out"], tmp_path, capsys, "10,000 stages")
     assert code == 2 and "pipeline.num_stages = 10000" in stderr, stderr
+
+
+# -- bad paths and file kinds, every command ---------------------------------------------------------
+#
+# Each case puts one bad path (a device, a FIFO, a symlink loop, a dangling link, a directory, a file
+# where a directory belongs, a path too long, a file nested too deep or with a huge integer, binary
+# bytes) in one path slot of one command. The promise is the same as above, and no case may block:
+# an alarm turns a hang (a FIFO read) into a failure.
+
+BAD_PATH_KINDS = ("dev-zero", "fifo", "loop", "dangling", "directory", "long", "deep-json", "big-integer", "binary", "empty")
+
+
+def _make_bad_path(kind: str, directory: Path) -> str:
+    if kind == "dev-zero":
+        return "/dev/zero"
+    path = directory / f"bad-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        path.symlink_to(path.name)
+    elif kind == "dangling":
+        path.symlink_to("nowhere-at-all")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "long":
+        return "p" * 10_000
+    elif kind == "deep-json":
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "big-integer":
+        path.write_text('{"schema_version": 1, "seed": ' + "7" * 5000 + "}")
+    elif kind == "binary":
+        path.write_bytes(b"\x00\xff\xfe garbage \x80" * 64)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    return path.name
+
+
+def _scenario_with(directory: Path, section: str, field: str, value) -> str:
+    data = _base_scenario()
+    data.setdefault(section, {})[field] = value
+    (directory / "with-field.json").write_text(json.dumps(data))
+    return "with-field.json"
+
+
+# One entry per path slot: the command line with PATH where the bad path goes (a function of the
+# directory for slots inside a scenario file). Commands that would start real work with a good path
+# in that slot are given one that fails before any work.
+PATH_SLOTS = {
+    "simulate-scenario": ["simulate", "PATH", "--out", "out"],
+    "simulate-out": ["simulate", "tiny.json", "--out", "PATH"],
+    "simulate-calibration": ["simulate", "tiny.json", "--calibration", "PATH", "--out", "out"],
+    "whatif-scenario": ["whatif", "--scenario", "PATH", "--quick", "--workers", "1", "--no-figures", "--out", "out"],
+    "whatif-out": ["whatif", "--scenario", "tiny.json", "--quick", "--rates", "0.1", "--workers", "1", "--no-figures", "--out", "PATH"],
+    "whatif-calibration": ["whatif", "--scenario", "tiny.json", "--calibration", "PATH", "--quick", "--out", "out"],
+    "sweep-scenario": ["sweep", "PATH", "--set", "pipeline.num_microbatches=2", "--out", "out"],
+    "sweep-out": ["sweep", "tiny.json", "--set", "pipeline.num_microbatches=2", "--replications", "1", "--out", "PATH"],
+    "recommend-scenario": ["recommend", "PATH", "--replications", "1", "--workers", "1"],
+    "recommend-calibration": ["recommend", "tiny.json", "--calibration", "PATH"],
+    "real-run-scenario": ["real", "run", "PATH", "--method", "checkfree", "--write-config", "x.json", "--out", "out"],
+    "real-run-out": ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=bad-missing", "--out", "PATH"],
+    "real-run-write-config": ["real", "run", "tiny.json", "--method", "checkfree", "--write-config", "PATH", "--out", "out"],
+    # A good corpus would start a real run: the remote directory (checked after the corpus) stops it.
+    "real-run-corpus": ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=PATH",
+                        "--set", "training.remote_checkpoint_dir=/dev/null", "--out", "out"],
+    "real-run-remote": ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=bad-missing",
+                        "--set", "training.remote_checkpoint_dir=PATH", "--out", "out"],
+    "validate-calibration": ["validate", "--calibration", "PATH", "record", "--out", "out", "--no-figures"],
+    "validate-record": ["validate", "--calibration", "cpu-tiny", "PATH", "--out", "out", "--no-figures"],
+    "validate-out": ["validate", "--calibration", "cpu-tiny", "record", "--out", "PATH", "--no-figures"],
+    "calibrate-runs": ["calibrate", "--runs", "PATH", "--out", "c.json"],
+    "calibrate-out": ["calibrate", "--runs", "record", "--out", "PATH"],
+    "calibrate-setback-table": ["calibrate", "--convergence", "--setback-table", "PATH", "--out", "c.json"],
+    "plot-results": ["plot", "PATH"],
+    "plot-out": ["plot", "results", "--out", "PATH"],
+    "reproduce-out": ["reproduce", "datastates", "--no-figures", "--out", "PATH"],
+    "presets-show": ["presets", "--show", "PATH"],
+    "schedule-path": lambda directory, path: ["simulate", _scenario_with(directory, "churn", "path", path), "--out", "out"],
+    "trace-path": lambda directory, path: ["simulate", _scenario_with(directory, "churn", "path", path), "--out", "out"],
+}
+"""Where a good path would start minutes of work (reproduce, a real run), the slot is one whose bad value stops it first."""
+
+
+class _Hang(Exception):
+    pass
+
+
+def _alarm(signal_number, frame):
+    raise _Hang("the command blocked (a FIFO read?)")
+
+
+def _run_with_alarm(arguments, directory, capsys, description, seconds=60):
+    import signal
+
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        return assert_promise(arguments, directory, capsys, description)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _path_case_arguments(slot: str, kind: str, directory: Path) -> list[str]:
+    (directory / "tiny.json").write_text(json.dumps(_base_scenario()))
+    bad = _make_bad_path(kind, directory)
+    template = PATH_SLOTS[slot]
+    if callable(template):
+        churn_kind = "schedule" if slot == "schedule-path" else "trace"
+        data = _base_scenario()
+        data["churn"] = {"kind": churn_kind, "path": bad} | ({"format": "bamboo_csv"} if churn_kind == "trace" else {})
+        (directory / "with-field.json").write_text(json.dumps(data))
+        return ["simulate", "with-field.json", "--out", "out"]
+    return [word.replace("PATH", bad) for word in template]
+
+
+def _path_cases() -> list:
+    rng = random.Random(f"{SEED}-paths")
+    cases = [(slot, kind) for slot in PATH_SLOTS for kind in BAD_PATH_KINDS]
+    rng.shuffle(cases)
+    count = int(os.environ.get("CHURNSIM_FUZZ_PATH_CASES", str(2 * CASES_PER_KIND)))
+    return [pytest.param(slot, kind, id=f"path-{slot}-{kind}") for slot, kind in sorted(cases[:count])]
+
+
+@pytest.fixture
+def path_case_directory(tmp_path, run_record) -> Path:
+    shutil.copytree(run_record, tmp_path / "record")
+    shutil.copytree(run_record.parent.parent, tmp_path / "results", ignore=shutil.ignore_patterns("records", "timelines"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("slot, kind", _path_cases())
+def test_a_bad_path_in_any_slot_of_any_command(slot, kind, path_case_directory, capsys):
+    arguments = _path_case_arguments(slot, kind, path_case_directory)
+    code, stderr = _run_with_alarm(arguments, path_case_directory, capsys, f"{slot} with a {kind} path")
+    text_kinds = ("deep-json", "big-integer")  # text files: a fine corpus
+    if kind in ("dev-zero", "fifo", "loop", "long", *text_kinds) and slot != "presets-show" and not (slot == "real-run-corpus" and kind in text_kinds):
+        assert code == 2, f"{slot} with a {kind} path was accepted: {stderr}"
+
+
+def test_every_command_has_a_path_slot():
+    """The slots above cover every command churnsim has."""
+    from churnsim.app import app, real_app
+    from churnsim.cli import _register_commands
+
+    _register_commands()
+    commands = {command.name for command in app.registered_commands} | {f"real {command.name}" for command in real_app.registered_commands}
+    covered = {" ".join(template[:2]) if template[0] == "real" else template[0]
+               for template in PATH_SLOTS.values() if not callable(template)}
+    assert commands <= covered, sorted(commands - covered)
+
+
+# -- the issue's named cases (issue 45): each must be refused in one line, at once ---------------------
+
+
+def _deep(directory: Path) -> None:
+    (directory / "deep.json").write_text("[" * 200_000 + "]" * 200_000)
+
+
+def _big_seed(directory: Path) -> None:
+    text = json.dumps(_base_scenario())
+    data = json.loads(text)
+    (directory / "big-seed.json").write_text(text.replace(f'"seed": {data["seed"]}', '"seed": ' + "7" * 5000))
+
+
+def _schedule_at(path: str):
+    def setup(directory: Path) -> None:
+        (directory / "at.json").write_text(json.dumps(_scenario_with_churn({"kind": "schedule", "path": path})))
+    return setup
+
+
+def _fifo(directory: Path) -> None:
+    os.mkfifo(directory / "fifo")
+
+
+def _loop(directory: Path) -> None:
+    (directory / "loop").symlink_to("loop")
+
+
+def _escaping_trace(directory: Path) -> None:
+    """A relative trace path that leads out of the current directory through a link."""
+    import tempfile
+
+    elsewhere = Path(tempfile.mkdtemp(prefix="churnsim-fuzz-elsewhere-"))
+    (elsewhere / "secret.csv").write_text("the first line of a secret,with,commas\n")
+    (directory / "elsewhere").symlink_to(elsewhere, target_is_directory=True)
+    (directory / "escape.json").write_text(json.dumps(_scenario_with_churn({"kind": "trace", "path": "elsewhere/secret.csv", "format": "bamboo_csv"})))
+
+
+def _a_file(directory: Path) -> None:
+    (directory / "a-file").write_text("x")
+
+
+def _backwards_span(directory: Path) -> None:
+    spans = directory / "record" / "spans.csv"
+    lines = spans.read_text().splitlines()
+    header = lines[0].split(",")
+    cells = lines[1].split(",")
+    start, end = header.index("start_s"), header.index("end_s")
+    cells[start], cells[end] = "5.0", "1.0"
+    lines[1] = ",".join(cells)
+    spans.write_text("\n".join(lines) + "\n")
+
+
+def _empty_corpus_directory(directory: Path) -> None:
+    (directory / "corpus").mkdir()
+
+
+NAMED_CASES = [
+    ("dev-zero-scenario", None, ["simulate", "/dev/zero", "--out", "out"], "is a device"),
+    ("dev-zero-scenario-whatif", None, ["whatif", "--scenario", "/dev/zero", "--out", "out"], "is a device"),
+    ("dev-zero-schedule", _schedule_at("/dev/zero"), ["simulate", "at.json", "--out", "out"], "is a device"),
+    ("dev-zero-calibration", None, ["validate", "--calibration", "/dev/zero", "record", "--out", "out"], "--calibration"),
+    ("fifo-scenario", _fifo, ["simulate", "fifo", "--out", "out"], "FIFO"),
+    ("fifo-schedule", lambda d: (_fifo(d), _schedule_at("fifo")(d)), ["simulate", "at.json", "--out", "out"], "FIFO"),
+    ("fifo-scenario-recommend", _fifo, ["recommend", "fifo"], "FIFO"),
+    ("symlink-loop-scenario", _loop, ["sweep", "loop", "--set", "seed=1,2", "--out", "out"], "symbolic link loop"),
+    ("symlink-loop-out", _loop, ["simulate", "tiny.json", "--out", "loop"], "symbolic link loop"),
+    ("long-out", None, ["simulate", "tiny.json", "--out", "o" * 10_000], "10,000 characters"),
+    ("long-out-real-run", None, ["real", "run", "tiny.json", "--method", "checkfree", "--out", "o" * 10_000], "10,000 characters"),
+    ("json-200000-deep", _deep, ["simulate", "deep.json", "--out", "out"], "nested more than"),
+    ("json-200000-deep-calibration", _deep, ["validate", "--calibration", "deep.json", "record", "--out", "out"], "nested more than"),
+    ("seed-5000-digits-file", _big_seed, ["simulate", "big-seed.json", "--out", "out"], "5000 digits"),
+    ("seed-5000-digits-set", None, ["simulate", "tiny.json", "--set", "seed=" + "7" * 5000, "--out", "out"], "5000 digits"),
+    ("seed-5000-digits-flag", None, ["simulate", "tiny.json", "--seed", "7" * 5000, "--out", "out"], "--seed"),
+    ("plot-out-at-a-file", _a_file, ["plot", "results", "--out", "a-file"], "is a file"),
+    ("corpus-missing", None, ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=nothing-here", "--out", "out"], "training.corpus"),
+    ("corpus-dev-zero", None, ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=/dev/zero", "--out", "out"], "is a device"),
+    ("corpus-fifo", _fifo, ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=fifo", "--out", "out"], "FIFO"),
+    ("corpus-empty-directory", _empty_corpus_directory, ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.corpus=corpus", "--out", "out"], "holds no files"),
+    ("remote-directory-a-file", _a_file, ["real", "run", "tiny.json", "--method", "checkfree", "--set", "training.remote_checkpoint_dir=a-file", "--out", "out"], "is a file"),
+    ("span-ends-before-it-starts", _backwards_span, ["validate", "--calibration", "cpu-tiny", "record", "--out", "out", "--no-figures"], "before it starts"),
+    ("trace-path-escapes", _escaping_trace, ["simulate", "escape.json", "--out", "out"], "leads outside"),
+    ("whatif-100000-replications", None, ["whatif", "--preset", "cpu-tiny", "--replications", "100000", "--out", "out"], "simulated runs"),
+    ("whatif-5000-rates", None, ["whatif", "--preset", "cpu-tiny", "--rates", ",".join(f"{i / 5001:.6f}" for i in range(5000)), "--out", "out"], "--max-work"),
+    ("sweep-a-million-points", None, ["sweep", "tiny.json", "--set", "seed=" + ",".join(map(str, range(1000))),
+                                      "--set", "pipeline.microbatch_size=" + ",".join(map(str, range(1, 1001))), "--out", "out"], "1,000,000 grid point"),
+    ("recommend-100000-replications", None, ["recommend", "--preset", "cpu-tiny", "--replications", "100000"], "simulated runs"),
+    ("presets-unknown", None, ["presets", "--show", "x" * 5000], "preset"),
+    ("reproduce-unknown-paper", None, ["reproduce", "x" * 300], ""),
+    ("calibrate-runs-dev-zero", None, ["calibrate", "--runs", "/dev/zero", "--out", "c.json"], ""),
+]
+
+
+@pytest.mark.parametrize("name, setup, arguments, fragment", NAMED_CASES, ids=[case[0] for case in NAMED_CASES])
+def test_the_issues_named_bad_inputs_are_refused_in_one_line(name, setup, arguments, fragment, path_case_directory, capsys):
+    (path_case_directory / "tiny.json").write_text(json.dumps(_base_scenario()))
+    if setup is not None:
+        setup(path_case_directory)
+    code, stderr = _run_with_alarm(arguments, path_case_directory, capsys, name)
+    assert code == 2 and fragment in stderr, f"{name}: {stderr}"
+    assert "first line of a secret" not in stderr

@@ -66,8 +66,11 @@ def test_reproduce_datastates_lists_every_claim_with_the_published_numbers(tmp_p
         assert (out / "figures" / figure).is_file()
     grid = pd.read_csv(out / "end_to_end.csv")
     assert len(grid) == 24 and set(grid["engine"]) == {"DeepSpeed", "DataStates-LLM"}
-    # The same reproduction again into the same directory is fine (it replaces the report).
-    main(["reproduce", "datastates", "--out", str(out), "--no-figures"])
+    # The same reproduction again into the same directory replaces the report, with --overwrite only.
+    with pytest.raises(SystemExit):
+        main(["reproduce", "datastates", "--out", str(out), "--no-figures"])
+    assert (out / "figures").exists()
+    main(["reproduce", "datastates", "--out", str(out), "--no-figures", "--overwrite"])
     assert not (out / "figures").exists()
 
 

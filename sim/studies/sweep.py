@@ -177,10 +177,14 @@ def run_sweep(
             futures = client.map(run_sweep_task, list(tasks), pure=False)
             index_of = {future.key: index for index, future in enumerate(futures)}
             results: list[Any] = [None] * len(futures)
-            for future in as_completed(futures):
-                results[index_of[future.key]] = future.result()
-                if on_task_done:
-                    on_task_done()
+            try:
+                for future in as_completed(futures):
+                    results[index_of[future.key]] = future.result()
+                    if on_task_done:
+                        on_task_done()
+            except BaseException:
+                client.cancel(futures)  # interrupted or failed: the cluster drops the rest of this sweep
+                raise
             outcomes = results
         finally:
             if own_client:
@@ -202,8 +206,10 @@ def run_sweep(
                     if on_task_done:
                         on_task_done()
             except BaseException:
-                # Interrupted or failed: drop the queued replications instead of finishing them.
-                pool.shutdown(wait=False, cancel_futures=True)
+                # Interrupted or failed: drop the queued replications and end the workers now.
+                from .worker_pool import stop_worker_pool
+
+                stop_worker_pool(pool)
                 raise
             pool.shutdown()
     grid_columns = swept_fields(tasks)

@@ -1,0 +1,127 @@
+"""One Ctrl-C ends a command and every worker process it started (issue 45, item 5).
+
+Each command runs in a process group of its own, as a terminal runs a job; once its process pool has
+started, SIGINT goes to the whole group once, as Ctrl-C sends it. The command must exit with code 130
+and `churnsim: interrupted`, and 5 s later no process of the group may be left. The waits below are
+the issue's bound ("within a few seconds"): a pool whose workers finish the replication they hold
+outlasts it (each takes longer than 10 s here), one that ends them exits in one or two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+psutil = pytest.importorskip("psutil")
+
+from churnsim.calibration.presets import preset  # noqa: E402
+
+
+def _group_members(group: int) -> list[int]:
+    members = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(process.pid) == group and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def _scenario(directory: Path) -> None:
+    data = json.loads(preset("cpu-tiny").model_dump_json())
+    # Each replication takes about a minute (a long target under heavy churn), so a worker is mid-task
+    # when interrupted: a pool that let its workers finish their task would outlast the wait below.
+    data["target"] = {"loss": None, "iterations": 3_000_000, "max_wall_clock_s": 24 * 3600.0}
+    # A what-if asks at up to 4 times this rate: 4 × 500 × 4 nodes × 24 h stays under the failure limit.
+    data["churn"] = {"kind": "poisson", "failures_per_node_hour": 500.0}
+    data["replications"] = 20
+    (directory / "scenario.json").write_text(json.dumps(data))
+
+
+COMMANDS = {
+    "whatif": ["whatif", "--scenario", "scenario.json", "--workers", "2", "--no-figures", "--max-work", "100", "--out", "out"],
+    "sweep": ["sweep", "scenario.json", "--set", "pipeline.num_microbatches=2,4", "--workers", "2", "--max-work", "100", "--out", "out"],
+    "recommend": ["recommend", "scenario.json", "--workers", "2", "--max-work", "100"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_one_sigint_ends_the_command_and_its_workers(name, tmp_path):
+    _scenario(tmp_path)
+    command = subprocess.Popen(
+        [sys.executable, "-m", "churnsim", *COMMANDS[name]], cwd=tmp_path, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    group = command.pid
+    try:
+        deadline = time.monotonic() + 180
+        workers: list = []
+        while time.monotonic() < deadline and command.poll() is None:
+            workers = [child for child in psutil.Process(command.pid).children(recursive=True) if "resource_tracker" not in " ".join(child.cmdline())]
+            if len(workers) >= 2:
+                break
+            time.sleep(0.1)
+        assert command.poll() is None and len(workers) >= 2, f"{name}: the pool never started"
+        time.sleep(5.0)  # past the what-if's quick replications at rate 0: the workers are mid-replication
+        os.killpg(group, signal.SIGINT)
+        try:
+            code = command.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}: still running 10 s after one SIGINT")
+        stderr = command.stderr.read()
+        assert code == 130, stderr
+        assert stderr.strip().splitlines()[-1] == "churnsim: interrupted", stderr
+        assert "Traceback" not in stderr, stderr
+        time.sleep(5.0)
+        assert _group_members(group) == [], f"{name}: processes left after the interrupt"
+    finally:
+        for pid in _group_members(group):
+            os.kill(pid, signal.SIGKILL)
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
+def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(tmp_path):
+    pytest.importorskip("torch")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint",
+         "--set", "target.loss=null", "--set", "target.iterations=5000", "--set", "methods.checkpoint.interval_iterations=2",
+         "--out", "run"],
+        cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    group = command.pid
+    try:
+        # Mid-training: every stage has written a checkpoint.
+        deadline = time.monotonic() + 240
+        stages = [tmp_path / "run" / "checkpoints" / f"stage-{stage}" for stage in range(4)]
+        while time.monotonic() < deadline and command.poll() is None:
+            if all(stage.is_dir() and any(stage.iterdir()) for stage in stages):
+                break
+            time.sleep(0.2)
+        assert command.poll() is None, "the run ended before it could be interrupted"
+        os.killpg(group, signal.SIGINT)
+        try:
+            code = command.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("real run: still running 10 s after one SIGINT")
+        stderr = command.stderr.read()
+        assert code == 130, stderr
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("churnsim: interrupted") and "--resume" in last, stderr
+        time.sleep(5.0)
+        assert _group_members(group) == [], "real run: processes left after the interrupt"
+    finally:
+        for pid in _group_members(group):
+            os.kill(pid, signal.SIGKILL)
+        if command.poll() is None:
+            command.kill()
+            command.wait()
