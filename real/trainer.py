@@ -131,6 +131,9 @@ class TrainingConfig:
     """Root of the checkpoints' remote level (another file system); None: `<run_dir>/checkpoints`."""
     remote_checkpoint_bytes_per_s: float | None = None
     """Bandwidth of the path to the remote level (writes and reads paced); None: unthrottled."""
+    checkpoint_key: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The run's checkpoint key (run_secret.py; the launcher sets it): a secret, so never in `to_dict`
+    (run.json, the record) nor in `repr`. None: checkpoints are written without an HMAC and read unchecked."""
 
     def __post_init__(self) -> None:
         check_stage_split(self.model.num_layers, self.num_stages)
@@ -162,7 +165,7 @@ class TrainingConfig:
         return {step: frozenset(stages) for step, stages in grouped.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checkpoint_key"}
         data["model"] = dataclasses.asdict(self.model)
         data["method"] = self.method.model_dump()
         data["failures"] = [list(pair) for pair in self.failures]
@@ -281,6 +284,7 @@ class _Stage:
             seed=config.seed,
             num_iterations=config.num_iterations,
             run_id=config.run_id,
+            checkpoint_key=config.checkpoint_key,
             resume=config.resume,
             failure_mode=config.failure_mode,
             run_started_ns=run_started_ns,

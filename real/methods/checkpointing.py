@@ -135,6 +135,7 @@ def synchronous_engine(
         run_id=context.run_id,
         stage=context.stage,
         throttle_bytes_per_s=throttle,
+        binding_key=context.checkpoint_key,
     )
 
 
@@ -410,5 +411,6 @@ class AsyncCheckpointMethod(CheckpointingMethod):
             run_id=self.context.run_id,
             stage=self.context.stage,
             throttle_remote_bytes_per_s=self.context.remote_bytes_per_s,
+            binding_key=self.context.checkpoint_key,
         )
 
