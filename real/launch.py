@@ -14,7 +14,14 @@ recover (before the run started, after a stage finished, every stage at once, an
 error) end the run as under soft failures. `<run_dir>/workers.json` names the current process of
 every stage (tests and operators kill from there).
 
-    torchrun --nproc-per-node 4 -m churnsim.real.launch --scenario scenario.json --method checkfree --run-dir runs/a
+    CHURNSIM_RUN_TOKEN=$(cat scenario.json.token) PYTHONSAFEPATH=1 torchrun --nproc-per-node 4 -m churnsim.real.launch \
+        --scenario scenario.json --method checkfree --run-dir runs/a
+
+Endpoints and code: the run's store listens on loopback unless the user names an address, every key
+it holds is under the namespace of the run's secret (run_secret.py, which says what that does and
+does not protect against), and every process started here imports only installed code
+(`_children_import_installed_code`). Under torchrun each rank needs CHURNSIM_RUN_TOKEN
+(`churnsim real run --write-config` writes the token file and prints the command).
 """
 
 from __future__ import annotations

@@ -210,3 +210,35 @@ def test_forged_checkpoints_are_refused_on_resume_each_with_a_line_on_stderr(tmp
     assert any(line.startswith("churnsim: warning: restart from scratch") for line in resumed.stderr.splitlines())
     recoveries = (out / "recoveries.csv").read_text()
     assert recoveries.count("checkpoint skipped") >= 1  # in the record too
+
+
+def test_the_printed_torchrun_command_runs_with_the_token_and_refuses_ranks_without_it(tmp_path):
+    """`--write-config` writes the token file (0600) and prints a command that reads it; ranks
+    started without the token stop in one line each (exit 2), with it the run finishes."""
+    from churnsim.real.distributed import find_free_port
+
+    config = tmp_path / "scenario.json"
+    written = subprocess.run(
+        [_console_script(), "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint", *SMALL, "--set", "target.iterations=4",
+         "--set", 'churn={"kind":"none"}', "--out", "run", "--write-config", str(config)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    token_file = Path(f"{config}.token")
+    assert (token_file.stat().st_mode & 0o777) == 0o600 and f"CHURNSIM_RUN_TOKEN=$(cat {token_file})" in written.stdout
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+    ranks = ["-m", "churnsim.real.launch", "--scenario", str(config), "--run-dir", "run"]
+    environment = {key: value for key, value in os.environ.items() if key != "CHURNSIM_RUN_TOKEN"}
+    without = subprocess.run(
+        [*torchrun, "--rdzv-endpoint", f"127.0.0.1:{find_free_port()}", *ranks], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=environment,
+    )  # fmt: skip
+    assert without.returncode != 0 and without.stderr.count("error: environment variable CHURNSIM_RUN_TOKEN is not set") == 2
+    assert not (tmp_path / "run").exists()
+    with_token = subprocess.run(
+        [*torchrun, "--rdzv-endpoint", f"127.0.0.1:{find_free_port()}", *ranks], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=environment | {"CHURNSIM_RUN_TOKEN": token_file.read_text().strip(), "PYTHONSAFEPATH": "1"},
+    )  # fmt: skip
+    assert with_token.returncode == 0, with_token.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "finished"
+    assert (tmp_path / "run" / "run.secret").read_text().strip() == token_file.read_text().strip()
