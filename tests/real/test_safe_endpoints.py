@@ -219,7 +219,7 @@ def test_the_printed_torchrun_command_runs_with_the_token_and_refuses_ranks_with
 
     config = tmp_path / "scenario.json"
     written = subprocess.run(
-        [_console_script(), "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint", *SMALL, "--set", "target.iterations=4",
+        [_console_script(), "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint", *SMALL[:-2], "--set", "target.iterations=4",
          "--set", 'churn={"kind":"none"}', "--out", "run", "--write-config", str(config)],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
