@@ -108,6 +108,9 @@ def real_run_command(
     from churnsim.out_directory import check_writable_directory
     from churnsim.real.run_directory import check_run_directory
 
+    from churnsim.real.run_secret import check_listen_address
+
+    check_listen_address(rendezvous_host)
     check_writable_directory(out, flag="--out")
     check_run_directory(out, resume=resume)  # before torch and before any process starts
 

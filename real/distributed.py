@@ -1,8 +1,9 @@
 """Process-group setup and the point-to-point helpers the pipeline and the recovery methods use.
 
-One process per pipeline stage (rank == stage). Rendezvous is `env://`, the torchrun convention
-(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), so the same code runs under
-`launch_local` on one machine and under `torchrun` across machines. The backend follows the
+One process per pipeline stage (rank == stage). Ranks rendezvous through a TCPStore under the
+run's secret namespace (`connect_store`, run_secret.py): the launcher's (`serve_store`, bound to
+one address, loopback by default) on one machine, torchrun's (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, LOCAL_RANK) across machines, so the same code runs under both. The backend follows the
 device: gloo on CPU, NCCL on CUDA. Every wait has a timeout so that a lost peer ends the run
 with an error instead of a hang.
 

@@ -61,7 +61,7 @@ from .distributed import (
     serve_store,
 )
 from .methods import METHODS
-from .run_secret import check_token, checkpoint_key, new_token, token_from_environment
+from .run_secret import check_listen_address, check_token, checkpoint_key, new_token, token_from_environment
 from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
 from .safe_codec import decode, encode
 from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
@@ -814,6 +814,7 @@ def launch_local(
     if not progress_interval_s > 0:
         raise InputError(f"progress_interval_s = {progress_interval_s!r}: give a positive number of seconds")
     _check_remote_checkpoint_dir(config)
+    check_listen_address(rendezvous_host, "rendezvous_host")
     if pinning_requested():
         config = dataclasses.replace(config, pin_stages_to_cores=True)
     lease = None

@@ -102,6 +102,24 @@ def verify(token: str, label: str, signed: bytes) -> bytes | None:
     return value if hmac.compare_digest(mac, expected) else None
 
 
+def check_listen_address(host: str, flag: str = "--rendezvous-host") -> str:
+    """`host` if this machine can listen there (an address of its own); InputError naming `flag` otherwise.
+
+    Here, without torch, so that the CLI refuses a wrong address before anything is written or started."""
+    import socket
+
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.bind(address[:2])
+    except (OSError, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise InputError(
+            f"{flag} {host!r}: this machine cannot listen there ({reason}); give one of its own addresses, or leave it out for 127.0.0.1"
+        ) from None
+    return host
+
+
 def checkpoint_key(token: str) -> bytes:
     """The key of the checkpoints' HMAC (independent of the store's names)."""
     return bytes.fromhex(derive(token, "checkpoint-binding"))

@@ -167,3 +167,17 @@ def test_the_checkpoint_key_stays_out_of_the_record_and_repr():
     config = TrainingConfig(model=MODEL_PRESETS["tiny"], num_stages=2, num_microbatches=1, microbatch_size=1, num_iterations=1,
                             seed=1, checkpoint_key=key)  # fmt: skip
     assert "checkpoint_key" not in config.to_dict() and key.hex() not in repr(config) and str(key) not in repr(config)
+
+
+@pytest.mark.parametrize("host", ["203.0.113.9", "no-such-host.invalid"])
+def test_a_rendezvous_host_this_machine_cannot_listen_on_is_one_line_before_anything_is_written(tmp_path, host, assert_one_line_error):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint",
+         "--rendezvous-host", host, "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert_one_line_error(result, "--rendezvous-host", host)
+    assert not (tmp_path / "run").exists()
