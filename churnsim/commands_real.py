@@ -145,6 +145,7 @@ def real_run_command(
             result = launch_local(
                 config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume,
                 rendezvous_host=rendezvous_host,
+                on_warning=lambda line: progress.console.print(line, markup=False, highlight=False, soft_wrap=True),
             )
         except RunAborted as error:
             aborted = error

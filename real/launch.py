@@ -62,6 +62,7 @@ from .distributed import (
 )
 from .methods import METHODS
 from .run_secret import check_listen_address, check_token, checkpoint_key, new_token, token_from_environment
+from .warnings_relay import WARNINGS_FILE, WarningReader, relay_to
 from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
 from .safe_codec import decode, encode
 from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
@@ -230,6 +231,7 @@ def _worker(
     launcher_pid: int,
 ) -> None:
     _die_with_parent()
+    relay_to(os.path.join(directory, WARNINGS_FILE))
     _start_heartbeat(directory, rank, launcher_pid)
     # Every rank of a local launch is on this host (torchrun's variables, which pick GPU and backend).
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
@@ -377,6 +379,7 @@ def run_distributed(
     hard_failures: HardFailureOptions | None = None,
     rendezvous_host: str = LOOPBACK_HOST,
     token: str | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> list[Any]:
     """Run `function(communicator, *arguments)` on `world_size` local processes; returns each rank's value.
 
@@ -384,7 +387,8 @@ def run_distributed(
     and every stage process names its keys under the namespace of the run's secret `token` (a new
     one when None; run_secret.py), so a process without it can neither read nor change them; gloo
     and NCCL listen on loopback too when the rendezvous does. Stage processes import only installed
-    code (`_children_import_installed_code`).
+    code (`_children_import_installed_code`). Warnings of the stage processes (real/warnings_relay.py)
+    go to `on_warning(line)` as they come (default: this process's stderr).
 
     `hard_failures`: supervise the processes and replace killed ones (module docstring); `function`
     then gets a `Membership` (real/elastic.py) instead of a communicator and forms the group itself.
@@ -410,16 +414,20 @@ def run_distributed(
     token = check_token(token, "token") if token is not None else new_token()
     if hard_failures is not None:
         with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+            relay = _WarningRelay(directory, on_warning)
             supervisor = _Supervisor(
                 function, world_size, arguments, device=device, timeout_s=timeout_s, directory=directory,
-                start_method=start_method, options=hard_failures, poll=poll, poll_interval_s=poll_interval_s,
+                start_method=start_method, options=hard_failures, poll=relay.around(poll), poll_interval_s=poll_interval_s,
                 rendezvous_host=rendezvous_host, token=token,
             )  # fmt: skip
             try:
                 return supervisor.run()
             finally:
                 supervisor.end()
+                relay.drain()
     with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+        relay = _WarningRelay(directory, on_warning)
+        poll = relay.around(poll)
         context = None
         # The store lives in the launcher (not in rank 0), bound to the rendezvous host only.
         store = serve_store(rendezvous_host, timeout_s)
@@ -452,6 +460,30 @@ def run_distributed(
         finally:
             if context is not None:
                 _end_processes(context.processes)
+            relay.drain()
+
+
+class _WarningRelay:
+    """The launcher's end of real/warnings_relay.py: prints what stage processes warned, as it comes."""
+
+    def __init__(self, directory: str, on_warning: Callable[[str], None] | None) -> None:
+        self.reader = WarningReader(os.path.join(directory, WARNINGS_FILE))
+        self.on_warning = on_warning
+
+    def drain(self) -> None:
+        for line in self.reader.new_lines():
+            if self.on_warning is not None:
+                self.on_warning(line)
+            else:
+                print(line, file=sys.stderr, flush=True)
+
+    def around(self, poll: Callable[[], None] | None) -> Callable[[], None]:
+        def poll_and_drain() -> None:
+            self.drain()
+            if poll is not None:
+                poll()
+
+        return poll_and_drain
 
 
 # -- hard failures: the supervisor --------------------------------------------------------------
@@ -485,6 +517,7 @@ def _elastic_worker(
 
     directory, stage = settings.directory, settings.stage
     _die_with_parent()
+    relay_to(os.path.join(directory, WARNINGS_FILE))
     _write_pid(directory, stage)
     _start_heartbeat(directory, stage, launcher_pid)
     keep_connections_on(settings.store_host)
@@ -798,6 +831,7 @@ def launch_local(
     restart_unfinished: bool = False,
     progress_interval_s: float = 0.25,
     rendezvous_host: str = LOOPBACK_HOST,
+    on_warning: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run `config` with one local process per stage; writes a run record when `run_dir` is given.
 
@@ -809,7 +843,9 @@ def launch_local(
     same run id (`run_id` names a new run; `restart_unfinished` lets it replace an unfinished one).
     `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
     run goes on, looked for every `progress_interval_s`. The run's secret (run_secret.py; kept in
-    `run_dir/run.secret`) guards its store on `rendezvous_host` and binds its checkpoints.
+    `run_dir/run.secret`) guards its store on `rendezvous_host` and binds its checkpoints. Warnings
+    of the stage processes (a skipped checkpoint, a restart from scratch) go to `on_warning(line)`
+    (default: stderr) as well as into the record.
     """
     if not progress_interval_s > 0:
         raise InputError(f"progress_interval_s = {progress_interval_s!r}: give a positive number of seconds")
@@ -867,6 +903,7 @@ def launch_local(
                 hard_failures=options,
                 rendezvous_host=rendezvous_host,
                 token=token,
+                on_warning=on_warning,
             )
             poll()
         result = merge_rank_results(config, results)

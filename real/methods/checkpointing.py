@@ -46,7 +46,6 @@ the levels that survive node loss; which level every recovery read, and how many
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -65,18 +64,13 @@ from ..checkpoint import (
     SynchronousCheckpointEngine,
 )
 from ..spans import SpanRecorder
+from ..warnings_relay import warn  # a recovery that goes further back than it might have must not pass silently
 from .base import MethodContext, RecoveryMethod, RecoveryOutcome
 from .stage_state import capture_stage_state, restore_stage_state, state_nbytes
 
 RNG_KEY = "rng.torch"
 _MAX_SKIPPED_NOTES = 20
 """Skipped files named one by one in a recovery's record row, per stage (the rest are counted)."""
-
-
-def warn(line: str) -> None:
-    """One line on the terminal (the stage process's stderr), besides the record: a recovery that goes
-    further back than it might have must not pass silently."""
-    print(f"churnsim: warning: {' '.join(line.split())}", file=sys.stderr, flush=True)
 
 
 def check_finite_state(state: dict[str, Any], where: str) -> None:
