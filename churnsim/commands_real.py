@@ -66,6 +66,9 @@ def real_run_command(
     write_config: Optional[Path] = typer.Option(
         None, "--write-config", help="Write the resolved scenario for torchrun on several machines, and print the command, instead of running."
     ),
+    rendezvous_host: str = typer.Option(
+        "127.0.0.1", "--rendezvous-host", help="Address this machine's run store listens on; loopback unless you name one (only processes holding the run's token may use it)."
+    ),
 ) -> None:
     """A real pipeline run of a scenario on this machine: its model, pipeline, method, churn and target → a run record."""
     from rich.console import Console
@@ -88,17 +91,25 @@ def real_run_command(
 
         check_writable_file(write_config, flag="--write-config", overwrite=overwrite)
 
+        from churnsim.real.run_secret import TOKEN_VARIABLE, new_token, write_secret_file
+
+        token_file = write_config.with_name(write_config.name + ".token")
+        check_writable_file(token_file, flag="--write-config (its token file)", overwrite=overwrite)
         save_scenario(scenario, str(write_config))
+        write_secret_file(token_file, new_token())
         Console().print(
-            f"wrote {write_config}; on every machine, with nodes × processes = {scenario.pipeline.num_stages} ranks in all, run:\n"
-            f"  torchrun --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT -m churnsim.real.launch "
-            f"--scenario {write_config} --replication {replication} --run-dir {out}",
+            f"wrote {write_config} and the run's token {token_file} (mode 0600: copy it to every machine over a channel you trust); "
+            f"on every machine, with nodes × processes = {scenario.pipeline.num_stages} ranks in all, run:\n"
+            f"  {TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 torchrun --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT "
+            f"-m churnsim.real.launch --scenario {write_config} --replication {replication} --run-dir {out}",
             soft_wrap=True,
         )
         return
     from churnsim.out_directory import check_real_run_inputs, check_writable_directory
     from churnsim.real.run_directory import check_run_directory
+    from churnsim.real.run_secret import check_listen_address
 
+    check_listen_address(rendezvous_host)
     check_real_run_inputs(scenario, out, overwrite=overwrite, resume=resume)  # corpus, remote directory, links, reuse
     check_writable_directory(out, flag="--out")
     check_run_directory(out, resume=resume)  # before torch and before any process starts
@@ -131,7 +142,11 @@ def real_run_command(
             )
 
         try:
-            result = launch_local(config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume)
+            result = launch_local(
+                config, run_dir=out, on_progress=on_progress, scenario=scenario, replication=replication, resume=resume,
+                rendezvous_host=rendezvous_host,
+                on_warning=lambda line: progress.console.print(line, markup=False, highlight=False, soft_wrap=True),
+            )
         except RunAborted as error:
             aborted = error
     if aborted is not None:  # one line, after the progress bar is gone, and how to continue where the run can

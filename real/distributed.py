@@ -1,8 +1,9 @@
 """Process-group setup and the point-to-point helpers the pipeline and the recovery methods use.
 
-One process per pipeline stage (rank == stage). Rendezvous is `env://`, the torchrun convention
-(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), so the same code runs under
-`launch_local` on one machine and under `torchrun` across machines. The backend follows the
+One process per pipeline stage (rank == stage). Ranks rendezvous through a TCPStore under the
+run's secret namespace (`connect_store`, run_secret.py): the launcher's (`serve_store`, bound to
+one address, loopback by default) on one machine, torchrun's (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, LOCAL_RANK) across machines, so the same code runs under both. The backend follows the
 device: gloo on CPU, NCCL on CUDA. Every wait has a timeout so that a lost peer ends the run
 with an error instead of a hang.
 
@@ -15,6 +16,7 @@ therefore receives from each peer in that peer's send order and holds early mess
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import socket
 from collections.abc import Callable
@@ -57,6 +59,73 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+LOOPBACK_HOST = "127.0.0.1"
+"""Where a run's endpoints listen unless the user names an address (`--rendezvous-host`)."""
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def serve_store(host: str, timeout_s: float, *, port: int = 0) -> Any:
+    """A TCPStore server listening on `host` only (an address of this machine; `port` 0: the kernel picks one).
+
+    torch's TCPStore binds every interface when it opens its own socket; given a socket that is
+    already listening (`master_listen_fd`) it serves on that one. The caller keeps the returned store
+    alive as long as the run; names its keys under the run's namespace (run_secret.py)."""
+    try:
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as error:
+        raise InputError(f"rendezvous host {host!r}: cannot be resolved ({error}); give an address of this machine") from None
+    listener = socket.socket(address[0], socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address[4][:2])
+        listener.listen(128)
+    except OSError as error:
+        listener.close()
+        raise InputError(f"rendezvous host {host!r}: cannot listen there ({error.strerror}); give an address of this machine") from None
+    port = int(listener.getsockname()[1])
+    try:
+        return dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s),
+            master_listen_fd=listener.fileno(),
+        )  # fmt: skip
+    finally:
+        listener.detach()  # the store owns the descriptor now: Python must not close it under the server
+
+
+def connect_store(host: str, port: int, token: str, timeout_s: float) -> Any:
+    """A client of the run's store that reads and writes under the run's namespace only."""
+    from .run_secret import store_namespace
+
+    client = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.PrefixStore(store_namespace(token), client)
+
+
+def keep_connections_on(host: str) -> None:
+    """gloo and NCCL listen for their peers on the interface of the machine's host name unless told
+    otherwise: a run whose rendezvous is on loopback keeps them there too (unless the user set them)."""
+    if not is_loopback(host):
+        return
+    name = loopback_interface()
+    if name is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS), if it has one."""
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return None
 
 
 @dataclass

@@ -4,8 +4,14 @@ A hard failure kills a stage's process. The launcher (launch.py, `ElasticSupervi
 replacement with the same stage after the join delay, and every live process joins a new
 *generation* of the process group. Everything runs on one machine, through two channels:
 
-- a TCPStore served by the launcher: `init_process_group` of generation g uses the key prefix
-  `generation-<g>/`, so the old group's keys can never be confused with the new one's;
+- a TCPStore served by the launcher on the rendezvous host (loopback unless the user names an
+  address); every key lives under the run's secret namespace (run_secret.py), and
+  `init_process_group` of generation g adds the prefix `generation-<g>/`, so the old group's keys
+  can never be confused with the new one's:
+
+      generation-<g>/arrived/<stage>   a stage reached generation g's barrier (signed with the secret)
+      generation-<g>/outcome           "formed" or "abandoned" (signed with the secret)
+
 - files in the launcher's run directory (`directory`), written atomically (temp file + rename):
 
       generation            the newest announced generation, a decimal number
@@ -13,13 +19,13 @@ replacement with the same stage after the join delay, and every live process joi
                              "deaths": [{"id", "stage", "detected_perf_s", "exit"}, ...]}  (every
                              death so far; `detected_perf_s` on the machine's monotonic clock)
       abort-<g>             generation g is abandoned: one of its members died
-      arrived-<g>-<stage>   a stage reached generation g's barrier
       journal-<stage>.jsonl the stage's results so far (real/journal.py), across incarnations
       result-<stage>.bin    the stage's final result (safe_codec bytes)
       started               the first group formed and training began
 
 Joining generation g: wait until some generation newer than the current one is announced, read its
-members, leave a mark `arrived-<g>-<stage>` and wait. Generation g then either forms or is given
+members, write its signed arrival to the store and wait (the join handshake: a value that does not
+verify with the run's secret counts for nobody). Generation g then either forms or is given
 up, decided once for all its members by the store (`compare_set` of `generation-<g>/outcome`): the
 first member to see every member's mark sets "formed", the first to see `abort-<g>` or a newer
 generation (a member may skip g: a replacement that was still starting when g+1 came) sets
@@ -36,14 +42,15 @@ wrote `abort-<g>` while the rank waited on a live peer (`Communicator.interrupte
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import json
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from .distributed import Communicator, backend_for, destroy_process_group, init_process_group
+from .distributed import Communicator, backend_for, connect_store, destroy_process_group, init_process_group
+from .run_secret import sign, verify
 
 GENERATION_FILE = "generation"
 STARTED_FILE = "started"
@@ -64,8 +71,9 @@ def abort_path(directory: str, generation: int) -> str:
     return os.path.join(directory, f"abort-{generation}")
 
 
-def arrival_path(directory: str, generation: int, stage: int) -> str:
-    return os.path.join(directory, f"arrived-{generation}-{stage}")
+def arrival_key(generation: int, stage: int) -> str:
+    """The store key (under the run's namespace) of a stage's arrival at generation `generation`."""
+    return f"generation-{generation}/arrived/{stage}"
 
 
 def journal_path(directory: str, stage: int) -> str:
@@ -112,6 +120,9 @@ class ElasticSettings:
 
     directory: str
     store_port: int
+    store_host: str = "127.0.0.1"
+    token: str = dataclasses.field(repr=False, default="")
+    """The run's secret (run_secret.py): names the store's keys and signs this process's arrivals."""
     stage: int
     num_stages: int
     incarnation: int
@@ -165,12 +176,9 @@ class Membership:
             interrupted=self.abandoned,
         )
         self.communicator.rebind(tuple(range(settings.num_stages)))
-        self._store = dist.TCPStore(
-            "127.0.0.1",
-            settings.store_port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=settings.rendezvous_timeout_s),
-        )
+        # Every key under the run's secret namespace: a process without the secret can neither read
+        # nor write them (run_secret.py says what this does not protect against).
+        self._store = connect_store(settings.store_host, settings.store_port, settings.token, settings.rendezvous_timeout_s)
 
     @property
     def stage(self) -> int:
@@ -220,8 +228,7 @@ class Membership:
                 # says "formed": joining it would wait on a group that is gone. A newer one follows.
                 continue
             arrived_perf_s = time.perf_counter()
-            with open(arrival_path(directory, generation, stage), "wb"):
-                pass
+            self._store.set(arrival_key(generation, stage), self._signed(arrival_key(generation, stage), str(self.settings.incarnation)))
             if not self._barrier(generation, members, deadline):
                 continue  # a member died before everyone arrived: a newer generation follows
             try:
@@ -255,7 +262,7 @@ class Membership:
         directory = self.settings.directory
         outcome_key = f"generation-{generation}/outcome"
         while True:
-            if all(os.path.exists(arrival_path(directory, generation, member)) for member in members):
+            if all(self._arrived(generation, member) for member in members):
                 wanted = b"formed"
             elif os.path.exists(abort_path(directory, generation)) or newest_generation(directory) > generation:
                 wanted = b"abandoned"
@@ -263,7 +270,24 @@ class Membership:
                 self._sleep_before(deadline, f"generation {generation} did not form (members {list(members)})")
                 continue
             # The first member to decide decides for all: no member forms a group another gave up.
-            return bytes(self._store.compare_set(outcome_key, "", wanted.decode())) == b"formed"
+            decided = self._store.compare_set(outcome_key, "", self._signed(outcome_key, wanted.decode()).decode())
+            outcome = verify(self.settings.token, outcome_key, bytes(decided))
+            if outcome is None:
+                raise RendezvousFailed(
+                    f"stage {self.settings.stage}: the outcome of generation {generation} in the rendezvous store is not "
+                    "signed with the run's token (someone else wrote it); the run cannot go on safely"
+                )
+            return outcome == b"formed"
+
+    def _signed(self, key: str, value: str) -> bytes:
+        return sign(self.settings.token, key, value.encode())
+
+    def _arrived(self, generation: int, member: int) -> bool:
+        """Whether `member` wrote a valid arrival for `generation` (an unsigned one does not count)."""
+        key = arrival_key(generation, member)
+        if not self._store.check([key]):
+            return False
+        return verify(self.settings.token, key, bytes(self._store.get(key))) is not None
 
     def _sleep_before(self, deadline: float, why: str) -> None:
         if time.monotonic() > deadline:

@@ -14,12 +14,20 @@ recover (before the run started, after a stage finished, every stage at once, an
 error) end the run as under soft failures. `<run_dir>/workers.json` names the current process of
 every stage (tests and operators kill from there).
 
-    torchrun --nproc-per-node 4 -m churnsim.real.launch --scenario scenario.json --method checkfree --run-dir runs/a
+    CHURNSIM_RUN_TOKEN=$(cat scenario.json.token) PYTHONSAFEPATH=1 torchrun --nproc-per-node 4 -m churnsim.real.launch \
+        --scenario scenario.json --method checkfree --run-dir runs/a
+
+Endpoints and code: the run's store listens on loopback unless the user names an address, every key
+it holds is under the namespace of the run's secret (run_secret.py, which says what that does and
+does not protect against), and every process started here imports only installed code
+(`_children_import_installed_code`). Under torchrun each rank needs CHURNSIM_RUN_TOKEN
+(`churnsim real run --write-config` writes the token file and prints the command).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -32,7 +40,7 @@ import warnings
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
@@ -43,8 +51,18 @@ import torch.multiprocessing as multiprocessing
 from churnsim.calibration.errors import InputError
 
 from .cpu_placement import pinning_requested
-from .distributed import Communicator, destroy_process_group, find_free_port, init_process_group
+from .distributed import (
+    LOOPBACK_HOST,
+    Communicator,
+    connect_store,
+    destroy_process_group,
+    init_process_group,
+    keep_connections_on,
+    serve_store,
+)
 from .methods import METHODS
+from .run_secret import check_listen_address, check_token, checkpoint_key, new_token, token_from_environment
+from .warnings_relay import WARNINGS_FILE, WarningReader, relay_to
 from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
 from .safe_codec import decode, encode
 from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
@@ -86,6 +104,53 @@ def stall_limit_s(timeout_s: float) -> float:
 
 def _heartbeat_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"heartbeat-{rank}")
+
+
+def _installed_code_path() -> list[str]:
+    """This process's `sys.path` without the entries that name where the user stands: "" (the
+    current directory), the current directory itself when churnsim is the program (`python -m
+    churnsim`, `-m churnsim.real.launch` under torchrun) and the directory of the script that started
+    it. A module planted there (`json.py`, `concurrent.py`) must not run in a stage process.
+
+    The current directory stays when the program is not churnsim's (a test runner, a user's script):
+    the function a caller hands to `run_distributed` may live there."""
+    unsafe = set()
+    main = sys.modules.get("__main__")
+    main_spec = getattr(main, "__spec__", None)
+    if main_spec is not None and str(main_spec.name).startswith("churnsim."):
+        unsafe.add(os.path.realpath(os.getcwd()))
+    script = sys.argv[0] if sys.argv else ""
+    if script and script not in ("-c", "-m") and main_spec is None and os.path.isfile(script):
+        unsafe.add(os.path.realpath(os.path.dirname(os.path.abspath(script))))
+    return [entry for entry in sys.path if entry and os.path.realpath(entry) not in unsafe]
+
+
+@contextlib.contextmanager
+def _children_import_installed_code() -> Iterator[None]:
+    """While processes start: the interpreters multiprocessing starts (the fork server, spawned
+    ranks) run `python -c ...`, which puts the current directory first on `sys.path` before the
+    parent's path is handed over, so a planted `random.py` would run while they import
+    multiprocessing. `-P` (3.11+) leaves it out; Python 3.10 has no `-P`, so it gets `-I`, which also
+    ignores PYTHON* variables and the user's site directory for those first imports (the parent's
+    path, handed over next, still holds what they added). The path handed over is
+    `_installed_code_path()`. Processes started later from the fork server inherit its path."""
+    from multiprocessing import util
+
+    original_flags = util._args_from_interpreter_flags
+    flag = "-P" if sys.version_info >= (3, 11) else "-I"
+
+    def flags() -> list[str]:
+        arguments = list(original_flags())
+        return arguments if flag in arguments else [*arguments, flag]
+
+    saved_path = list(sys.path)
+    util._args_from_interpreter_flags = flags
+    sys.path[:] = _installed_code_path()
+    try:
+        yield
+    finally:
+        util._args_from_interpreter_flags = original_flags
+        sys.path[:] = saved_path
 
 
 def _die_with_parent() -> None:
@@ -144,10 +209,20 @@ def _write_pid(directory: str, rank: int) -> None:
         file.write(str(os.getpid()))
 
 
+@dataclass(frozen=True)
+class StoreEndpoint:
+    """Where the launcher's store listens and the run's secret, as handed to each stage process in its
+    process arguments (never argv); the secret stays out of `repr`."""
+
+    host: str
+    port: int
+    token: str = dataclasses.field(repr=False)
+
+
 def _worker(
     rank: int,
     world_size: int,
-    port: int,
+    endpoint: StoreEndpoint,
     device: str,
     timeout_s: float,
     function: Callable[..., Any],
@@ -156,6 +231,7 @@ def _worker(
     launcher_pid: int,
 ) -> None:
     _die_with_parent()
+    relay_to(os.path.join(directory, WARNINGS_FILE))
     _start_heartbeat(directory, rank, launcher_pid)
     # Every rank of a local launch is on this host (torchrun's variables, which pick GPU and backend).
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
@@ -163,9 +239,9 @@ def _worker(
         # Autograd's device thread makes the CUDA context current itself and warns that it did
         # (seen with torch 2.11 on an H200, once per rank); the warning is noise to a user.
         warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
-    communicator = init_process_group(
-        rank=rank, world_size=world_size, device=device, timeout_s=timeout_s, master_addr="127.0.0.1", master_port=port
-    )
+    keep_connections_on(endpoint.host)
+    store = connect_store(endpoint.host, endpoint.port, endpoint.token, timeout_s)
+    communicator = init_process_group(rank=rank, world_size=world_size, device=device, timeout_s=timeout_s, store=store)
     try:
         try:
             value = function(communicator, *arguments)
@@ -301,8 +377,18 @@ def run_distributed(
     poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
     hard_failures: HardFailureOptions | None = None,
+    rendezvous_host: str = LOOPBACK_HOST,
+    token: str | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> list[Any]:
     """Run `function(communicator, *arguments)` on `world_size` local processes; returns each rank's value.
+
+    Endpoints: the launcher serves the run's TCPStore on `rendezvous_host` only (loopback by default)
+    and every stage process names its keys under the namespace of the run's secret `token` (a new
+    one when None; run_secret.py), so a process without it can neither read nor change them; gloo
+    and NCCL listen on loopback too when the rendezvous does. Stage processes import only installed
+    code (`_children_import_installed_code`). Warnings of the stage processes (real/warnings_relay.py)
+    go to `on_warning(line)` as they come (default: this process's stderr).
 
     `hard_failures`: supervise the processes and replace killed ones (module docstring); `function`
     then gets a `Membership` (real/elastic.py) instead of a communicator and forms the group itself.
@@ -325,26 +411,36 @@ def run_distributed(
     else:
         start_method = "spawn"
     limit_s = stall_limit_s(timeout_s)
+    token = check_token(token, "token") if token is not None else new_token()
     if hard_failures is not None:
         with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+            relay = _WarningRelay(directory, on_warning)
             supervisor = _Supervisor(
                 function, world_size, arguments, device=device, timeout_s=timeout_s, directory=directory,
-                start_method=start_method, options=hard_failures, poll=poll, poll_interval_s=poll_interval_s,
+                start_method=start_method, options=hard_failures, poll=relay.around(poll), poll_interval_s=poll_interval_s,
+                rendezvous_host=rendezvous_host, token=token,
             )  # fmt: skip
             try:
                 return supervisor.run()
             finally:
                 supervisor.end()
+                relay.drain()
     with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+        relay = _WarningRelay(directory, on_warning)
+        poll = relay.around(poll)
         context = None
+        # The store lives in the launcher (not in rank 0), bound to the rendezvous host only.
+        store = serve_store(rendezvous_host, timeout_s)
+        endpoint = StoreEndpoint(rendezvous_host, int(store.port), token)
         try:
-            context = multiprocessing.start_processes(
-                _worker,
-                args=(world_size, find_free_port(), device, timeout_s, function, arguments, directory, os.getpid()),
-                nprocs=world_size,
-                join=False,
-                start_method=start_method,
-            )
+            with _children_import_installed_code():
+                context = multiprocessing.start_processes(
+                    _worker,
+                    args=(world_size, endpoint, device, timeout_s, function, arguments, directory, os.getpid()),
+                    nprocs=world_size,
+                    join=False,
+                    start_method=start_method,
+                )
             while True:
                 connection.wait([process.sentinel for process in context.processes], timeout=poll_interval_s)
                 # Stalls first: when a healthy peer's wait times out on a stopped rank, blame the stopped one.
@@ -364,6 +460,30 @@ def run_distributed(
         finally:
             if context is not None:
                 _end_processes(context.processes)
+            relay.drain()
+
+
+class _WarningRelay:
+    """The launcher's end of real/warnings_relay.py: prints what stage processes warned, as it comes."""
+
+    def __init__(self, directory: str, on_warning: Callable[[str], None] | None) -> None:
+        self.reader = WarningReader(os.path.join(directory, WARNINGS_FILE))
+        self.on_warning = on_warning
+
+    def drain(self) -> None:
+        for line in self.reader.new_lines():
+            if self.on_warning is not None:
+                self.on_warning(line)
+            else:
+                print(line, file=sys.stderr, flush=True)
+
+    def around(self, poll: Callable[[], None] | None) -> Callable[[], None]:
+        def poll_and_drain() -> None:
+            self.drain()
+            if poll is not None:
+                poll()
+
+        return poll_and_drain
 
 
 # -- hard failures: the supervisor --------------------------------------------------------------
@@ -397,8 +517,10 @@ def _elastic_worker(
 
     directory, stage = settings.directory, settings.stage
     _die_with_parent()
+    relay_to(os.path.join(directory, WARNINGS_FILE))
     _write_pid(directory, stage)
     _start_heartbeat(directory, stage, launcher_pid)
+    keep_connections_on(settings.store_host)
     os.environ.update(LOCAL_RANK=str(stage), LOCAL_WORLD_SIZE=str(settings.num_stages))
     if device == "cuda":
         warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
@@ -436,15 +558,17 @@ class _Supervisor:
         options: HardFailureOptions,
         poll: Callable[[], None] | None,
         poll_interval_s: float,
+        rendezvous_host: str = LOOPBACK_HOST,
+        token: str,
     ) -> None:
-        import torch.distributed as dist
-
         self.function, self.world_size, self.arguments = function, world_size, arguments
         self.device, self.timeout_s, self.directory = device, timeout_s, directory
         self.options, self.poll, self.poll_interval_s = options, poll, poll_interval_s
         self.context = multiprocessing.get_context(start_method)
-        # The rendezvous store lives as long as the launcher; every generation uses its own key prefix.
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        # The rendezvous store lives as long as the launcher, bound to the rendezvous host only; every
+        # key is under the run's secret namespace, every generation under its own prefix (elastic.py).
+        self.rendezvous_host, self.token = rendezvous_host, token
+        self.store = serve_store(rendezvous_host, rendezvous_timeout_s(timeout_s, options.join_delay_s))
         self.run_started_unix_ns = time.time_ns()
         self.processes: dict[int, Any] = {}
         self.incarnations: dict[int, int] = {}
@@ -464,6 +588,8 @@ class _Supervisor:
         settings = ElasticSettings(
             directory=self.directory,
             store_port=self.store.port,
+            store_host=self.rendezvous_host,
+            token=self.token,
             stage=stage,
             num_stages=self.world_size,
             incarnation=incarnation,
@@ -476,7 +602,8 @@ class _Supervisor:
             args=(settings, self.device, self.timeout_s, self.function, self.arguments, os.getpid()),
             name=f"churnsim-stage-{stage}",
         )
-        process.start()
+        with _children_import_installed_code():
+            process.start()
         self.processes[stage] = process
 
     def _write_workers_file(self) -> None:
@@ -703,6 +830,8 @@ def launch_local(
     run_id: str | None = None,
     restart_unfinished: bool = False,
     progress_interval_s: float = 0.25,
+    rendezvous_host: str = LOOPBACK_HOST,
+    on_warning: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run `config` with one local process per stage; writes a run record when `run_dir` is given.
 
@@ -713,11 +842,15 @@ def launch_local(
     checkpoints, and `resume=True` continues it from the newest one every stage holds, under the
     same run id (`run_id` names a new run; `restart_unfinished` lets it replace an unfinished one).
     `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
-    run goes on, looked for every `progress_interval_s`.
+    run goes on, looked for every `progress_interval_s`. The run's secret (run_secret.py; kept in
+    `run_dir/run.secret`) guards its store on `rendezvous_host` and binds its checkpoints. Warnings
+    of the stage processes (a skipped checkpoint, a restart from scratch) go to `on_warning(line)`
+    (default: stderr) as well as into the record.
     """
     if not progress_interval_s > 0:
         raise InputError(f"progress_interval_s = {progress_interval_s!r}: give a positive number of seconds")
     _check_remote_checkpoint_dir(config)
+    check_listen_address(rendezvous_host, "rendezvous_host")
     if pinning_requested():
         config = dataclasses.replace(config, pin_stages_to_cores=True)
     lease = None
@@ -725,6 +858,8 @@ def launch_local(
         lease, config = _prepare(Path(run_dir), config, resume, run_id=run_id, restart_unfinished=restart_unfinished)
     elif resume:
         raise InputError("resume=True: give the run_dir of the run to continue")
+    token = lease.token if lease is not None else new_token()
+    config = dataclasses.replace(config, checkpoint_key=checkpoint_key(token))
     hard = config.failure_mode == "hard"
     try:
         with tempfile.TemporaryDirectory(prefix="churnsim-progress-") as progress_directory:
@@ -766,6 +901,9 @@ def launch_local(
                 poll=poll,
                 poll_interval_s=progress_interval_s,
                 hard_failures=options,
+                rendezvous_host=rendezvous_host,
+                token=token,
+                on_warning=on_warning,
             )
             poll()
         result = merge_rank_results(config, results)
@@ -813,14 +951,24 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    communicator = init_process_group(device=config.device, timeout_s=config.timeout_s)
+    try:
+        token = token_from_environment()
+        for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            if name not in os.environ:
+                raise InputError(f"environment variable {name} is not set: start the ranks with torchrun")
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    config = dataclasses.replace(config, checkpoint_key=checkpoint_key(token))
+    store_server, store = _torchrun_store(token, config.timeout_s)
+    communicator = init_process_group(device=config.device, timeout_s=config.timeout_s, store=store)
     run_dir = Path(arguments.run_dir) if arguments.run_dir else None
     lease, gathered = None, None
     try:
         decision: dict[str, str] = {"run_id": uuid.uuid4().hex[:12]}
         if communicator.rank == 0 and run_dir is not None:
             try:
-                lease, _ = _prepare(run_dir, config, arguments.resume)
+                lease, _ = _prepare(run_dir, config, arguments.resume, token=token)
                 decision = {"run_id": lease.run_id}
             except InputError as error:
                 decision = {"error": str(error)}
@@ -841,7 +989,22 @@ def main(argv: list[str] | None = None) -> int:
         if lease is not None:
             lease.release()
         destroy_process_group()
+        del store_server  # rank 0's store (when torchrun's agent serves none) lives until every rank is done
     return 0
+
+
+def _torchrun_store(token: str, timeout_s: float) -> tuple[Any, Any]:
+    """(the store server this rank runs, or None; a client under the run's namespace) for a torchrun rank.
+
+    torchrun's agent serves the store its ranks rendezvous through (TORCHELASTIC_USE_AGENT_STORE);
+    where and how it listens is torchrun's (`--rdzv-endpoint`, `--master-addr`). Without an agent
+    store rank 0 serves it on MASTER_ADDR only. Either way every key churnsim's ranks use lies under
+    the run's secret namespace, so a rank started without CHURNSIM_RUN_TOKEN cannot join the group."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    server = None
+    if int(os.environ["RANK"]) == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        server = serve_store(host, timeout_s, port=port)
+    return server, connect_store(host, port, token, timeout_s)
 
 
 if __name__ == "__main__":

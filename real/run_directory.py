@@ -13,6 +13,8 @@
                               seconds of join, rendezvous, transfer, load, rebuild, and the bytes it
                               moved over the network and read from checkpoint files
     DIR/workers.json          while it runs under hard failures: the process of every stage
+    DIR/run.secret            the run's secret (mode 0600; run_secret.py): names its rendezvous keys
+                              and binds its checkpoints (an HMAC); `--resume` reads it from here
 
 `prepare_run_directory` decides, before any process starts, and removes nothing that is not the run's
 own: a new or empty DIR starts a run; a finished run's DIR is cleared of its own entries and starts a
@@ -42,7 +44,8 @@ CHECKPOINTS_DIRECTORY = "checkpoints"
 LOCAL_DIRECTORY = "local"
 RECOVERIES_FILE = "recoveries.csv"
 WORKERS_FILE = "workers.json"
-OWN_ENTRIES: tuple[str, ...] = (RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, WORKERS_FILE)
+SECRET_FILE = "run.secret"  # = run_secret.SECRET_FILE
+OWN_ENTRIES: tuple[str, ...] = (RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, WORKERS_FILE, SECRET_FILE)
 """What a real run keeps in its directory beside the record files."""
 RUN_FORMAT = "churnsim-real-run"
 # Fields a resumed run may change: how long to wait, how many threads, how far to train.
@@ -75,10 +78,12 @@ def read_run_file(directory: Path) -> dict[str, Any] | None:
 class RunDirectory:
     """A run directory held by this launcher (an exclusive flock) until `release()`."""
 
-    def __init__(self, path: Path, run_file: dict[str, Any], lock_fd: int) -> None:
+    def __init__(self, path: Path, run_file: dict[str, Any], lock_fd: int, token: str = "") -> None:
         self.path = path
         self._run_file = run_file
         self._lock_fd: int | None = lock_fd
+        self.token = token
+        """The run's secret (run.secret): the same for every attempt of the run, so `--resume` loads its checkpoints."""
 
     @property
     def run_id(self) -> str:
@@ -169,12 +174,17 @@ def prepare_run_directory(
     resumable: bool,
     run_id: str | None = None,
     restart_unfinished: bool = False,
+    token: str | None = None,
 ) -> RunDirectory:
     """Check and hold `directory` for a run of `config` (TrainingConfig.to_dict()); see the module docstring.
 
     `run_id` names a new run (default: a random one); `restart_unfinished` lets a new run replace an
-    unfinished one (its checkpoints are deleted) instead of refusing it.
+    unfinished one (its checkpoints are deleted) instead of refusing it. `token`: the run's secret
+    when the caller has one (torchrun: CHURNSIM_RUN_TOKEN); a new run gets a new one otherwise, and a
+    resumed run keeps the one in its run.secret (a different `token` is refused).
     """
+    from .run_secret import new_token, read_secret_file, write_secret_file
+
     directory = Path(directory)
     if resume and not resumable:
         raise InputError(f"--resume: method {method!r} keeps no checkpoints of every stage, so it cannot resume a run")
@@ -197,6 +207,13 @@ def prepare_run_directory(
                     "resume with the same scenario, method and --set options"
                 )
             run_file = previous | {"status": "running"}
+            kept = read_secret_file(directory / SECRET_FILE)
+            if token is not None and token != kept:
+                raise InputError(
+                    f"--resume: CHURNSIM_RUN_TOKEN is not the token run {previous['run_id']} started with; "
+                    f"use the token file written for it (the same as {directory / SECRET_FILE})"
+                )
+            token = kept
         else:
             for name in (*RECORD_FILES, *OWN_ENTRIES):  # only the earlier run's own entries, all checked above
                 path = directory / name
@@ -208,7 +225,11 @@ def prepare_run_directory(
                 "format": RUN_FORMAT, "format_version": 1, "run_id": run_id or uuid.uuid4().hex[:12], "status": "running",
                 "method": method, "config": json.loads(json.dumps(config, default=str)), "started_utc": _now_utc(),
             }
-        lease = RunDirectory(directory, run_file, lock_fd)
+        if not resume:
+            token = token if token is not None else new_token()
+            write_secret_file(directory / SECRET_FILE, token)
+        assert token is not None
+        lease = RunDirectory(directory, run_file, lock_fd, token)
         lease.remove_node_local_levels()  # an earlier attempt's node-local levels died with its nodes
         lease.mark("running")
         return lease

@@ -76,6 +76,14 @@ EXTERNAL_KILL_KIND = "external_kill"
 FAILURE_MODES = ("soft", "hard")
 
 
+class NonFiniteLoss(RuntimeError):
+    """The training loss turned NaN or infinite: the run fails (exit 1), naming the iteration and stage."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """A stage's weights hold NaN or infinity after a recovery or a resume: the run fails."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     """Everything a real run needs; the same object on every rank."""
@@ -131,6 +139,9 @@ class TrainingConfig:
     """Root of the checkpoints' remote level (another file system); None: `<run_dir>/checkpoints`."""
     remote_checkpoint_bytes_per_s: float | None = None
     """Bandwidth of the path to the remote level (writes and reads paced); None: unthrottled."""
+    checkpoint_key: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The run's checkpoint key (run_secret.py; the launcher sets it): a secret, so never in `to_dict`
+    (run.json, the record) nor in `repr`. None: checkpoints are written without an HMAC and read unchecked."""
 
     def __post_init__(self) -> None:
         check_stage_split(self.model.num_layers, self.num_stages)
@@ -162,7 +173,7 @@ class TrainingConfig:
         return {step: frozenset(stages) for step, stages in grouped.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checkpoint_key"}
         data["model"] = dataclasses.asdict(self.model)
         data["method"] = self.method.model_dump()
         data["failures"] = [list(pair) for pair in self.failures]
@@ -281,6 +292,7 @@ class _Stage:
             seed=config.seed,
             num_iterations=config.num_iterations,
             run_id=config.run_id,
+            checkpoint_key=config.checkpoint_key,
             resume=config.resume,
             failure_mode=config.failure_mode,
             run_started_ns=run_started_ns,
@@ -323,6 +335,16 @@ class _Stage:
         if (runs_first or self.pipeline.runs_head) and self.data is None:
             self._load_data()  # a process now running the last stage needs the targets
 
+    def check_finite_weights(self, when: str) -> None:
+        """Every weight this process holds is finite; NonFiniteWeights (the run fails) otherwise."""
+        for stage, runtime in ((self.stage, self.runtime), *self.hosted.items()):
+            for name, parameter in runtime.module.named_parameters():
+                if not bool(torch.isfinite(parameter).all()):
+                    raise NonFiniteWeights(
+                        f"stage {stage}: weight '{name}' holds NaN or infinite values {when}; the run cannot go on "
+                        "(its recovery produced unusable weights)"
+                    )
+
     def run_iteration(self, step: int, iteration: int, *, after_update: Callable[[], None] | None = None) -> dict[str, Any]:
         """One training iteration (forward/backward, optimizer, method hooks, evaluation); its row.
 
@@ -336,6 +358,11 @@ class _Stage:
             inputs = split_microbatches(tokens, config.num_microbatches) if pipeline.placement[0] == self.stage else None
             targets = split_microbatches(next_tokens, config.num_microbatches) if pipeline.runs_head else None
         train_loss = pipeline.run_iteration(step, inputs=inputs, targets=targets)
+        if train_loss is not None and not math.isfinite(train_loss):
+            raise NonFiniteLoss(
+                f"the training loss is {train_loss} at iteration {iteration} (step {step}), stage {self.last} (the last, "
+                "which computes it): training diverged; lower training.learning_rate or check the data"
+            )
         blocked_s = method.before_optimizer_step(iteration)
         runtimes = [runtime, *self.hosted.values()]
         with self.spans.span("optimizer", step):
@@ -409,6 +436,7 @@ def train_stage(
             started = time.perf_counter()
             outcome = method.resume()  # collective: every stage restores the same durable checkpoint
             step = iteration = outcome.resume_iteration or 0
+            parts.check_finite_weights(f"after resuming at iteration {iteration}")
             if stage == 0:
                 row = outcome.as_row(step=step, iteration=iteration)
                 result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
@@ -448,6 +476,7 @@ def _apply_failures(config: TrainingConfig, failed: frozenset[int], step: int, i
                 runtime.lr_scale = 1.0
     measure = _RecoveryMeasure(parts)
     outcome = method.recover(failed, iteration)
+    parts.check_finite_weights(f"after the recovery at step {step} (iteration {iteration})")
     costs = measure.gather()
     if stage == 0:
         row = outcome.as_row(step=step, iteration=iteration)
@@ -638,6 +667,7 @@ class _HardFailureTrainer:
             started = time.perf_counter()
             outcome = parts.method.resume()
             self.step = self.iteration = outcome.resume_iteration or 0
+            parts.check_finite_weights(f"after resuming at iteration {self.iteration}")
             self.decided_through = self.step - 1
             if parts.stage == 0:
                 row = outcome.as_row(step=self.step, iteration=self.iteration)
@@ -837,6 +867,7 @@ class _HardFailureTrainer:
             outcome = parts.method.recover(lost, iteration)
         finally:
             parts.context.killed_stages = frozenset()
+        parts.check_finite_weights(f"after the recovery at step {step} (iteration {iteration})")
         self.has_state = True
         costs = measure.gather(
             join_s=self.join_s if parts.stage in lost else 0.0,

@@ -302,8 +302,10 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         run_id: str = DEFAULT_RUN_ID,
         stage: int = 0,
         throttle_bytes_per_s: float | None = None,
+        binding_key: bytes | None = None,
     ) -> None:
-        """`throttle_bytes_per_s`: writes and loads at this level take at least size / rate (a slow path)."""
+        """`throttle_bytes_per_s`: writes and loads at this level take at least size / rate (a slow path).
+        `binding_key`: the run's checkpoint key; manifests carry its HMAC and need it to load (manifest.py)."""
         if keep_last < 1:
             raise InputError(f"keep_last = {keep_last}; use 1 or more")
         if throttle_bytes_per_s is not None and not throttle_bytes_per_s > 0:
@@ -312,7 +314,7 @@ class SynchronousCheckpointEngine(CheckpointEngine):
         self._throttle_bytes_per_s = throttle_bytes_per_s
         storage = LevelDirectory(
             directory, name=level, survives_node_loss=survives_node_loss, keep_last=keep_last,
-            run_id=run_id, stage=stage,
+            run_id=run_id, stage=stage, binding_key=binding_key,
         )
         super().__init__([storage], record_span)
         self._storage = storage

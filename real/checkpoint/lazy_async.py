@@ -90,6 +90,7 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         throttle_remote_bytes_per_s: float | None = None,
         run_id: str = DEFAULT_RUN_ID,
         stage: int = 0,
+        binding_key: bytes | None = None,
     ) -> None:
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
@@ -106,11 +107,11 @@ class LazyAsyncCheckpointEngine(CheckpointEngine):
         check_binding_arguments(run_id, stage)
         self._local = LevelDirectory(
             local_directory, name=LOCAL_LEVEL, survives_node_loss=False, keep_last=keep_last,
-            run_id=run_id, stage=stage,
+            run_id=run_id, stage=stage, binding_key=binding_key,
         )
         self._remote = LevelDirectory(
             remote_directory, name=REMOTE_LEVEL, survives_node_loss=True, keep_last=keep_last,
-            run_id=run_id, stage=stage,
+            run_id=run_id, stage=stage, binding_key=binding_key,
         )
         super().__init__([self._local, self._remote], record_span)
         self._pool = HostPool(host_buffer_bytes, pin_memory=self._cuda)

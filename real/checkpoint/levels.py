@@ -160,9 +160,11 @@ class LevelDirectory:
 
     def __init__(
         self, path: Path | str, *, name: str, survives_node_loss: bool, keep_last: int,
-        run_id: str = DEFAULT_RUN_ID, stage: int = 0,
+        run_id: str = DEFAULT_RUN_ID, stage: int = 0, binding_key: bytes | None = None,
     ) -> None:
         self.path = Path(path)
+        self.binding_key = binding_key
+        """The run's checkpoint key (manifest.py): written into every manifest, required of every one read."""
         self.name = name
         self.survives_node_loss = survives_node_loss
         self.keep_last = keep_last
@@ -200,6 +202,7 @@ class LevelDirectory:
         manifest_temporary = write_durable_temporary(manifest_path, manifest_bytes(
             run_id=self.run_id, stage=self.stage, iteration=iteration, sequence=sequence,
             data_file_nbytes=file_nbytes, header=header, committed_unix_s=time.time(),
+            binding_key=self.binding_key,
         ))
         fsync_directory(self.path)
         os.replace(manifest_temporary, manifest_path)
@@ -246,7 +249,7 @@ class LevelDirectory:
         Raises CheckpointCorruptError naming the file and the field; the tensors' checksums are
         verified when the data are read.
         """
-        info = read_manifest(manifest_path, level=self.name)
+        info = read_manifest(manifest_path, level=self.name, binding_key=self.binding_key)
         check_binding(info, run_id=self.run_id, stage=self.stage)
         verify_data_file(info)
         return info

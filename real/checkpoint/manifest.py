@@ -3,7 +3,7 @@
     <stem>.manifest.json, stem = iter<iteration:010d>-<sequence:020d>:
     {"format": "churnsim-checkpoint-manifest", "format_version": 2, "run_id": "...", "stage": s,
      "iteration": i, "sequence": q, "data_file": "<stem>.ckpt", "data_file_nbytes": n,
-     "header_sha256": hex, "committed_unix_s": t, "manifest_sha256": hex}
+     "header_sha256": hex, "committed_unix_s": t, ["binding_hmac": hex,] "manifest_sha256": hex}
 
 A manifest is renamed into place only after its data file is durable, so a manifest means a
 complete checkpoint. It binds the data file (its size, and its header's SHA-256; the header holds
@@ -12,11 +12,19 @@ every tensor's and the metadata's SHA-256) to a run, a stage and an iteration, a
 checkpoint is found: `read_manifest` checks the manifest (fields, types, self-checksum, file
 names), `check_binding` its run and stage, `verify_data_file` the data file against it; the
 tensors' checksums are verified when the data are read (`format.read_data_file`).
+
+Checksums catch damage, not forgery: anyone can recompute them. An engine with a binding key (the
+run's secret, run_secret.checkpoint_key; it lives in `<run dir>/run.secret`, outside the checkpoint
+directories) writes `binding_hmac`, an HMAC-SHA256 over the other fields, which bind the header and
+through it every tensor, and refuses any manifest whose HMAC it cannot verify: a checkpoint from
+another run, or one rewritten with recomputed checksums, is not loaded. An engine without a key
+(tests, tools) writes none and checks none.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import time
 from dataclasses import dataclass
@@ -64,14 +72,22 @@ def _canonical(fields: dict[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
+def binding_hmac(key: bytes, fields: dict[str, Any]) -> str:
+    """HMAC-SHA256 keyed by the run's secret over the manifest's fields (without the two checks)."""
+    signed = {name: value for name, value in fields.items() if name not in ("binding_hmac", "manifest_sha256")}
+    return hmac.new(key, _canonical(signed), hashlib.sha256).hexdigest()
+
+
 def manifest_bytes(*, run_id: str, stage: int, iteration: int, sequence: int, data_file_nbytes: int,
-                   header: bytes, committed_unix_s: float) -> bytes:
-    fields = {
+                   header: bytes, committed_unix_s: float, binding_key: bytes | None = None) -> bytes:
+    fields: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "run_id": run_id,
         "stage": stage, "iteration": iteration, "sequence": sequence,
         "data_file": stem_for(iteration, sequence) + DATA_SUFFIX, "data_file_nbytes": data_file_nbytes,
         "header_sha256": hashlib.sha256(header).hexdigest(), "committed_unix_s": committed_unix_s,
     }
+    if binding_key is not None:
+        fields["binding_hmac"] = binding_hmac(binding_key, fields)
     fields["manifest_sha256"] = hashlib.sha256(_canonical(fields)).hexdigest()
     return json.dumps(fields, indent=1).encode()
 
@@ -84,8 +100,10 @@ def _bad(path: Path, field: str, value: Any, expected: str) -> CheckpointCorrupt
     )
 
 
-def read_manifest(path: Path, *, level: str) -> CheckpointInfo:
-    """The checkpoint manifest `path` describes, every field checked (not yet its run, stage or data)."""
+def read_manifest(path: Path, *, level: str, binding_key: bytes | None = None) -> CheckpointInfo:
+    """The checkpoint manifest `path` describes, every field checked (not yet its run, stage or data).
+
+    `binding_key`: the manifest must carry a `binding_hmac` made with it (module docstring)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -105,8 +123,10 @@ def read_manifest(path: Path, *, level: str) -> CheckpointInfo:
             f"{path}: manifest field 'format_version' = 1 belongs to checkpoints whose metadata was"
             " pickled, which churnsim no longer loads; re-create the checkpoint"
         )
-    if set(fields) != set(_FIELDS):
-        raise _bad(path, "(keys)", sorted(fields), f"exactly {sorted(_FIELDS)}")
+    if set(fields) - {"binding_hmac"} != set(_FIELDS):
+        raise _bad(path, "(keys)", sorted(fields), f"exactly {sorted(_FIELDS)}, and binding_hmac")
+    if "binding_hmac" in fields and not isinstance(fields["binding_hmac"], str):
+        raise _bad(path, "binding_hmac", fields["binding_hmac"], "a str")
     for name, kind in _FIELDS.items():
         value = fields[name]
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else (
@@ -120,6 +140,14 @@ def read_manifest(path: Path, *, level: str) -> CheckpointInfo:
     claimed = fields.pop("manifest_sha256")
     if hashlib.sha256(_canonical(fields)).hexdigest() != claimed:
         raise _bad(path, "manifest_sha256", claimed, "the SHA-256 of the other fields (a field was altered)")
+    if binding_key is not None:
+        claimed_hmac = fields.get("binding_hmac")
+        if claimed_hmac is None or not hmac.compare_digest(str(claimed_hmac), binding_hmac(binding_key, fields)):
+            raise CheckpointCorruptError(
+                f"{path}: manifest field 'binding_hmac' does not verify with this run's secret "
+                f"({'missing' if claimed_hmac is None else 'wrong'}): the checkpoint was written by another run or "
+                "rewritten outside churnsim (checksums can be recomputed, this HMAC cannot); it is not loaded"
+            )
     if fields["sequence"] > time.time_ns() + _MAX_CLOCK_SKEW_NS:  # newest-wins must not be gamed
         raise _bad(path, "sequence", fields["sequence"], "a save time (ns) not in the future")
     stem = stem_for(fields["iteration"], fields["sequence"])

@@ -97,6 +97,9 @@ class MethodContext:
     num_iterations: int
     run_id: str = DEFAULT_RUN_ID
     """The run this rank belongs to: checkpoints are bound to it (and to the stage) and refused otherwise."""
+    checkpoint_key: bytes | None = field(default=None, repr=False)
+    """The run's checkpoint key (run_secret.checkpoint_key): every checkpoint this rank writes carries its
+    HMAC, and one without a valid HMAC is refused (real/checkpoint/manifest.py). None: unbound."""
     resume: bool = False
     """This run continues an earlier attempt of `run_id` from its durable checkpoints (`RecoveryMethod.resume`)."""
     failure_mode: str = "soft"

@@ -64,10 +64,22 @@ from ..checkpoint import (
     SynchronousCheckpointEngine,
 )
 from ..spans import SpanRecorder
+from ..warnings_relay import warn  # a recovery that goes further back than it might have must not pass silently
 from .base import MethodContext, RecoveryMethod, RecoveryOutcome
 from .stage_state import capture_stage_state, restore_stage_state, state_nbytes
 
 RNG_KEY = "rng.torch"
+_MAX_SKIPPED_NOTES = 20
+"""Skipped files named one by one in a recovery's record row, per stage (the rest are counted)."""
+
+
+def check_finite_state(state: dict[str, Any], where: str) -> None:
+    """Refuse a loaded state whose floating-point tensors hold NaN or infinity (CheckpointCorruptError:
+    it is skipped like a damaged file, for an older checkpoint)."""
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointCorruptError(f"{where}: tensor '{key}' holds NaN or infinite values; not loaded")
+
 REMOTE_TIER = "remote"
 LOCAL_TIERS = ("local_disk", "local")
 ASYNC_LEVELS = ("local_disk", "remote")
@@ -135,6 +147,7 @@ def synchronous_engine(
         run_id=context.run_id,
         stage=context.stage,
         throttle_bytes_per_s=throttle,
+        binding_key=context.checkpoint_key,
     )
 
 
@@ -227,6 +240,7 @@ class CheckpointKeeper:
             for info in sorted(candidates, key=lambda info: -info.sequence):  # newest first, fastest level on ties
                 try:
                     state = self.engine.load(info)  # every checksum verified before anything changes
+                    check_finite_state(state, str(info.data_path))
                 except CheckpointCorruptError as error:
                     problem = str(error)
                     continue
@@ -241,11 +255,15 @@ class CheckpointKeeper:
         communicator = self.context.communicator
         refused: set[int] = set()
         skipped = self.engine.skipped(surviving_node_loss=surviving_node_loss)
-        notes = [  # damaged or foreign files the listings passed over: why a rollback may go further back
-            f"stage {stage}: {count} checkpoint file(s) skipped, e.g. {first}"
-            for stage, (count, first) in enumerate(communicator.all_gather_objects([len(skipped), skipped[:1]]))
-            for first in first
-        ]
+        for line in skipped:  # each rank says what it skipped itself: one line each, no duplicates
+            warn(f"stage {self.context.stage}: checkpoint skipped: {line}")
+        notes = []  # damaged or foreign files the listings passed over: why a rollback may go further back
+        for stage, (count, lines) in zip(
+            communicator.group_stages, communicator.all_gather_objects([len(skipped), skipped[:_MAX_SKIPPED_NOTES]])
+        ):
+            notes.extend(f"stage {stage}: checkpoint skipped: {line}" for line in lines)
+            if count > len(lines):
+                notes.append(f"stage {stage}: {count - len(lines)} more checkpoint file(s) skipped")
         while True:
             tags = self.available_tags(surviving_node_loss=surviving_node_loss) - refused
             gathered = communicator.all_gather_objects(sorted(tags))
@@ -253,8 +271,13 @@ class CheckpointKeeper:
             problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
             if problem is not None:
                 refused.add(tag)
+                warn(f"stage {self.context.stage}: checkpoint of iteration {tag} not loadable, skipped ({problem})")
             problems = communicator.all_gather_objects(problem)
-            notes.extend(f"stage {stage}: iteration {tag} not loadable, skipped ({text})" for stage, text in enumerate(problems) if text)
+            notes.extend(
+                f"stage {stage}: iteration {tag} not loadable, skipped ({text})"
+                for stage, text in zip(communicator.group_stages, problems)
+                if text
+            )
             if not any(problems):
                 return tag, notes
 
@@ -275,6 +298,8 @@ class CheckpointKeeper:
         notes = [f"rollback all: every stage restored to iteration {tag}, {iteration - tag} iteration(s) replayed", *skipped]
         if tag == 0:
             notes.append("no checkpoint held by every stage yet: all stages restart from the initial weights at iteration 0")
+            if context.stage == context.communicator.group_stages[0]:  # one line for the group
+                warn(f"restart from scratch: {notes[-1]} (the failure struck before iteration {iteration})")
         return RecoveryOutcome(
             failed_stages=failed_stages,
             resume_iteration=tag,
@@ -290,8 +315,12 @@ class CheckpointKeeper:
         A damaged checkpoint is skipped for the next older one."""
         self.engine.wait_before_optimizer_step()  # no background copy may read what we overwrite
         for tag in sorted(self.available_tags(surviving_node_loss=surviving_node_loss), reverse=True):
-            if self._try_restore(tag, surviving_node_loss=surviving_node_loss) is None:
+            problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
+            if problem is None:
+                if tag == 0:
+                    warn(f"restart from scratch: stage {self.context.stage} restarts from its initial weights (no checkpoint it can load)")
                 return tag
+            warn(f"stage {self.context.stage}: checkpoint of iteration {tag} not loadable, skipped ({problem})")
         raise AssertionError("tag 0, the initial weights, always restores")
 
     def resume(self) -> RecoveryOutcome:
@@ -303,6 +332,8 @@ class CheckpointKeeper:
         self._abandoned.append((tag, time.time_ns()))  # tags beyond it belong to the failed attempt
         stages = frozenset(range(context.num_stages))
         source = f"checkpoint(iteration {tag})" if tag > 0 else f"{INITIAL_WEIGHTS} (no durable checkpoint held by every stage)"
+        if tag == 0 and context.stage == context.communicator.group_stages[0]:
+            warn(f"restart from scratch: resumed run {context.run_id} starts again at iteration 0: no durable checkpoint held by every stage")
         return RecoveryOutcome(
             failed_stages=stages,
             resume_iteration=tag,
@@ -410,5 +441,6 @@ class AsyncCheckpointMethod(CheckpointingMethod):
             run_id=self.context.run_id,
             stage=self.context.stage,
             throttle_remote_bytes_per_s=self.context.remote_bytes_per_s,
+            binding_key=self.context.checkpoint_key,
         )
 

@@ -10,22 +10,24 @@ def test_a_replacement_skips_a_generation_abandoned_before_it_came(tmp_path, mon
     # so generation 0 is still the newest announced. Every member's mark is there and its outcome
     # says "formed"; joining it would wait on a group that is gone (seen as a 90 s rendezvous
     # timeout on a fast machine, 2026-11-27). The replacement must wait for a newer generation.
-    import torch.distributed as dist
-
     from churnsim.real import elastic
+    from churnsim.real.distributed import connect_store, serve_store
+    from churnsim.real.run_secret import new_token, sign
 
-    directory = str(tmp_path)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    directory, token = str(tmp_path), new_token()
+    server = serve_store("127.0.0.1", 5.0)
+    store = connect_store("127.0.0.1", server.port, token, 5.0)
     elastic.announce(directory, 0, members=[0, 1], full=True, deaths=[])
     for stage in (0, 1):
-        open(elastic.arrival_path(directory, 0, stage), "wb").close()
-    store.compare_set("generation-0/outcome", "", "formed")
+        key = elastic.arrival_key(0, stage)
+        store.set(key, sign(token, key, b"0"))
+    store.compare_set("generation-0/outcome", "", sign(token, "generation-0/outcome", b"formed").decode())
     elastic.abandon(directory, 0)
     formed = []
     monkeypatch.setattr(elastic, "init_process_group", lambda **group: formed.append(group))
     settings = elastic.ElasticSettings(
-        directory=directory, store_port=store.port, stage=1, num_stages=2, incarnation=1,
-        rendezvous_timeout_s=0.3, run_started_unix_ns=0,
+        directory=directory, store_port=server.port, stage=1, num_stages=2, incarnation=1,
+        rendezvous_timeout_s=0.3, run_started_unix_ns=0, token=token,
     )  # fmt: skip
     membership = elastic.Membership(settings, device="cpu", timeout_s=5.0)
     with pytest.raises(elastic.RendezvousFailed, match="no new generation was announced"):
