@@ -42,7 +42,7 @@ from .grid import grid_points
 from .loss import plot_loss_vs_wallclock
 from .selection import NothingToPlot
 from .setback_sensitivity import plot_setback_sensitivity, sensitivity_rates
-from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods, shared_legend_below
+from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods, shared_legend_below, split_ablations
 from .time_to_target import plot_speedup, plot_time_to_target
 from .validation import plot_validation
 
@@ -82,6 +82,10 @@ class _Context:
     """From the manifest: the field the what-if's rates set (None: the per-stage hourly probability)."""
     tuned_intervals: pd.DataFrame | None = None
     """tuned_intervals.csv, read once for every grid point's time-to-target figure; None without it."""
+    cap_s: float | None = None
+    """From the manifest: the wall-clock cap that stops a run short of the target (`target.max_wall_clock_s`)."""
+    runs: pd.DataFrame | None = None
+    """runs.csv, for the loss figure's reasons why a run missed the target; None without it."""
 
 
 MAX_COLUMNS = 3
@@ -103,31 +107,50 @@ def _loss(trajectories: pd.DataFrame, context: _Context) -> Figure:
 
 
 def _time_to_target(summary: pd.DataFrame, context: _Context) -> Figure:
-    figure, ax = _single()
-    plot_time_to_target(ax, summary, tuned=context.tuned_intervals)
+    contenders, ablations = split_ablations(summary["method"].astype(str))
+    if not ablations:
+        figure, ax = _single()
+        plot_time_to_target(ax, summary, tuned=context.tuned_intervals, cap_s=context.cap_s)
+        return figure
+    # Ablations in a panel of their own (same y axis), so that their bounds do not crowd the contenders.
+    figure = Figure(figsize=(13.0, 5.2), layout="constrained")
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, methods, title in ((axes[0], contenders, "Contenders"), (axes[1], ablations, "Ablations (and the no-failure run)")):
+        plot_time_to_target(ax, summary, methods=methods, tuned=context.tuned_intervals, cap_s=context.cap_s)
+        ax.set_title(f"Time to target vs failure rate: {title.lower()}" if ax is axes[0] else title)
+    _one_legend_below(figure, axes)
     return figure
 
 
 def _speedup(summary: pd.DataFrame, context: _Context) -> Figure:
-    figure = Figure(figsize=(11.0, 5.0), layout="constrained")
     baselines = speedup_baselines()
-    axes = figure.subplots(1, len(baselines), squeeze=False)[0]
+    contenders, ablations = split_ablations(summary["method"].astype(str))
+    groups = [contenders] + ([ablations] if ablations else [])
+    figure = Figure(figsize=(11.0, 4.6 * len(groups) + 0.6), layout="constrained")
+    grid = figure.subplots(len(groups), len(baselines), squeeze=False)
     reasons = []
-    for ax, baseline in zip(axes, baselines):
-        try:
-            plot_speedup(ax, summary, baseline=baseline)
-        except NothingToPlot as reason:
-            reasons.append(str(reason))
-            ax.set_axis_off()
-            ax.text(0.5, 0.5, f"no speed-up over {baseline}:\nno run of it reached the target", ha="center", va="center", transform=ax.transAxes)
-    if len(reasons) == len(baselines):
+    for row, methods in enumerate(groups):
+        for ax, baseline in zip(grid[row], baselines):
+            try:
+                plot_speedup(ax, summary, baseline=baseline, cap_s=context.cap_s, methods=[m for m in methods if m in set(summary["method"])])
+            except NothingToPlot as reason:
+                reasons.append(str(reason))
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"no speed-up over {baseline}:\nno run of it reached the target", ha="center", va="center", transform=ax.transAxes)
+            if row > 0 and ax.axison:
+                ax.set_title(f"Ablations over {ax.get_title().removeprefix('Speed-up over ')}")
+    if len(reasons) == grid.size:
         raise NothingToPlot("; ".join(reasons))
-    # One legend under both panels: inside either it would cover the curves.
+    _one_legend_below(figure, list(grid.ravel()))
+    return figure
+
+
+def _one_legend_below(figure: Figure, axes) -> None:
+    """One legend under all panels: inside any of them it would cover the curves."""
     for ax in axes:
         if ax.get_legend() is not None:
             ax.get_legend().remove()
     shared_legend_below(figure, axes)
-    return figure
 
 
 def _badput(runs: pd.DataFrame, context: _Context) -> Figure:
@@ -310,6 +333,8 @@ def _context(directory: Path) -> _Context:
         interval_study_rate=math.nan if interval_study_rate is None else interval_study_rate,
         rate_setting=manifest.get("rate_setting") if isinstance(manifest.get("rate_setting"), str) else None,
         tuned_intervals=read_table(tuned_path, TUNED_INTERVAL_COLUMNS) if tuned_path is not None else None,
+        cap_s=_finite_or_none(target.get("max_wall_clock_s")),
+        runs=read_table(runs_path, RUN_COLUMNS) if (runs_path := _find_table(directory, ("runs",))) is not None else None,
     )
 
 
