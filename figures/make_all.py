@@ -35,7 +35,7 @@ from churnsim.calibration.tables import (
     read_table,
 )
 
-from .badput import plot_badput_breakdown
+from .badput import plot_badput_breakdown, plot_goodput_share
 from .checkpoint_interval import plot_checkpoint_interval, plot_optimal_interval
 from .gantt import gantt_methods, plot_pipeline_gantt
 from .grid import grid_points
@@ -102,7 +102,7 @@ def _loss(trajectories: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
     # Ablations crowd this figure (a random re-init saw-tooths across it); they stay in the others.
     headline = [method for method in ordered_methods(trajectories["method"].astype(str)) if not is_ablation(method)]
-    plot_loss_vs_wallclock(ax, trajectories, target_loss=context.target_loss, methods=headline or None)
+    plot_loss_vs_wallclock(ax, trajectories, target_loss=context.target_loss, methods=headline or None, runs=context.runs, cap_s=context.cap_s)
     return figure
 
 
@@ -154,22 +154,30 @@ def _one_legend_below(figure: Figure, axes) -> None:
 
 
 def _badput(runs: pd.DataFrame, context: _Context) -> Figure:
-    figure = Figure(figsize=(13.0, 4.8), layout="constrained")
-    hours, shares = figure.subplots(1, 2)
-    plot_badput_breakdown(hours, runs, as_fraction=False, legend=False)
-    plot_badput_breakdown(shares, runs, as_fraction=True)
+    figure = Figure(figsize=(13.0, 8.0), layout="constrained")
+    panels = figure.subplot_mosaic([["hours", "shares"], ["goodput", "goodput"]], height_ratios=[1.6, 1.0])
+    plot_badput_breakdown(panels["hours"], runs, as_fraction=False, legend=False, cap_s=context.cap_s)
+    plot_badput_breakdown(panels["shares"], runs, as_fraction=True, cap_s=context.cap_s)
+    plot_goodput_share(panels["goodput"], runs, cap_s=context.cap_s)
+    # The cap line is drawn in the hours panel; its legend entry joins the shares panel's.
+    legend = panels["shares"].get_legend()
+    cap_lines = [line for line in panels["hours"].get_lines() if line.get_gid() == "reference:cap"]
+    if legend is not None and cap_lines:
+        handles, labels = legend.legend_handles, [text.get_text() for text in legend.get_texts()]
+        legend.remove()
+        panels["shares"].legend([*handles, cap_lines[0]], [*labels, cap_lines[0].get_label()], loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     return figure
 
 
 def _checkpoint_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting)
+    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting, cap_s=context.cap_s)
     return figure
 
 
 def _optimal_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting)
+    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting, cap_s=context.cap_s)
     return figure
 
 

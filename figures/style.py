@@ -272,9 +272,9 @@ def make_room_for_not_reached(ax: Axes, rows: int) -> None:
     ax.axhline(high, color="#BBBBBB", linewidth=0.8, linestyle="-", zorder=0.5, gid="not_reached_rule")
 
 
-def add_not_reached_key(ax: Axes) -> None:
+def add_not_reached_key(ax: Axes, words: str | None = None) -> None:
     """One legend entry for every × of `mark_not_reached` (their colour names the method)."""
-    ax.plot([], [], linestyle="none", marker="x", markersize=8, markeredgewidth=2.0, color="#444444", label=f"× {NOT_REACHED_TEXT}")
+    ax.plot([], [], linestyle="none", marker="x", markersize=8, markeredgewidth=2.0, color="#444444", label=f"× {words or NOT_REACHED_TEXT}")
 
 
 def cap_words(cap_s: float | None) -> str:
