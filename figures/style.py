@@ -16,6 +16,8 @@ import math
 import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, MethodConfigBase
 from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
@@ -316,11 +318,12 @@ class LabelPlacer(Artist):
     before it nor a horizontal reference line (`reference_lines`), within the axes. Labels start
     from their own offsets at every draw, so saving twice places them the same way."""
 
-    def __init__(self, ax: Axes, labels: list, reference_lines: list | None = None):
+    def __init__(self, ax: Axes, labels: list, reference_lines: list | None = None, markers: list | None = None):
         super().__init__()
         self.axes_of_labels = ax
         self.labels = list(labels)
         self.reference_lines = list(reference_lines or [])
+        self.markers = list(markers or [])
         self.home = [label.xyann for label in self.labels]
         for label in self.labels:
             label.set_in_layout(False)  # the layout must not depend on where they end up
@@ -338,17 +341,27 @@ class LabelPlacer(Artist):
         frame = self.axes_of_labels.get_window_extent(renderer)
         points_per_pixel = 1.0 / renderer.points_to_pixels(1.0)
         obstacles = [(line_y, x0, x1) for line_y, x0, x1 in self._reference_rows(renderer)]
-        placed: list = []
+        placed: list = self._marker_boxes(renderer)
         visible = [label for label in self.labels if label.get_visible() and label.get_text()]
-        for label in sorted(visible, key=lambda text: text.get_window_extent(renderer).y0):
-            box = label.get_window_extent(renderer)
+        for label in sorted(visible, key=lambda text: _text_box(text, renderer).y0):
+            box = _text_box(label, renderer)
             shift = _free_shift(box, placed, obstacles, frame)
             if shift:
                 dx, dy = label.xyann
                 label.xyann = (dx, dy + shift * points_per_pixel)
-                box = label.get_window_extent(renderer)
+                box = _text_box(label, renderer)
             placed.append(box)
         self.stale = False
+
+    def _marker_boxes(self, renderer) -> list:
+        """A box around every marker of `markers` (Line2D), which labels keep clear of too."""
+        boxes = []
+        for line in self.markers:
+            half = renderer.points_to_pixels(line.get_markersize()) / 2.0
+            for x, y in line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()])):
+                if np.isfinite(x) and np.isfinite(y):
+                    boxes.append(Bbox([[x - half, y - half], [x + half, y + half]]))
+        return boxes
 
     def _reference_rows(self, renderer) -> list[tuple[float, float, float]]:
         """(y, x0, x1) in display pixels of every horizontal reference line."""
@@ -360,6 +373,13 @@ class LabelPlacer(Artist):
             if len(path) and np.ptp(path[:, 1]) < 0.5:
                 rows.append((float(path[0, 1]), float(path[:, 0].min()), float(path[:, 0].max())))
         return rows
+
+
+def _text_box(label, renderer):
+    """The box of a label's words (an Annotation's own extent also spans its leader line)."""
+    if hasattr(label, "update_positions"):
+        label.update_positions(renderer)  # where its offset puts it now
+    return Text.get_window_extent(label, renderer)
 
 
 def _blocks(box, y0: float, placed: list, obstacles: list) -> float | None:
@@ -387,31 +407,39 @@ def _blocks_below(box, y1: float, placed: list, obstacles: list) -> float | None
 
 
 def _free_shift(box, placed: list, obstacles: list, frame) -> float:
-    """The smallest vertical move (pixels) to a place free of `placed` boxes and `obstacles`: upwards
-    first; if that runs out of the axes, downwards."""
+    """The smallest vertical move (pixels) to a place free of `placed` boxes and `obstacles`, up or
+    down, whichever is shorter and stays inside the axes (up when neither does)."""
     y0 = box.y0
     for _ in range(len(placed) + len(obstacles) + 1):
         top = _blocks(box, y0, placed, obstacles)
         if top is None:
             break
         y0 = top
-    if y0 + box.height <= frame.y1:
-        return y0 - box.y0
+    up = y0 - box.y0
     y1 = box.y1
     for _ in range(len(placed) + len(obstacles) + 1):
         bottom = _blocks_below(box, y1, placed, obstacles)
         if bottom is None:
             break
         y1 = bottom
-    return y1 - box.y1
+    down = y1 - box.y1
+    up_fits = box.y1 + up <= frame.y1
+    down_fits = box.y0 + down >= frame.y0
+    if up_fits and (not down_fits or up <= -down):
+        return up
+    return down if down_fits else up
 
 
-def place_labels(ax: Axes, labels: list, reference_lines: list | None = None) -> LabelPlacer | None:
-    """Keep `labels` (annotations with offsets in points) apart from each other and off the
-    horizontal `reference_lines` at every draw (`LabelPlacer`). Returns the placer, or None
-    without labels."""
+def place_labels(ax: Axes, labels: list, reference_lines: list | None = None, markers: list | None = None) -> LabelPlacer | None:
+    """Keep `labels` (annotations with offsets in points) apart from each other, off the horizontal
+    `reference_lines` and clear of the points of `markers` at every draw (`LabelPlacer`). Returns
+    the placer, or None without labels."""
     if not labels:
         return None
-    placer = LabelPlacer(ax, labels, reference_lines)
+    placer = LabelPlacer(ax, labels, reference_lines, markers)
     ax.add_artist(placer)
     return placer
+
+
+LABEL_BACKGROUND = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.75)
+"""Behind a data label, so that a line passing under it does not strike it through."""

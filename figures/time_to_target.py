@@ -28,6 +28,7 @@ from .selection import (
 )
 from .style import (
     BOUND_MARKERS,
+    LABEL_BACKGROUND,
     add_bound_key,
     add_not_reached_key,
     band_alpha,
@@ -245,7 +246,8 @@ def _lines_against_rate(
         add_bound_key(ax, bound.direction, cap_s)
     rules = [line for line in ax.get_lines() if line.get_gid() == "not_reached_rule"]
     drawn["labels"] = labels
-    drawn["placer"] = [placer] if (placer := place_labels(ax, labels, [*reference_lines, *rules])) is not None else []
+    triangles = [line for line in drawn["bounds"] if str(line.get_gid()).startswith("bound:")]
+    drawn["placer"] = [placer] if (placer := place_labels(ax, labels, [*reference_lines, *rules], triangles)) is not None else []
     ax.set_xlabel(axis.label)
     style_axes(ax)
     return drawn
@@ -330,7 +332,9 @@ def _label_bounds(
         labels.append(ax.annotate(
             label, (rate_scale * float(row[rate_column]), scale * float(row[bound.column])),
             xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points", fontsize=LABEL_FONT_PT,
-            color=method_color(method), alpha=text_alpha(method), va="center", gid=f"bound_label:{method}",
+            color=method_color(method), alpha=text_alpha(method), va="center", gid=f"bound_label:{method}", bbox=LABEL_BACKGROUND,
+            # A thin leader to its triangle, which shows where a label the placer moved belongs.
+            arrowprops=dict(arrowstyle="-", color=method_color(method), linewidth=0.6, shrinkA=0, shrinkB=5, alpha=text_alpha(method)),
         ))  # fmt: skip
         if float(row[rate_column]) == last_rate:
             longest_at_last_rate = max(longest_at_last_rate, len(label))
