@@ -25,6 +25,8 @@ from .selection import (
 from .style import (
     CATEGORY_DISPLAY_NAMES,
     NOT_REACHED_TEXT,
+    STOPPED_AT_CAP_TEXT,
+    add_not_reached_key,
     cap_words,
     legend_outside,
     method_color,
@@ -95,6 +97,8 @@ def plot_loss_vs_wallclock(
         lines.append(line)
         if not _reached(method_rows, target_loss, final_progress.max()):
             reason = _why_not_reached(method, method_rows, runs, rows, replication, cap_s, final_progress.max())
+            # Thin, so that a run thrown back again and again does not hide the runs that progress.
+            line.set_linewidth(0.8)
             not_reached.append((method, time_s[-1] / seconds_per_unit, loss[-1], float(np.min(loss)), reason))
     target = []
     if target_loss is not None and np.isfinite(target_loss):
@@ -108,6 +112,9 @@ def plot_loss_vs_wallclock(
         marks.append(mark)
         reasons.append(text)
     place_labels(ax, reasons, target)
+    if marks:
+        capped = all(f"stopped at {cap_words(cap_s)}" in text.get_text() for text in reasons)
+        add_not_reached_key(ax, f"{STOPPED_AT_CAP_TEXT} ({cap_words(cap_s).removeprefix('the ')})" if capped else None)
     ax.set_xlabel(f"wall-clock time ({unit})")
     ax.set_ylabel("training loss (nats/token)")
     ax.set_title(f"Loss vs wall-clock{rate_title_suffix(probability, rows)}")

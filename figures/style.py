@@ -77,14 +77,15 @@ CATEGORY_DISPLAY_NAMES: dict[str, str] = {
     "convergence_setback_s": "convergence setback",
 }
 
-# Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv.
+# Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv: compute kinds in Paul
+# Tol's bright scheme (apart under deuteranopia and protanopia), communication in greys.
 SPAN_KIND_COLORS: dict[str, str] = {
-    "forward": "#4C72B0",
-    "backward": "#DD8452",
-    "redundant_forward": "#8172B3",
-    "allreduce": "#55A868",
-    "optimizer": "#C44E52",
-    "checkpoint": "#937860",
+    "forward": "#4477AA",
+    "backward": "#CCBB44",
+    "redundant_forward": "#66CCEE",
+    "allreduce": "#228833",
+    "optimizer": "#AA3377",
+    "checkpoint": "#EE6677",
     "send": "#6F6F6F",
     "receive": "#A0A0A0",
     "send_wait": "#D0D0D0",

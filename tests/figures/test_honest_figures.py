@@ -26,7 +26,7 @@ from churnsim.calibration.statistics import mean_with_ci95
 from churnsim.calibration.tables import RUN_COLUMNS, SUMMARY_COLUMNS, TIME_CATEGORIES, TRAJECTORY_COLUMNS
 from churnsim.figures.gallery import GALLERY_FIGURES, draw_gallery
 from churnsim.figures.make_all import render_figures
-from churnsim.figures.style import METHOD_COLORS, STOPPED_AT_CAP_TEXT, is_ablation, place_labels
+from churnsim.figures.style import COMMUNICATION_KINDS, METHOD_COLORS, SPAN_KIND_COLORS, STOPPED_AT_CAP_TEXT, is_ablation, place_labels
 
 from test_figures import _intervals, _spans
 
@@ -364,3 +364,11 @@ def test_every_gallery_figure_is_committed_and_shown_in_the_docs():
     page = (root / "docs" / "gallery.md").read_text(encoding="utf-8")
     shown = re.findall(r"!\[[^\]]*\]\(gallery/([a-z_]+)\.png\)", page)
     assert sorted(shown) == sorted(GALLERY_FIGURES)
+
+
+@pytest.mark.parametrize("vision", [np.eye(3), DEUTERANOPIA, PROTANOPIA], ids=["typical", "deuteranopia", "protanopia"])
+def test_compute_span_colours_of_the_gantt_chart_stay_apart_for_colour_blind_viewers(vision):
+    compute = {kind: colour for kind, colour in SPAN_KIND_COLORS.items() if kind not in COMMUNICATION_KINDS}
+    seen = {kind: _lab(vision @ _linear(np.array(to_rgb(colour)))) for kind, colour in compute.items()}
+    for (first, a), (second, b) in itertools.combinations(seen.items(), 2):
+        assert np.linalg.norm(a - b) >= MIN_DELTA_E, f"{first} and {second}"
