@@ -56,7 +56,7 @@ def plot_checkpoint_interval(
     require_rows(rows, "the checkpoint-interval figure")
     lines: list[Artist] = []
     points: list[Artist] = []
-    capped_keyed = False  # one legend entry for every ring
+    rings: list[tuple[str, pd.DataFrame]] = []
     for method in ordered_methods(rows["method"]):
         method_rows = rows[rows["method"] == method].sort_values("interval_iterations")
         simulated = method_rows[method_rows["source"] == "simulated"]
@@ -68,15 +68,7 @@ def plot_checkpoint_interval(
                 **(method_style(method) | {"label": f"{method_label(method)}, simulated"}),
             )
             lines.append(line)
-            capped = simulated[~np.isfinite(simulated["time_to_target_mean_s"].astype(float))]
-            if not capped.empty:
-                ax.plot(
-                    capped["interval_iterations"].to_numpy(dtype=float), 100.0 * capped["stall_fraction"].to_numpy(dtype=float),
-                    linestyle="none", marker="o", markersize=13, markerfacecolor="none", markeredgecolor="#333333",
-                    markeredgewidth=1.2, gid=f"capped:{method}",
-                    label="_capped" if capped_keyed else f"{STOPPED_AT_CAP_TEXT}: no run at this interval\nreached the target within {cap_words(cap_s)}",
-                )  # fmt: skip
-                capped_keyed = True
+            rings.append((method, simulated[~np.isfinite(simulated["time_to_target_mean_s"].astype(float))]))
         if not real.empty:
             scatter = ax.scatter(
                 real["interval_iterations"].to_numpy(dtype=float),
@@ -91,6 +83,18 @@ def plot_checkpoint_interval(
             )
             scatter.set_gid(method)
             points.append(scatter)
+    # After the lines, so that the legend lists the methods first and the rings' one entry last.
+    keyed = False
+    for method, capped in rings:
+        if capped.empty:
+            continue
+        ax.plot(
+            capped["interval_iterations"].to_numpy(dtype=float), 100.0 * capped["stall_fraction"].to_numpy(dtype=float),
+            linestyle="none", marker="o", markersize=13, markerfacecolor="none", markeredgecolor="#333333",
+            markeredgewidth=1.2, gid=f"capped:{method}",
+            label="_capped" if keyed else f"{STOPPED_AT_CAP_TEXT}: no run at this interval\nreached the target within {cap_words(cap_s)}",
+        )  # fmt: skip
+        keyed = True
     _log_x_if_wide(ax, rows["interval_iterations"])
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel("checkpoint stall (% of wall-clock)")

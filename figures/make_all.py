@@ -210,7 +210,7 @@ def _setback_sensitivity(table: pd.DataFrame, context: _Context) -> Figure:
     crossovers = read_table(crossovers_path, CROSSOVER_COLUMNS) if crossovers_path is not None else None
     figure, axes = _panels(len(rates), width=4.3, height=3.9)
     for ax, rate in zip(axes, rates):
-        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers, legend=False)
+        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers, legend=False, cap_s=context.cap_s)
     shared_legend_below(figure, axes)
     return figure
 

@@ -80,7 +80,7 @@ def plot_time_to_target(
     rows = select_methods(rows, methods)
     # The unit fits the bounds too (a bound can be far above every mean).
     seconds_per_unit, unit = time_unit(pd.concat([rows["time_to_target_mean_s"], rows["time_to_target_at_least_s"]]))
-    unit_abbreviation = {"hours": "h", "minutes": "min", "seconds": "s"}[unit]
+    unit_abbreviation = UNIT_ABBREVIATIONS[unit]
     drawn = _lines_against_rate(
         ax,
         rows,
@@ -315,34 +315,59 @@ class PartialBound:
 
 
 def _label_bounds(
-    ax: Axes, rows: pd.DataFrame, scale: float, rate_column: str, rate_scale: float, bound: PartialBound
+    ax: Axes, rows: pd.DataFrame, scale: float, rate_column: str, rate_scale: float, bound: PartialBound, *, widen: bool = True
 ) -> list[Artist]:
     """'≥ 532 h, 7/10 reached' beside each point drawn at its bound; `place_labels` keeps them
-    apart at draw time. The x axis widens so that labels at the last rate stay inside it."""
+    apart at draw time. The x axis widens so that labels at the last rate stay inside it; with
+    `widen=False` (a log axis) those labels go to the left of their point instead."""
     labels: list[Artist] = []
     if rows.empty:
         return labels
     last_rate = float(rows[rate_column].astype(float).max())
     longest_at_last_rate = 0
-    for _, row in rows.iterrows():
+    for _, row in _without_repeated_never(rows, rate_column).iterrows():
         method = str(row["method"])
         total = float(row["num_replications"]) if "num_replications" in row.index else math.nan
         reached = f"{round(float(row['fraction_reached']) * total):.0f}/{total:.0f} reached" if math.isfinite(total) else "some missed"
         label = f"{bound.text(scale * float(row[bound.column]))}, {reached}"
+        on_left = not widen and float(row[rate_column]) == last_rate
         labels.append(ax.annotate(
             label, (rate_scale * float(row[rate_column]), scale * float(row[bound.column])),
-            xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points", fontsize=LABEL_FONT_PT,
+            xytext=(-LABEL_OFFSET_PT if on_left else LABEL_OFFSET_PT, 0), textcoords="offset points", fontsize=LABEL_FONT_PT,
+            ha="right" if on_left else "left",
             color=method_color(method), alpha=text_alpha(method), va="center", gid=f"bound_label:{method}", bbox=LABEL_BACKGROUND,
             # A thin leader to its triangle, which shows where a label the placer moved belongs.
             arrowprops=dict(arrowstyle="-", color=method_color(method), linewidth=0.6, shrinkA=0, shrinkB=5, alpha=text_alpha(method)),
         ))  # fmt: skip
         if float(row[rate_column]) == last_rate:
             longest_at_last_rate = max(longest_at_last_rate, len(label))
-    if longest_at_last_rate:
+    if longest_at_last_rate and widen:
         _make_room_on_the_right(ax, rate_scale * last_rate, longest_at_last_rate)
     return labels
 
 
+def _without_repeated_never(rows: pd.DataFrame, rate_column: str) -> pd.DataFrame:
+    """The rows to label: a point where no replication reached the target is labelled only where
+    the method's previous such point was not one too (the triangles that follow at the same cap
+    say the same, and the legend's key says what they are)."""
+    never = rows["fraction_reached"].astype(float) <= 0.0
+    keep = pd.Series(True, index=rows.index)
+    for _, of_method in rows[never].groupby("method"):
+        rates = sorted(of_method[rate_column].astype(float))
+        for index, row in of_method.iterrows():
+            rate = float(row[rate_column])
+            keep[index] = rates.index(rate) == 0 or not _adjacent_never(rows, row["method"], rates[rates.index(rate) - 1], rate, rate_column)
+    return rows[keep]
+
+
+def _adjacent_never(rows: pd.DataFrame, method: str, previous_rate: float, rate: float, rate_column: str) -> bool:
+    """Whether the method's never-reached point at `previous_rate` is its drawn point just before `rate`."""
+    of_method = rows[rows["method"] == method][rate_column].astype(float)
+    between = of_method[(of_method > previous_rate) & (of_method < rate)]
+    return between.empty
+
+
+UNIT_ABBREVIATIONS = {"hours": "h", "minutes": "min", "seconds": "s"}
 LABEL_FONT_PT = 7.5
 LABEL_OFFSET_PT = 8.0
 
