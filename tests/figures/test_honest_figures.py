@@ -372,3 +372,20 @@ def test_compute_span_colours_of_the_gantt_chart_stay_apart_for_colour_blind_vie
     seen = {kind: _lab(vision @ _linear(np.array(to_rgb(colour)))) for kind, colour in compute.items()}
     for (first, a), (second, b) in itertools.combinations(seen.items(), 2):
         assert np.linalg.norm(a - b) >= MIN_DELTA_E, f"{first} and {second}"
+
+
+def test_setback_sensitivity_draws_a_partial_point_at_its_bound():
+    from churnsim.figures import plot_setback_sensitivity
+    from test_setback_sensitivity_figure import _table
+
+    table = _table()
+    partial = (table["method"] == "checkfree") & (table["setback_scale"] == 3.0) & (table["failure_probability_per_stage_hour"] == 0.33)
+    table.loc[partial, ["fraction_reached", "time_to_target_at_least_s"]] = [2 / 3, 400.0 * 3600]
+    ax = Figure().add_subplot()
+    drawn = plot_setback_sensitivity(ax, table, failure_probability=0.33, cap_s=CAP_S)
+    (triangle,) = [line for line in drawn["bounds"] if line.get_gid() == "bound:checkfree"]
+    assert triangle.get_marker() == "^"
+    np.testing.assert_allclose(np.column_stack([triangle.get_xdata(), triangle.get_ydata()]), [[3.0, 400.0]])
+    (line,) = [line for line in drawn["lines"] if line.get_gid() == "checkfree"]
+    assert 3.0 not in list(line.get_xdata())  # the optimistic mean is not on the line
+    assert [text.get_text() for text in drawn["labels"]] == ["≥ 400 h, 2/3 reached"]
