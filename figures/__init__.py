@@ -1,9 +1,10 @@
 """Figures from saved results: each plot function draws on the Axes it is given and returns its artists.
 
-`make_all_figures(results_directory)` writes every figure whose input table exists.
+`make_all_figures(results_directory)` writes every figure whose input table exists;
+`python -m churnsim.figures.gallery --out DIR` draws the documentation's gallery (docs/gallery.md).
 """
 
-from .badput import plot_badput_breakdown
+from .badput import plot_badput_breakdown, plot_goodput_share
 from .checkpoint_interval import plot_checkpoint_interval, plot_optimal_interval
 from .gantt import plot_pipeline_gantt
 from .loss import plot_loss_vs_wallclock
@@ -18,6 +19,7 @@ __all__ = [
     "make_figures",
     "plot_badput_breakdown",
     "plot_checkpoint_interval",
+    "plot_goodput_share",
     "plot_loss_vs_wallclock",
     "plot_optimal_interval",
     "plot_pipeline_gantt",

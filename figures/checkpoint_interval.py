@@ -14,7 +14,9 @@ from churnsim.calibration.tables import INTERVAL_COLUMNS
 
 from .selection import require_columns, require_rows, setting_title_suffix, time_unit
 from .style import (
+    STOPPED_AT_CAP_TEXT,
     add_not_reached_key,
+    cap_words,
     legend_outside,
     make_room_for_not_reached,
     mark_not_reached,
@@ -30,7 +32,8 @@ INTERVAL_LABEL = "checkpoint interval K (iterations)"
 
 
 def plot_checkpoint_interval(
-    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan, rate_setting: str | None = None
+    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan, rate_setting: str | None = None,
+    cap_s: float | None = None,
 ) -> dict[str, list[Artist]]:
     """Draw the checkpoint stall fraction against the checkpoint interval, sync against lazy async.
 
@@ -41,8 +44,11 @@ def plot_checkpoint_interval(
 
     `intervals` has the columns of `calibration.tables.INTERVAL_COLUMNS`; `failure_probability` is
     the rate the simulated rows ran at (for the title; the table has no column for it), a value of
-    `rate_setting` (a what-if's: None or the per-stage hourly probability, or its churn's own rate). Without real
-    rows the legend says where they come from. Returns {"lines": one Line2D per method with
+    `rate_setting` (a what-if's: None or the per-stage hourly probability, or its churn's own rate).
+    Without real rows only the simulated lines are drawn (docs/gallery.md says how to add measured
+    ones). A simulated interval at which no run reached the target (every run stopped at the
+    wall-clock cap `cap_s`) gets a grey ring: its stall share is that of runs the cap cut short.
+    Returns {"lines": one Line2D per method with
     simulated rows, "points": one PathCollection per method with real rows}; gids are method names.
     """
     require_columns(intervals, INTERVAL_COLUMNS, "checkpoint_intervals")
@@ -50,6 +56,7 @@ def plot_checkpoint_interval(
     require_rows(rows, "the checkpoint-interval figure")
     lines: list[Artist] = []
     points: list[Artist] = []
+    rings: list[tuple[str, pd.DataFrame]] = []
     for method in ordered_methods(rows["method"]):
         method_rows = rows[rows["method"] == method].sort_values("interval_iterations")
         simulated = method_rows[method_rows["source"] == "simulated"]
@@ -61,6 +68,7 @@ def plot_checkpoint_interval(
                 **(method_style(method) | {"label": f"{method_label(method)}, simulated"}),
             )
             lines.append(line)
+            rings.append((method, simulated[~np.isfinite(simulated["time_to_target_mean_s"].astype(float))]))
         if not real.empty:
             scatter = ax.scatter(
                 real["interval_iterations"].to_numpy(dtype=float),
@@ -75,11 +83,18 @@ def plot_checkpoint_interval(
             )
             scatter.set_gid(method)
             points.append(scatter)
-    if not points:
-        ax.scatter(
-            [], [], s=70, marker="o", facecolors="none", edgecolors="#444444", linewidths=1.5,
-            label="measured: no rows with source = real;\nappend benchmarks/\nreal_checkpoint_overhead.py's CSV",
+    # After the lines, so that the legend lists the methods first and the rings' one entry last.
+    keyed = False
+    for method, capped in rings:
+        if capped.empty:
+            continue
+        ax.plot(
+            capped["interval_iterations"].to_numpy(dtype=float), 100.0 * capped["stall_fraction"].to_numpy(dtype=float),
+            linestyle="none", marker="o", markersize=13, markerfacecolor="none", markeredgecolor="#333333",
+            markeredgewidth=1.2, gid=f"capped:{method}",
+            label="_capped" if keyed else f"{STOPPED_AT_CAP_TEXT}: no run at this interval\nreached the target within {cap_words(cap_s)}",
         )  # fmt: skip
+        keyed = True
     _log_x_if_wide(ax, rows["interval_iterations"])
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel("checkpoint stall (% of wall-clock)")
@@ -90,7 +105,8 @@ def plot_checkpoint_interval(
 
 
 def plot_optimal_interval(
-    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan, rate_setting: str | None = None
+    ax: Axes, intervals: pd.DataFrame, *, failure_probability: float = math.nan, rate_setting: str | None = None,
+    cap_s: float | None = None,
 ) -> dict[str, list[Artist]]:
     """Draw simulated time to target against the checkpoint interval, with Young's and Daly's optima.
 
@@ -100,7 +116,8 @@ def plot_optimal_interval(
     from the synchronous checkpoint cost δ and the pipeline's mean time between failures M. Close
     agreement says the simple formula is enough for this setup.
 
-    An interval at which no replication reached the target gets an × at the top.
+    An interval at which no replication reached the target gets an × at the top: every run there
+    was stopped at the wall-clock cap (`cap_s`, `target.max_wall_clock_s`, named in the legend).
 
     Returns {"lines": one Line2D per method, "bands": one PolyCollection per method, "reference":
     the Young and Daly Line2Ds that are finite, "not_reached": the × marks}.
@@ -143,7 +160,7 @@ def plot_optimal_interval(
     _log_x_if_wide(ax, simulated["interval_iterations"])
     if not_reached:
         make_room_for_not_reached(ax, len(not_reached))
-        add_not_reached_key(ax)
+        add_not_reached_key(ax, f"{STOPPED_AT_CAP_TEXT}: no run reached\nthe target within {cap_words(cap_s)}" if cap_s else None)
     ax.set_xlabel(INTERVAL_LABEL)
     ax.set_ylabel(f"time to target loss ({unit})")
     ax.set_title(f"Time to target vs checkpoint interval{setting_title_suffix(rate_setting, failure_probability)}")

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
 
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.tables import GANTT_COLUMNS
@@ -96,7 +97,7 @@ def plot_pipeline_gantt(
         for left, span_width, row, number in zip(start[chosen], width[chosen], stage[chosen], microbatch[chosen]):
             if np.isfinite(number) and number >= 0 and span_width >= MIN_LABEL_WIDTH_FRACTION * total_width:
                 labels.append(
-                    ax.text(left + span_width / 2, row + COMPUTE_CENTRE, f"{int(number)}", ha="center", va="center", fontsize=7, color="white")
+                    ax.text(left + span_width / 2, row + COMPUTE_CENTRE, f"{int(number)}", ha="center", va="center", fontsize=7, color=_ink_on(colour))
                 )
 
     stages = sorted(set(stage.tolist()))
@@ -117,6 +118,12 @@ def plot_pipeline_gantt(
         title=f"compute spans shorter\nthan {minimum} are\ndrawn {minimum} wide" if widened else None, title_fontsize=8,
     )  # fmt: skip
     return {"bars": bars, "labels": labels}
+
+
+def _ink_on(colour: str) -> str:
+    """Black numbers on a light bar, white on a dark one (relative luminance, WCAG's weights)."""
+    red, green, blue = (channel / 12.92 if channel <= 0.04045 else ((channel + 0.055) / 1.055) ** 2.4 for channel in to_rgb(colour))
+    return "black" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.3 else "white"
 
 
 def gantt_methods(spans: pd.DataFrame) -> list[str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -9,9 +10,10 @@ import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 
-from churnsim.calibration.tables import TRAJECTORY_COLUMNS
+from churnsim.calibration.tables import RUN_COLUMNS, TIME_CATEGORIES, TRAJECTORY_COLUMNS
 
 from .selection import (
+    rate_axis,
     require_columns,
     require_rows,
     rate_title_suffix,
@@ -20,7 +22,20 @@ from .selection import (
     select_scenario,
     time_unit,
 )
-from .style import NOT_REACHED_TEXT, legend_outside, method_color, method_style, ordered_methods, style_axes
+from .style import (
+    CATEGORY_DISPLAY_NAMES,
+    NOT_REACHED_TEXT,
+    STOPPED_AT_CAP_TEXT,
+    add_not_reached_key,
+    cap_words,
+    legend_outside,
+    method_color,
+    method_label,
+    method_style,
+    ordered_methods,
+    place_labels,
+    style_axes,
+)
 
 LOSS_STEP = 0.01
 """Largest loss change (nats/token) between two drawn points inside a segment: finer than a pixel."""
@@ -36,13 +51,18 @@ def plot_loss_vs_wallclock(
     replication: int = 0,
     target_loss: float | None = None,
     methods: Sequence[str] | None = None,
+    runs: pd.DataFrame | None = None,
+    cap_s: float | None = None,
 ) -> dict[str, list[Artist]]:
     """Draw training loss against wall-clock time (hours, or minutes or seconds for runs that short)
     for each method of one replication.
 
     How to read it: the line that reaches the dashed target-loss line furthest to the left reaches
     the target first; flat or rising stretches are time lost to failures (rollbacks, recovery,
-    setbacks). Every method in a replication saw the same failures.
+    setbacks). Every method in a replication saw the same failures. A run that did not reach the
+    target ends in an × with the reason read off the data beside it: whether the wall-clock cap
+    (`cap_s`, `target.max_wall_clock_s`) stopped it, how often its progress was set back and how far
+    it got, and (with `runs`, runs.csv) where most of its wall-clock went.
 
     `trajectories` has the columns of `calibration.tables.TRAJECTORY_COLUMNS`. Progress is linear in
     time between rows, so each segment is drawn through intermediate points whose loss is
@@ -50,7 +70,8 @@ def plot_loss_vs_wallclock(
     convergence curve, exact at the rows). Defaults: the first scenario, the highest failure rate in
     the table, every method (or only `methods`).
 
-    Returns {"lines": one Line2D per method (gid = method name), "target": [the target Line2D] or []}.
+    Returns {"lines": one Line2D per method (gid = method name), "target": [the target Line2D] or [],
+    "not_reached": the × marks, "reasons": the Text beside each}.
     """
     require_columns(trajectories, TRAJECTORY_COLUMNS, "trajectories")
     rows, scenario = select_scenario(trajectories, scenario)
@@ -75,20 +96,31 @@ def plot_loss_vs_wallclock(
         (line,) = ax.plot(time_s / seconds_per_unit, loss, markevery=_marker_positions(time_s), **method_style(method))
         lines.append(line)
         if not _reached(method_rows, target_loss, final_progress.max()):
-            not_reached.append((method, time_s[-1] / seconds_per_unit, loss[-1]))
+            reason = _why_not_reached(method, method_rows, runs, rows, replication, cap_s, final_progress.max())
+            # Thin, so that a run thrown back again and again does not hide the runs that progress.
+            line.set_linewidth(0.8)
+            not_reached.append((method, time_s[-1] / seconds_per_unit, loss[-1], float(np.min(loss)), reason))
     target = []
     if target_loss is not None and np.isfinite(target_loss):
         target.append(
-            ax.axhline(target_loss, color="#444444", linestyle="--", linewidth=1.0, label=f"target loss {target_loss:g}")
+            ax.axhline(target_loss, color="#444444", linestyle="--", linewidth=1.0, label=f"target loss {target_loss:g}", gid="reference:target")
         )
     # Marked once every line is drawn, so the words go to the side of the end with room.
-    not_reached = [_mark_end(ax, end_time, end_loss, method) for method, end_time, end_loss in not_reached]
+    marks, reasons = [], []
+    for method, end_time, end_loss, lowest_loss, reason in not_reached:
+        mark, text = _mark_end(ax, end_time, end_loss, lowest_loss, method, reason)
+        marks.append(mark)
+        reasons.append(text)
+    place_labels(ax, reasons, target)
+    if marks:
+        capped = all(f"stopped at {cap_words(cap_s)}" in text.get_text() for text in reasons)
+        add_not_reached_key(ax, f"{STOPPED_AT_CAP_TEXT} ({cap_words(cap_s).removeprefix('the ')})" if capped else None)
     ax.set_xlabel(f"wall-clock time ({unit})")
     ax.set_ylabel("training loss (nats/token)")
     ax.set_title(f"Loss vs wall-clock{rate_title_suffix(probability, rows)}")
     style_axes(ax)
     legend_outside(ax)
-    return {"lines": lines, "target": target, "not_reached": not_reached}
+    return {"lines": lines, "target": target, "not_reached": marks, "reasons": reasons}
 
 
 def _reached(method_rows: pd.DataFrame, target_loss: float | None, most_progress: float) -> bool:
@@ -100,20 +132,61 @@ def _reached(method_rows: pd.DataFrame, target_loss: float | None, most_progress
     return float(last["progress_iterations"]) >= most_progress - 1e-9
 
 
-def _mark_end(ax: Axes, end_time: float, loss: float, method: str) -> Artist:
-    """× at the end of a run that gave up before the target, and the words saying so."""
+def _why_not_reached(
+    method: str, method_rows: pd.DataFrame, runs: pd.DataFrame | None, rows: pd.DataFrame, replication: int,
+    cap_s: float | None, most_progress: float,
+) -> str:
+    """Why the run missed the target, in words drawn from its rows: stopped at the cap or not, how
+    many times its progress fell back and how far it got, and its largest badput category."""
+    progress = method_rows["progress_iterations"].to_numpy(dtype=float)
+    end_s = float(method_rows["time_s"].iloc[-1])
+    run = _run_row(runs, rows, method, replication)
+    run = run if run is not None and not bool(run["reached_target"]) else None  # a row that disagrees says nothing
+    capped = cap_s is not None and math.isfinite(cap_s) and end_s >= cap_s * (1.0 - 1e-6)
+    failures = f" after {int(run['num_failures']):,} failures" if run is not None and np.isfinite(float(run["num_failures"])) else ""
+    ended = f"stopped at {cap_words(cap_s)}" if capped else NOT_REACHED_TEXT
+    parts = [f"{method_label(method)}: {ended}{failures}"]
+    target_iterations = float(run["target_iterations"]) if run is not None and np.isfinite(float(run["target_iterations"])) else most_progress
+    setbacks = int(np.sum(np.diff(progress) < 0))
+    if setbacks:
+        parts.append(f"progress set back {setbacks:,} times, never past {progress.max():,.0f} of {target_iterations:,.0f} iterations")
+    if run is not None and float(run["wall_clock_s"]) > 0:
+        badput = {category: float(run[category]) for category in TIME_CATEGORIES if category != "goodput_s"}
+        largest = max(badput, key=badput.get)
+        share = badput[largest] / float(run["wall_clock_s"])
+        parts.append(f"{100 * share:.0f} % of its wall-clock went to {CATEGORY_DISPLAY_NAMES[largest]}")
+    return ";\n".join(parts)
+
+
+def _run_row(runs: pd.DataFrame | None, rows: pd.DataFrame, method: str, replication: int) -> pd.Series | None:
+    """The runs.csv row of the run drawn (same scenario, rate, method and replication), if given."""
+    if runs is None or runs.empty or not set(RUN_COLUMNS) <= set(runs.columns):
+        return None
+    match = (runs["method"].astype(str) == method) & (runs["replication"] == replication)
+    if "scenario" in rows.columns and not rows.empty:
+        match &= runs["scenario"].astype(str) == str(rows["scenario"].iloc[0])
+    rate = rate_axis(rows).column
+    if rate in rows.columns and rate in runs.columns and np.isfinite(rows[rate].astype(float)).any():
+        match &= np.isclose(runs[rate].astype(float), float(rows[rate].astype(float).iloc[0]), rtol=1e-9, atol=1e-12)
+    found = runs[match]
+    return found.iloc[0] if len(found) == 1 else None
+
+
+def _mark_end(ax: Axes, end_time: float, loss: float, lowest_loss: float, method: str, reason: str) -> tuple[Artist, Artist]:
+    """× at the end of a run that gave up before the target, and the reason beside it (under the
+    lowest point of its curve, on the side of the end with room)."""
     (mark,) = ax.plot(
         [end_time], [loss], linestyle="none", marker="x", markersize=10, markeredgewidth=2.5, color=method_color(method),
         gid=f"not_reached:{method}", label="_not_reached", zorder=4, clip_on=False,
     )  # fmt: skip
     low, high = ax.get_xlim()
     right_half = end_time > low + 0.5 * (high - low)
-    ax.annotate(
-        NOT_REACHED_TEXT, (end_time, loss), xytext=(-8 if right_half else 8, 8), textcoords="offset points",
-        ha="right" if right_half else "left", va="bottom",
-        fontsize=8.5, color=method_color(method), bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
+    text = ax.annotate(
+        reason, (end_time, min(loss, lowest_loss)), xytext=(-8 if right_half else 8, -6), textcoords="offset points",
+        ha="right" if right_half else "left", va="top", gid=f"reason:{method}",
+        fontsize=8, color=method_color(method), bbox=dict(boxstyle="round,pad=0.25", facecolor="white", edgecolor=method_color(method), alpha=0.9),
     )  # fmt: skip
-    return mark
+    return mark, text
 
 
 def _loss_curve(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

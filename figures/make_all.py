@@ -35,14 +35,14 @@ from churnsim.calibration.tables import (
     read_table,
 )
 
-from .badput import plot_badput_breakdown
+from .badput import plot_badput_breakdown, plot_goodput_share
 from .checkpoint_interval import plot_checkpoint_interval, plot_optimal_interval
 from .gantt import gantt_methods, plot_pipeline_gantt
 from .grid import grid_points
 from .loss import plot_loss_vs_wallclock
 from .selection import NothingToPlot
 from .setback_sensitivity import plot_setback_sensitivity, sensitivity_rates
-from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods, shared_legend_below
+from .style import FIGURE_DPI, FIGURE_RC, is_ablation, ordered_methods, shared_legend_below, split_ablations
 from .time_to_target import plot_speedup, plot_time_to_target
 from .validation import plot_validation
 
@@ -82,6 +82,10 @@ class _Context:
     """From the manifest: the field the what-if's rates set (None: the per-stage hourly probability)."""
     tuned_intervals: pd.DataFrame | None = None
     """tuned_intervals.csv, read once for every grid point's time-to-target figure; None without it."""
+    cap_s: float | None = None
+    """From the manifest: the wall-clock cap that stops a run short of the target (`target.max_wall_clock_s`)."""
+    runs: pd.DataFrame | None = None
+    """runs.csv, for the loss figure's reasons why a run missed the target; None without it."""
 
 
 MAX_COLUMNS = 3
@@ -98,55 +102,82 @@ def _loss(trajectories: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
     # Ablations crowd this figure (a random re-init saw-tooths across it); they stay in the others.
     headline = [method for method in ordered_methods(trajectories["method"].astype(str)) if not is_ablation(method)]
-    plot_loss_vs_wallclock(ax, trajectories, target_loss=context.target_loss, methods=headline or None)
+    plot_loss_vs_wallclock(ax, trajectories, target_loss=context.target_loss, methods=headline or None, runs=context.runs, cap_s=context.cap_s)
     return figure
 
 
 def _time_to_target(summary: pd.DataFrame, context: _Context) -> Figure:
-    figure, ax = _single()
-    plot_time_to_target(ax, summary, tuned=context.tuned_intervals)
+    contenders, ablations = split_ablations(summary["method"].astype(str))
+    if not ablations:
+        figure, ax = _single()
+        plot_time_to_target(ax, summary, tuned=context.tuned_intervals, cap_s=context.cap_s)
+        return figure
+    # Ablations in a panel of their own (same y axis), so that their bounds do not crowd the contenders.
+    figure = Figure(figsize=(13.0, 5.2), layout="constrained")
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, methods, title in ((axes[0], contenders, "Contenders"), (axes[1], ablations, "Ablations (and the no-failure run)")):
+        plot_time_to_target(ax, summary, methods=methods, tuned=context.tuned_intervals, cap_s=context.cap_s)
+        ax.set_title(f"Time to target vs failure rate: {title.lower()}" if ax is axes[0] else title)
+    _one_legend_below(figure, axes)
     return figure
 
 
 def _speedup(summary: pd.DataFrame, context: _Context) -> Figure:
-    figure = Figure(figsize=(11.0, 5.0), layout="constrained")
     baselines = speedup_baselines()
-    axes = figure.subplots(1, len(baselines), squeeze=False)[0]
+    contenders, ablations = split_ablations(summary["method"].astype(str))
+    groups = [contenders] + ([ablations] if ablations else [])
+    figure = Figure(figsize=(11.0, 4.6 * len(groups) + 0.6), layout="constrained")
+    grid = figure.subplots(len(groups), len(baselines), squeeze=False)
     reasons = []
-    for ax, baseline in zip(axes, baselines):
-        try:
-            plot_speedup(ax, summary, baseline=baseline)
-        except NothingToPlot as reason:
-            reasons.append(str(reason))
-            ax.set_axis_off()
-            ax.text(0.5, 0.5, f"no speed-up over {baseline}:\nno run of it reached the target", ha="center", va="center", transform=ax.transAxes)
-    if len(reasons) == len(baselines):
+    for row, methods in enumerate(groups):
+        for ax, baseline in zip(grid[row], baselines):
+            try:
+                plot_speedup(ax, summary, baseline=baseline, cap_s=context.cap_s, methods=[m for m in methods if m in set(summary["method"])])
+            except NothingToPlot as reason:
+                reasons.append(str(reason))
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"no speed-up over {baseline}:\nno run of it reached the target", ha="center", va="center", transform=ax.transAxes)
+            if row > 0 and ax.axison:
+                ax.set_title(f"Ablations over {ax.get_title().removeprefix('Speed-up over ')}")
+    if len(reasons) == grid.size:
         raise NothingToPlot("; ".join(reasons))
-    # One legend under both panels: inside either it would cover the curves.
+    _one_legend_below(figure, list(grid.ravel()))
+    return figure
+
+
+def _one_legend_below(figure: Figure, axes) -> None:
+    """One legend under all panels: inside any of them it would cover the curves."""
     for ax in axes:
         if ax.get_legend() is not None:
             ax.get_legend().remove()
     shared_legend_below(figure, axes)
-    return figure
 
 
 def _badput(runs: pd.DataFrame, context: _Context) -> Figure:
-    figure = Figure(figsize=(13.0, 4.8), layout="constrained")
-    hours, shares = figure.subplots(1, 2)
-    plot_badput_breakdown(hours, runs, as_fraction=False, legend=False)
-    plot_badput_breakdown(shares, runs, as_fraction=True)
+    figure = Figure(figsize=(13.0, 8.0), layout="constrained")
+    panels = figure.subplot_mosaic([["hours", "shares"], ["goodput", "goodput"]], height_ratios=[1.6, 1.0])
+    plot_badput_breakdown(panels["hours"], runs, as_fraction=False, legend=False, cap_s=context.cap_s)
+    plot_badput_breakdown(panels["shares"], runs, as_fraction=True, cap_s=context.cap_s)
+    plot_goodput_share(panels["goodput"], runs, cap_s=context.cap_s)
+    # The cap line is drawn in the hours panel; its legend entry joins the shares panel's.
+    legend = panels["shares"].get_legend()
+    cap_lines = [line for line in panels["hours"].get_lines() if line.get_gid() == "reference:cap"]
+    if legend is not None and cap_lines:
+        handles, labels = legend.legend_handles, [text.get_text() for text in legend.get_texts()]
+        legend.remove()
+        panels["shares"].legend([*handles, cap_lines[0]], [*labels, cap_lines[0].get_label()], loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     return figure
 
 
 def _checkpoint_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting)
+    plot_checkpoint_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting, cap_s=context.cap_s)
     return figure
 
 
 def _optimal_interval(intervals: pd.DataFrame, context: _Context) -> Figure:
     figure, ax = _single()
-    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting)
+    plot_optimal_interval(ax, intervals, failure_probability=context.interval_study_rate, rate_setting=context.rate_setting, cap_s=context.cap_s)
     return figure
 
 
@@ -179,7 +210,7 @@ def _setback_sensitivity(table: pd.DataFrame, context: _Context) -> Figure:
     crossovers = read_table(crossovers_path, CROSSOVER_COLUMNS) if crossovers_path is not None else None
     figure, axes = _panels(len(rates), width=4.3, height=3.9)
     for ax, rate in zip(axes, rates):
-        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers, legend=False)
+        plot_setback_sensitivity(ax, table, failure_probability=None if math.isnan(rate) else rate, crossovers=crossovers, legend=False, cap_s=context.cap_s)
     shared_legend_below(figure, axes)
     return figure
 
@@ -312,6 +343,8 @@ def _context(directory: Path) -> _Context:
         interval_study_rate=math.nan if interval_study_rate is None else interval_study_rate,
         rate_setting=manifest.get("rate_setting") if isinstance(manifest.get("rate_setting"), str) else None,
         tuned_intervals=read_table(tuned_path, TUNED_INTERVAL_COLUMNS) if tuned_path is not None else None,
+        cap_s=_finite_or_none(target.get("max_wall_clock_s")),
+        runs=read_table(runs_path, RUN_COLUMNS) if (runs_path := _find_table(directory, ("runs",))) is not None else None,
     )
 
 

@@ -1,14 +1,23 @@
 """One look for every figure: a fixed colour, marker and display name per method, and readable defaults.
 
-Colours are the Okabe–Ito palette (distinguishable with the common colour-vision deficiencies); the
-markers differ too, so a figure still reads in grayscale. A method keeps its colour and marker in
-every figure, whichever subset of methods a table holds. Display names and line styles come from
-the methods' traits (calibration/methods.py); a method without a palette entry gets a spare look.
+Contenders take the Okabe–Ito palette (Okabe & Ito, "Color Universal Design", 2008), chosen so
+that no two sit close under deuteranopia or protanopia (the test simulates both); ablations take
+three of Paul Tol's colours and are drawn thin and translucent, so that the contenders stand out.
+Markers differ too, so a figure still reads in grayscale. A method keeps its colour and marker in
+every figure, whichever subset of methods a table holds. Display names, line styles and which
+methods are ablations come from the methods' traits (calibration/methods.py); a method without a
+palette entry gets a spare look.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, MethodConfigBase
 from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
@@ -17,24 +26,25 @@ FIGURE_DPI = 150
 
 METHOD_COLORS: dict[str, str] = {
     "none": "#000000",
-    "checkpoint": "#E69F00",
-    "async_checkpoint": "#56B4E9",
-    "redundant": "#009E73",
-    "checkfree": "#0072B2",
-    "checkfree_plus": "#D55E00",
-    "copy": "#CC79A7",
-    "uniform": "#7F7F7F",
-    "random": "#8C564B",
+    "checkpoint": "#E69F00",  # orange
+    "async_checkpoint": "#56B4E9",  # sky blue
+    "redundant": "#009E73",  # bluish green
+    "checkfree": "#0072B2",  # blue
+    "checkfree_plus": "#CC79A7",  # reddish purple: not beside the orange, as vermilion would be
+    "copy": "#999933",  # Tol's olive
+    "uniform": "#332288",  # Tol's indigo
+    "random": "#882255",  # Tol's wine
 }
 
+# Up and down triangles are kept for bounds (BOUND_MARKERS), so no method has one.
 METHOD_MARKERS: dict[str, str] = {
     "none": ".",
     "checkpoint": "s",
     "async_checkpoint": "D",
-    "redundant": "^",
+    "redundant": "h",
     "checkfree": "o",
     "checkfree_plus": "P",
-    "copy": "v",
+    "copy": "p",
     "uniform": "<",
     "random": "X",
 }
@@ -67,14 +77,15 @@ CATEGORY_DISPLAY_NAMES: dict[str, str] = {
     "convergence_setback_s": "convergence setback",
 }
 
-# Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv.
+# Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv: compute kinds in Paul
+# Tol's bright scheme (apart under deuteranopia and protanopia), communication in greys.
 SPAN_KIND_COLORS: dict[str, str] = {
-    "forward": "#4C72B0",
-    "backward": "#DD8452",
-    "redundant_forward": "#8172B3",
-    "allreduce": "#55A868",
-    "optimizer": "#C44E52",
-    "checkpoint": "#937860",
+    "forward": "#4477AA",
+    "backward": "#CCBB44",
+    "redundant_forward": "#66CCEE",
+    "allreduce": "#228833",
+    "optimizer": "#AA3377",
+    "checkpoint": "#EE6677",
     "send": "#6F6F6F",
     "receive": "#A0A0A0",
     "send_wait": "#D0D0D0",
@@ -121,20 +132,63 @@ def method_label(method: str) -> str:
     return traits.label if traits is not None else method
 
 
+def is_reference(method: str) -> bool:
+    """The no-failure run (trait family 'reference'): a bound to read the others against."""
+    traits = _traits(method)
+    return traits is not None and traits.family == "reference"
+
+
+def split_ablations(methods) -> tuple[list[str], list[str]]:
+    """(contenders, ablations) in the fixed order; the reference run goes with the contenders, and
+    with the ablations too (for scale) when there are any."""
+    ordered = ordered_methods(methods)
+    ablations = [method for method in ordered if is_ablation(method)]
+    contenders = [method for method in ordered if not is_ablation(method)]
+    if ablations:
+        ablations = [method for method in contenders if is_reference(method)] + ablations
+    return contenders, ablations
+
+
 def is_ablation(method: str) -> bool:
     traits = _traits(method)
     return traits is not None and traits.ablation
 
 
+ABLATION_ALPHA = 0.45
+"""Opacity of an ablation's lines, markers and bars: present for the curious, quiet beside the contenders."""
+ABLATION_TEXT_ALPHA = 0.8
+"""Opacity of an ablation's labels: lighter than a contender's, still readable."""
+ABLATION_LINEWIDTH = 1.0
+BAND_ALPHA = 0.2
+ABLATION_BAND_ALPHA = 0.06
+
+
+def method_alpha(method: str) -> float:
+    return ABLATION_ALPHA if is_ablation(method) else 1.0
+
+
+def text_alpha(method: str) -> float:
+    return ABLATION_TEXT_ALPHA if is_ablation(method) else 1.0
+
+
+def band_alpha(method: str) -> float:
+    """Opacity of a method's 95 % band (an ablation's barely shows, so it does not cover a contender's)."""
+    return ABLATION_BAND_ALPHA if is_ablation(method) else BAND_ALPHA
+
+
 def method_style(method: str) -> dict[str, object]:
-    """Keyword arguments for `Axes.plot` that give `method` its fixed look and legend label."""
-    return dict(
+    """Keyword arguments for `Axes.plot` that give `method` its fixed look and legend label; an
+    ablation's (trait `ablation`) is thin and translucent and sits under the contenders."""
+    style: dict[str, object] = dict(
         color=method_color(method),
         marker=method_marker(method),
         linestyle=method_linestyle(method),
         label=method_label(method),
         gid=method,
     )
+    if is_ablation(method):
+        style |= dict(alpha=ABLATION_ALPHA, linewidth=ABLATION_LINEWIDTH, markersize=4.0, zorder=1.5)
+    return style
 
 
 def ordered_methods(methods) -> list[str]:
@@ -221,6 +275,172 @@ def make_room_for_not_reached(ax: Axes, rows: int) -> None:
     ax.axhline(high, color="#BBBBBB", linewidth=0.8, linestyle="-", zorder=0.5, gid="not_reached_rule")
 
 
-def add_not_reached_key(ax: Axes) -> None:
+def add_not_reached_key(ax: Axes, words: str | None = None) -> None:
     """One legend entry for every × of `mark_not_reached` (their colour names the method)."""
-    ax.plot([], [], linestyle="none", marker="x", markersize=8, markeredgewidth=2.0, color="#444444", label=f"× {NOT_REACHED_TEXT}")
+    ax.plot([], [], linestyle="none", marker="x", markersize=8, markeredgewidth=2.0, color="#444444", label=f"× {words or NOT_REACHED_TEXT}")
+
+
+def cap_words(cap_s: float | None) -> str:
+    """'the 720 h cap' for a wall-clock cap (`target.max_wall_clock_s`), or 'the wall-clock cap' when unknown."""
+    if cap_s is None or not math.isfinite(cap_s):
+        return "the wall-clock cap"
+    if cap_s >= 2 * 3600.0:
+        return f"the {cap_s / 3600.0:.0f} h cap"
+    if cap_s >= 120.0:
+        return f"the {cap_s / 60.0:.0f} min cap"
+    return f"the {cap_s:.0f} s cap"
+
+
+STOPPED_AT_CAP_TEXT = "stopped at cap"
+"""The legend's words for a run that the wall-clock cap ended before it reached the target."""
+
+BOUND_MARKERS = {"at_least": "^", "at_most": "v"}
+"""Open triangles pointing the way the truth lies from a bound: up for 'at least', down for 'at most'."""
+
+
+def add_bound_key(ax: Axes, direction: str, cap_s: float | None) -> None:
+    """One legend entry for every bound triangle of `draw_bound`."""
+    words = "at least" if direction == "at_least" else "at most"
+    ax.plot(
+        [], [], linestyle="none", marker=BOUND_MARKERS[direction], markersize=7, markerfacecolor="none",
+        markeredgecolor="#444444", markeredgewidth=1.4, label=f"{words}: some runs {STOPPED_AT_CAP_TEXT}\n({cap_words(cap_s)}) before the target",
+    )  # fmt: skip
+
+
+# Label placement ------------------------------------------------------------------------------
+
+LABEL_PAD_PX = 2.0
+
+
+class LabelPlacer(Artist):
+    """Keeps the annotations it is given apart: at every draw, after the layout is final and before
+    the labels are drawn (its zorder is just under theirs), it measures them with the renderer and
+    moves each label vertically, lowest first, until its box overlaps neither a label placed
+    before it nor a horizontal reference line (`reference_lines`), within the axes. Labels start
+    from their own offsets at every draw, so saving twice places them the same way."""
+
+    def __init__(self, ax: Axes, labels: list, reference_lines: list | None = None, markers: list | None = None):
+        super().__init__()
+        self.axes_of_labels = ax
+        self.labels = list(labels)
+        self.reference_lines = list(reference_lines or [])
+        self.markers = list(markers or [])
+        self.home = [label.xyann for label in self.labels]
+        for label in self.labels:
+            label.set_in_layout(False)  # the layout must not depend on where they end up
+        self.set_zorder(min((label.get_zorder() for label in self.labels), default=3.0) - 0.01)
+        self.set_in_layout(False)
+
+    def add_label(self, label) -> None:
+        label.set_in_layout(False)
+        self.labels.append(label)
+        self.home.append(label.xyann)
+
+    def draw(self, renderer) -> None:
+        for label, home in zip(self.labels, self.home):
+            label.xyann = home
+        frame = self.axes_of_labels.get_window_extent(renderer)
+        points_per_pixel = 1.0 / renderer.points_to_pixels(1.0)
+        obstacles = [(line_y, x0, x1) for line_y, x0, x1 in self._reference_rows(renderer)]
+        placed: list = self._marker_boxes(renderer)
+        visible = [label for label in self.labels if label.get_visible() and label.get_text()]
+        for label in sorted(visible, key=lambda text: _text_box(text, renderer).y0):
+            box = _text_box(label, renderer)
+            shift = _free_shift(box, placed, obstacles, frame)
+            if shift:
+                dx, dy = label.xyann
+                label.xyann = (dx, dy + shift * points_per_pixel)
+                box = _text_box(label, renderer)
+            placed.append(box)
+        self.stale = False
+
+    def _marker_boxes(self, renderer) -> list:
+        """A box around every marker of `markers` (Line2D), which labels keep clear of too."""
+        boxes = []
+        for line in self.markers:
+            half = renderer.points_to_pixels(line.get_markersize()) / 2.0
+            for x, y in line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()])):
+                if np.isfinite(x) and np.isfinite(y):
+                    boxes.append(Bbox([[x - half, y - half], [x + half, y + half]]))
+        return boxes
+
+    def _reference_rows(self, renderer) -> list[tuple[float, float, float]]:
+        """(y, x0, x1) in display pixels of every horizontal reference line."""
+        rows = []
+        for line in self.reference_lines:
+            if not line.get_visible():
+                continue
+            path = line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
+            if len(path) and np.ptp(path[:, 1]) < 0.5:
+                rows.append((float(path[0, 1]), float(path[:, 0].min()), float(path[:, 0].max())))
+        return rows
+
+
+def _text_box(label, renderer):
+    """The box of a label's words (an Annotation's own extent also spans its leader line)."""
+    if hasattr(label, "update_positions"):
+        label.update_positions(renderer)  # where its offset puts it now
+    return Text.get_window_extent(label, renderer)
+
+
+def _blocks(box, y0: float, placed: list, obstacles: list) -> float | None:
+    """The top of whatever the box moved to bottom `y0` would overlap, else None."""
+    y1 = y0 + box.height
+    for other in placed:
+        if other.x0 < box.x1 and box.x0 < other.x1 and other.y0 < y1 + LABEL_PAD_PX and y0 - LABEL_PAD_PX < other.y1:
+            return other.y1 + LABEL_PAD_PX
+    for line_y, x0, x1 in obstacles:
+        if x0 < box.x1 and box.x0 < x1 and y0 - LABEL_PAD_PX < line_y < y1 + LABEL_PAD_PX:
+            return line_y + LABEL_PAD_PX
+    return None
+
+
+def _blocks_below(box, y1: float, placed: list, obstacles: list) -> float | None:
+    """The bottom of whatever the box moved to top `y1` would overlap, else None."""
+    y0 = y1 - box.height
+    for other in placed:
+        if other.x0 < box.x1 and box.x0 < other.x1 and other.y0 < y1 + LABEL_PAD_PX and y0 - LABEL_PAD_PX < other.y1:
+            return other.y0 - LABEL_PAD_PX
+    for line_y, x0, x1 in obstacles:
+        if x0 < box.x1 and box.x0 < x1 and y0 - LABEL_PAD_PX < line_y < y1 + LABEL_PAD_PX:
+            return line_y - LABEL_PAD_PX
+    return None
+
+
+def _free_shift(box, placed: list, obstacles: list, frame) -> float:
+    """The smallest vertical move (pixels) to a place free of `placed` boxes and `obstacles`, up or
+    down, whichever is shorter and stays inside the axes (up when neither does)."""
+    y0 = box.y0
+    for _ in range(len(placed) + len(obstacles) + 1):
+        top = _blocks(box, y0, placed, obstacles)
+        if top is None:
+            break
+        y0 = top
+    up = y0 - box.y0
+    y1 = box.y1
+    for _ in range(len(placed) + len(obstacles) + 1):
+        bottom = _blocks_below(box, y1, placed, obstacles)
+        if bottom is None:
+            break
+        y1 = bottom
+    down = y1 - box.y1
+    up_fits = box.y1 + up <= frame.y1
+    down_fits = box.y0 + down >= frame.y0
+    if up_fits and (not down_fits or up <= -down):
+        return up
+    return down if down_fits else up
+
+
+def place_labels(ax: Axes, labels: list, reference_lines: list | None = None, markers: list | None = None) -> LabelPlacer | None:
+    """Keep `labels` (annotations with offsets in points) apart from each other, off the horizontal
+    `reference_lines` and clear of the points of `markers` at every draw (`LabelPlacer`). Returns
+    the placer, or None without labels."""
+    if not labels:
+        return None
+    placer = LabelPlacer(ax, labels, reference_lines, markers)
+    ax.add_artist(placer)
+    return placer
+
+
+LABEL_BACKGROUND = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.75)
+"""Behind a data label, so that a line passing under it does not strike it through."""
