@@ -1,11 +1,13 @@
 """The scenario file's JSON Schema, as published in the docs (`docs/reference/scenario.schema.json`).
 
-pydantic writes the schema. Two things are added here, at generation time only, so that importing
+pydantic writes the schema. A few things are added here, at generation time only, so that importing
 the models stays as fast as it is:
 - a field's description is its attribute docstring (the `\"\"\"...\"\"\"` under the field), which
   pydantic reads only with `use_attribute_docstrings`, a source parse on every import;
 - `methods` lists every registered method config, selected by `name` (the models validate it
-  through the open registry, which pydantic cannot see into).
+  through the open registry, which pydantic cannot see into);
+- a bandwidth may be "Infinity" (unlimited), and a value the models convert on the way in is
+  described in the shape files hold.
 
 Refresh the published file with `python -m churnsim.calibration.scenario_schema docs/reference/scenario.schema.json`.
 """
@@ -65,12 +67,32 @@ def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
 class _DescribedFields(GenerateJsonSchema):
     """pydantic's generator, with every field's attribute docstring as its description."""
 
+    def function_before_schema(self, schema: Any) -> Any:
+        # A value converted on the way in and written back in another shape (`SecondsByMethod`: a
+        # tuple of pairs in Python, an object in files) is described by the shape files hold.
+        return_schema = (schema.get("serialization") or {}).get("return_schema")
+        if self.mode == "validation" and return_schema is not None:
+            return self.generate_inner(return_schema)
+        return super().function_before_schema(schema)
+
+    def default_schema(self, schema: Any) -> Any:
+        json_schema = super().default_schema(schema)
+        inner = schema["schema"]
+        serializer = (inner.get("serialization") or {}) if inner.get("type") == "function-before" else {}
+        if "default" in json_schema and serializer.get("type") == "function-plain" and not serializer.get("info_arg"):
+            json_schema["default"] = serializer["function"](schema["default"])  # the default as files hold it
+        return json_schema
+
     def model_schema(self, schema: Any) -> Any:
         json_schema = super().model_schema(schema)
         model = schema["cls"]
         target = self.get_schema_from_definitions(json_schema) if "$ref" in json_schema else json_schema
         docstrings = attribute_docstrings(model)
-        for name, field_schema in (target or {}).get("properties", {}).items():
+        properties = (target or {}).get("properties", {})
+        for name, field_schema in properties.items():
+            if "bandwidth" in name and field_schema.get("type") == "number":
+                properties[name] = _unlimited_allowed(field_schema)
+        for name, field_schema in properties.items():
             if "description" in field_schema:
                 continue
             if name in docstrings:
@@ -78,6 +100,14 @@ class _DescribedFields(GenerateJsonSchema):
             elif name in ("kind", "name") and "const" in field_schema:  # the tag (`kind`, `name`) that selects this model in a union
                 field_schema["description"] = f"Selects this {model.__name__}: always `{field_schema['const']}`."
         return json_schema
+
+
+def _unlimited_allowed(field_schema: dict[str, Any]) -> dict[str, Any]:
+    """A bandwidth may be unlimited, written "Infinity" in a file (the one kind of number that may
+    be infinite, `base.first_non_finite_number`); pydantic's schema says only `number`."""
+    annotations = {key: field_schema[key] for key in ("default", "description", "title") if key in field_schema}
+    number = {key: value for key, value in field_schema.items() if key not in annotations}
+    return {"anyOf": [number, {"const": "Infinity"}], **annotations}
 
 
 def _published_model() -> type[BaseModel]:
