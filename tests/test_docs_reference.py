@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from churnsim.calibration.methods import METHOD_CONFIGS
@@ -46,7 +47,6 @@ def test_schema_is_strict_json_and_lists_every_registered_method():
 
 
 def test_every_preset_is_valid_under_the_published_schema():
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
     validator = jsonschema.Draft202012Validator(scenario_json_schema())
     for name in PRESETS:
         document = json.loads(preset(name).model_dump_json())
@@ -55,7 +55,6 @@ def test_every_preset_is_valid_under_the_published_schema():
 
 
 def test_schema_rejects_what_the_models_reject():
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
     validator = jsonschema.Draft202012Validator(scenario_json_schema())
     document = json.loads(preset(next(iter(PRESETS))).model_dump_json())
     assert not list(validator.iter_errors(document))
