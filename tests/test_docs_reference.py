@@ -118,13 +118,13 @@ def test_reports_index_lists_the_latest_report_of_each_benchmark_first(tmp_path)
     reports = [
         _write_report(tmp_path, "2026-01-05-sim-run-speed.md", "Simulator speed, January"),
         _write_report(tmp_path, "2026-03-01-sim-run-speed.md", "Simulator speed, March"),
-        _write_report(tmp_path, "2026-02-10-calibrate-and-validate.md", "Calibrate and validate"),
+        _write_report(tmp_path, "2026-02-10-calibrate-and-validate.md", "Calibrate and validate, 2026-02-10"),
         _write_report(tmp_path, "2025-12-31-sim-run-speed.md", "Simulator speed, December"),
     ]
     page = index.reports_index_markdown(reports)
     rows = [line for line in page.splitlines() if line.startswith("| `")]
     assert rows == [
-        "| `calibrate-and-validate` | [2026-02-10: Calibrate and validate](2026-02-10-calibrate-and-validate.md) | — |",
+        "| `calibrate-and-validate` | [Calibrate and validate, 2026-02-10](2026-02-10-calibrate-and-validate.md) | — |",
         "| `sim-run-speed` | [2026-03-01: Simulator speed, March](2026-03-01-sim-run-speed.md) | "
         "[2026-01-05](2026-01-05-sim-run-speed.md), [2025-12-31](2025-12-31-sim-run-speed.md) |",
     ]

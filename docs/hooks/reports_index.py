@@ -57,6 +57,7 @@ def reports_index_markdown(paths: list[Path]) -> str:
     for benchmark, reports in grouped:
         (latest_date, latest), earlier = reports[0], reports[1:]
         title = report_title(latest).replace("|", "\\|")
+        shown = title if latest_date in title else f"{latest_date}: {title}"
         earlier_links = ", ".join(f"[{date}]({path.name})" for date, path in earlier) or "—"
-        lines.append(f"| `{benchmark}` | [{latest_date}: {title}]({latest.name}) | {earlier_links} |")
+        lines.append(f"| `{benchmark}` | [{shown}]({latest.name}) | {earlier_links} |")
     return "\n".join([*lines, ""])
