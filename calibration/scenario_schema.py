@@ -76,6 +76,11 @@ class _DescribedFields(GenerateJsonSchema):
         return super().function_before_schema(schema)
 
     def default_schema(self, schema: Any) -> Any:
+        if "default_factory" in schema and not schema.get("default_factory_takes_data"):
+            # pydantic leaves a factory's default out of the schema; a file without the field gets
+            # what the factory makes (e.g. the documented setbacks), so that is its default.
+            schema = {**schema, "default": schema["default_factory"]()}
+            schema.pop("default_factory")
         json_schema = super().default_schema(schema)
         inner = schema["schema"]
         serializer = (inner.get("serialization") or {}) if inner.get("type") == "function-before" else {}

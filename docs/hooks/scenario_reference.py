@@ -114,9 +114,11 @@ def default_markdown(name: str, schema: dict[str, Any], required: set[str]) -> s
     if name in required:
         return "required"
     if "default" not in schema:
-        return "computed"  # a default factory, e.g. the methods' documented setbacks
+        return "computed"
     text = json.dumps(schema["default"], ensure_ascii=False)
-    return f"`{text}`" if len(text) <= 60 else "see the model's defaults"
+    if len(text) <= 60:
+        return f"`{text}`"
+    return "each field's default" if "$ref" in schema else "long: see [scenario.schema.json](scenario.schema.json)"
 
 
 def reachable_definitions(schema: dict[str, Any]) -> list[tuple[str, list[str]]]:
