@@ -5,10 +5,14 @@ The convention (also in the docs' contributing notes):
 - ```` ```bash ```` (or `sh`, `shell`): every command runs through bash (`-e -o pipefail`) in one
   temporary working directory per page, the page's blocks in order; output not checked.
 - ```` ```console ````: each `$ command` line runs (a line ending in `\\` continues on the next) and
-  what it prints, stdout and stderr together, is compared with the lines shown under it. A line
-  `...` stands for any number of lines, `...` inside a line for any text; trailing whitespace and
-  trailing blank lines are ignored. `--update-examples` rewrites shown output that no longer matches.
-- ```` ```python ````: executed in the page's working directory, the page's blocks in one namespace.
+  the lines shown under it are compared with what it prints on stdout, or on stdout with its stderr
+  before or after (an error or a warning; progress messages need not be shown). A line `...` stands
+  for any number of lines, `...` inside a line for any text; trailing whitespace and trailing blank
+  lines are ignored. `--update-examples` rewrites shown output that no longer matches, with stdout
+  (and stderr after it when the command fails).
+- ```` ```python ````: executed in the page's working directory, a page's blocks in order in one
+  namespace, in a Python process of the page's own (what an example registers stays out of the
+  test session).
 - Other languages (`text`, `json`, `yaml`, ...) are shown only.
 - `<!-- example: skip reason="..." -->` just above a block leaves it out; `pip install ...` (treated
   as already satisfied) and runs of this test suite (`python -m pytest`, which would run itself) are
@@ -21,11 +25,13 @@ other multi-process tests are; a plain `python -m pytest` runs them too.
 from __future__ import annotations
 
 import doctest
+import json
 import os
 import re
+import select
 import subprocess
 import sys
-import traceback
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -223,11 +229,14 @@ def run_console(block: Block, workdir: Path, update: bool, replacements: list[tu
     """Run each `$ ` command and check its output; with `update`, note the new output of a command
     whose output no longer matches (file line range, new lines) instead of failing."""
     for command in console_commands(block):
-        result = _shell(command.command, workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        printed = result.stdout.splitlines()
+        result = _shell(command.command, workdir, capture_output=True)
         shown = list(block.lines[command.output_start : command.output_end])
-        if output_matches(shown, printed):
+        # A page shows what the command prints on stdout, or that with what it says on stderr
+        # (an error, a warning) before or after it; progress on stderr need not be shown.
+        stdout, stderr = result.stdout.splitlines(), result.stderr.splitlines()
+        if any(output_matches(shown, printed) for printed in (stdout, stdout + stderr, stderr + stdout)):
             continue
+        printed = stdout if result.returncode == 0 else stdout + stderr
         first_line = block.line + 1 + command.offset
         if update:
             start, end = block.line + command.output_start, block.line + command.output_end  # 0-based file lines
@@ -236,19 +245,70 @@ def run_console(block: Block, workdir: Path, update: bool, replacements: list[tu
         raise AssertionError(
             f"{_shown_path(block.page)}:{first_line}: `$ {command.command}` (exit code {result.returncode}) printed something else than "
             f"the page shows (refresh with `python -m pytest tests/test_docs_examples.py --update-examples`)\n"
-            f"--- shown ---\n" + "\n".join(shown) + "\n--- printed ---\n" + _tail(result.stdout)
+            f"--- shown ---\n" + "\n".join(shown) + f"\n--- stdout ---\n{_tail(result.stdout)}\n--- stderr ---\n{_tail(result.stderr)}"
         )
 
 
-def run_python(block: Block, namespace: dict, workdir: Path) -> None:
-    previous = Path.cwd()
-    os.chdir(workdir)
+# A page's python blocks run in one Python process of their own, in order and in one namespace, so
+# that what an example registers or changes (a method registry, a global setting) stays out of the
+# test session. The blocks' own output goes to a file; the protocol uses the process's stdout.
+PYTHON_SESSION = r"""
+import json, os, sys, traceback
+replies = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)  # the examples' own prints (and their child processes') go to the log, not the replies
+sys.stdout = sys.stderr
+namespace = {"__name__": "__main__"}
+for request in sys.stdin:
+    request = json.loads(request)
     try:
-        exec(compile("\n".join(block.lines) + "\n", block.where, "exec"), namespace)
-    except Exception:
-        raise AssertionError(f"{block.where}: python example failed\n{traceback.format_exc()}") from None
-    finally:
-        os.chdir(previous)
+        exec(compile(request["source"], request["where"], "exec"), namespace)
+        reply = {"ok": True}
+    except BaseException:
+        reply = {"ok": False, "traceback": traceback.format_exc()}
+    sys.stderr.flush()
+    replies.write(json.dumps(reply) + "\n")
+    replies.flush()
+"""
+
+
+class PythonSession:
+    """The Python process of one page's python blocks, started at its first block."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.process: subprocess.Popen | None = None
+        descriptor, log = tempfile.mkstemp(prefix="docs-example-python-", suffix=".log")  # outside the page's directory
+        os.close(descriptor)
+        self.log = Path(log)
+
+    def run(self, block: Block) -> None:
+        if self.process is None:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", PYTHON_SESSION], cwd=self.workdir, env=example_environment(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+            )
+        source = "\n".join(block.lines) + "\n"
+        self.process.stdin.write(json.dumps({"source": source, "where": block.where}) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], COMMAND_TIMEOUT_S)
+        if not ready:
+            self.process.kill()
+            raise AssertionError(f"{block.where}: python example still running after {COMMAND_TIMEOUT_S} s")
+        reply_line = self.process.stdout.readline()
+        reply = json.loads(reply_line) if reply_line else {"ok": False, "traceback": "the Python process ended"}
+        if not reply["ok"]:
+            raise AssertionError(f"{block.where}: python example failed\n{reply['traceback']}\n--- output ---\n{_tail(self.log.read_text())}")
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process.stdout.close()
+        self.log.unlink(missing_ok=True)
 
 
 def apply_replacements(page: Path, indent_by_start: dict[int, str], replacements: list[tuple[int, int, list[str]]]) -> None:
@@ -261,27 +321,30 @@ def apply_replacements(page: Path, indent_by_start: dict[int, str], replacements
 
 def run_page(page: Path, workdir: Path, not_run: list[str], update: bool = False) -> int:
     """Run every example of `page` in `workdir`, in order; returns how many blocks ran."""
-    namespace: dict = {"__name__": "__docs_example__"}
+    python = PythonSession(workdir)
     replacements: list[tuple[int, int, list[str]]] = []
     indents: dict[int, str] = {}
     ran = 0
-    for block in extract_blocks(page):
-        if not runnable(block):
-            continue
-        if block.skip_reason:
-            not_run.append(f"{block.where}: {block.skip_reason}")
-            continue
-        kind = LANGUAGES[block.language]
-        if kind == "bash":
-            run_bash(block, workdir, not_run)
-        elif kind == "console":
-            before = len(replacements)
-            run_console(block, workdir, update, replacements)
-            for start, _, _ in replacements[before:]:
-                indents[start] = block.indent
-        else:
-            run_python(block, namespace, workdir)
-        ran += 1
+    try:
+        for block in extract_blocks(page):
+            if not runnable(block):
+                continue
+            if block.skip_reason:
+                not_run.append(f"{block.where}: {block.skip_reason}")
+                continue
+            kind = LANGUAGES[block.language]
+            if kind == "bash":
+                run_bash(block, workdir, not_run)
+            elif kind == "console":
+                before = len(replacements)
+                run_console(block, workdir, update, replacements)
+                for start, _, _ in replacements[before:]:
+                    indents[start] = block.indent
+            else:
+                python.run(block)
+            ran += 1
+    finally:
+        python.close()
     if replacements:
         apply_replacements(page, indents, replacements)
     return ran
@@ -393,3 +456,29 @@ def test_skips_pip_install_and_the_test_suite_are_reported(tmp_path):
         f'{page}:7: `pip install -e ".[test]"`: pip install (taken as already satisfied)',
         f"{page}:7: `python -m pytest`: runs the test suite that runs this example",
     ]
+
+
+def test_python_examples_run_apart_from_the_test_session(tmp_path):
+    import churnsim.calibration.methods as methods
+
+    page = _page(
+        tmp_path,
+        "```python\nimport churnsim.calibration.methods as methods\nmethods.METHOD_CONFIGS['leaked'] = None\nprint('to the log')\n```\n\n"
+        "```python\nassert 'leaked' in methods.METHOD_CONFIGS\nraise ValueError('second block')\n```\n",
+    )
+    with pytest.raises(AssertionError, match=r"(?s)page\.md:7: python example failed\n.*ValueError: second block.*--- output ---\nto the log"):
+        run_page(page, tmp_path, [])
+    assert "leaked" not in methods.METHOD_CONFIGS
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["page.md"]  # nothing of the runner's in the page's directory
+
+
+def test_console_blocks_may_show_stderr_but_need_not_show_progress(tmp_path):
+    page = _page(
+        tmp_path,
+        "```console\n$ sh -c 'echo working >&2; echo answer'\nanswer\n$ sh -c 'echo \"churnsim: error: bad\" >&2; exit 2'\n"
+        "churnsim: error: bad\n```\n",
+    )
+    assert run_page(page, tmp_path, []) == 1
+    wrong = _page(tmp_path, "```console\n$ sh -c 'echo answer; echo warning: few >&2'\nanswer\nwarning: many\n```\n")
+    with pytest.raises(AssertionError, match=r"(?s)page\.md:2: .*--- stderr ---\nwarning: few"):
+        run_page(wrong, tmp_path, [])
