@@ -151,3 +151,8 @@ def test_the_hook_adds_the_generated_pages_gallery_and_reports(tmp_path, monkeyp
     assert "[2026-01-05: Simulator speed](2026-01-05-sim-run-speed.md)" in files.get_file_from_path("reports/index.md").content_string
     assert not any(uri.startswith("hooks/") for uri in uris if files.get_file_from_path(uri).inclusion.is_included())
 
+
+
+def test_readme_is_at_most_250_lines():
+    lines = (REPOSITORY / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; keep it to {README_MAX_LINES} and move the rest to docs/"
