@@ -1,11 +1,12 @@
 """The Python API: the main jobs of the command line as functions that return pandas DataFrames and
 write nothing (for notebooks and scripts).
 
-    from churnsim import api
-
-    result = api.whatif("checkfree-124m-geo-10pct", failure_rates=[0.1, 0.33], replications=3)
-    result.summary                    # one row per failure rate × method, 95 % intervals
-    result.verdict.points[-1].winner  # 'checkfree'
+    >>> from churnsim import api
+    >>> result = api.whatif("checkfree-124m-geo-10pct", failure_rates=[0.1, 0.33], replications=3)
+    >>> len(result.summary)  # one row per failure rate × method, with 95 % intervals
+    18
+    >>> result.verdict.points[-1].winner  # the method first to the target at 0.33 failures per stage-hour
+    'async_checkpoint'
 
 Every function takes a scenario as a `Scenario`, a preset name (`churnsim presets`) or the path of a
 scenario JSON file; bad input raises `churnsim.calibration.errors.InputError` with the one-line

@@ -27,3 +27,29 @@ def _assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str)
 @pytest.fixture
 def assert_one_line_error():
     return _assert_one_line_error
+
+
+_EXAMPLES_NOT_RUN = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-examples",
+        action="store_true",
+        default=False,
+        help="tests/test_docs_examples.py: rewrite the shown output of console blocks in README.md and docs/ with what the commands print now",
+    )
+
+
+@pytest.fixture
+def examples_not_run(request) -> list:
+    """Where tests/test_docs_examples.py notes each example it did not run, with the reason; listed at the end of the run."""
+    return request.config.stash.setdefault(_EXAMPLES_NOT_RUN, [])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    not_run = config.stash.get(_EXAMPLES_NOT_RUN, [])
+    if not_run:
+        terminalreporter.section("docs examples not run")
+        for line in not_run:
+            terminalreporter.write_line(line)
