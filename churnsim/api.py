@@ -5,7 +5,7 @@ write nothing (for notebooks and scripts).
 
     result = api.whatif("checkfree-124m-geo-10pct", failure_rates=[0.1, 0.33], replications=3)
     result.summary                    # one row per failure rate × method, 95 % intervals
-    result.verdict.points[-1].winner  # the method that reaches the target first at 33 %/h
+    result.verdict.points[-1].winner  # 'checkfree'
 
 Every function takes a scenario as a `Scenario`, a preset name (`churnsim presets`) or the path of a
 scenario JSON file; bad input raises `churnsim.calibration.errors.InputError` with the one-line
