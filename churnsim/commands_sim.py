@@ -81,7 +81,7 @@ def whatif_command(
     rates: Optional[str] = typer.Option(
         None, "--rates",
         help="Failure probabilities per stage-hour, comma-separated (default 0,0.05,0.1,0.16,0.33); they replace the scenario's churn. "
-        "Without it, a scenario with another churn model (Poisson, Weibull, bursts, a trace) is asked under its own churn at 0.5, 1, 2 and 4 times its rate.",
+        "Without it, a scenario with another churn model (Poisson, Weibull, bursts, a trace) is asked under its own churn at 0.5, 1, 2 and 4 times its rate (1 and 4 with --quick), and without failures where its rate is a count per hour (Poisson, bursts).",
     ),
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several (default: all)."),
     settings: list[str] = typer.Option([], "--set", help=SET_HELP),
