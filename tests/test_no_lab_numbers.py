@@ -32,8 +32,9 @@ _NEAR = 100
 """A figure within this many characters of a lab word, in the same string or comment, is a lab figure."""
 
 PATTERNS = {
-    # A date of ours, not one inside a file name or identifier (letters, digits, '-' or '_' either side).
-    "a date": re.compile(r"(?<![\w-])(?:19|20)\d{2}-(?:0[1-9]|1[0-2])(?:-(?:0[1-9]|[12]\d|3[01]))?(?![\w-])"),
+    # A date of ours, not one inside a file name or identifier (letters, digits, '-' or '_' either side),
+    # nor the name of a JSON Schema draft ("draft 2020-12", ".../draft/2020-12/schema").
+    "a date": re.compile(r"(?<![\w-])(?<!draft )(?<!draft/)(?:19|20)\d{2}-(?:0[1-9]|1[0-2])(?:-(?:0[1-9]|[12]\d|3[01]))?(?![\w-])"),
     "a month and year": re.compile(rf"\b{_MONTH}\.?\s+(?:\d{{1,2}},?\s+)?(?:19|20)\d{{2}}\b"),
     "a run ordinal": re.compile(rf"\b{_LATE_ORDINAL}\b|\b{_ORDINAL}\s+(?:session|sitting)s?\b"
                                 r"|\b(?:fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(?:st|nd|rd|th))\s+(?:benchmark\s+|calibrate-and-validate\s+)?(?:run|pass)\b",
@@ -133,6 +134,7 @@ def test_a_planted_lab_number_is_found(text, what):
         "Rendezvous and process-group rebuild (Parcae: 6.6 s measured).",
         "the 95 % interval of a measured quantity; its 2.5 % and 97.5 % speed bounds, as the calibration measured them",
         "a warm-up of 1e300 s that runs measured",
+        "The JSON Schema of a scenario file (draft 2020-12): https://json-schema.org/draft/2020-12/schema",
     ],
 )
 def test_legitimate_content_passes(text):
