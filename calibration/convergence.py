@@ -60,9 +60,17 @@ class PowerLawLossCurve(StrictModel):
 
     kind: Literal["power_law"] = "power_law"
     floor_loss: float = Field(ge=0, allow_inf_nan=False)
+    """The loss the curve falls towards and never reaches (nats per token); a target at or below it
+    is never reached."""
     scale: float = Field(gt=0, allow_inf_nan=False)
+    """How far above the floor the curve lies: the factor of (i + offset_iterations)^(−exponent), in
+    nats per token."""
     exponent: float = Field(gt=0, allow_inf_nan=False)
+    """How fast the loss falls towards the floor: the power of (i + offset_iterations)^(−exponent);
+    larger falls faster."""
     offset_iterations: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Shifts the curve along the iterations so that it is finite at the start: the loss at i = 0 is
+    floor_loss + scale · offset_iterations^(−exponent)."""
     r_squared: float | None = None
     """Goodness of fit when the curve was fitted to measured losses."""
 
@@ -104,14 +112,26 @@ class SetbackSpec(StrictModel):
     """Baseline iterations lost per rebuild of one stage, for one method and stage position."""
 
     mean_iterations: float = Field(ge=0)
+    """Baseline iterations one rebuild of the stage costs (the constant part, when it also grows with
+    progress)."""
     ci95_low_iterations: float | None = Field(None, ge=0)
+    """Lower end of the 95 % interval of mean_iterations. With ci95_high_iterations, each replication
+    draws its setback from the interval (calibration/setback_uncertainty.py); None: no interval,
+    the mean is used as it is."""
     ci95_high_iterations: float | None = Field(None, ge=0)
+    """Upper end of the 95 % interval of mean_iterations (given with ci95_low_iterations, or neither)."""
     num_samples: int = Field(0, ge=0)
+    """Rebuilds the setback was fitted from; 0 for a documented default. A calibration's setback is
+    carried to another model only when it has enough of them (`calibration.apply`)."""
     per_progress_iteration: float = Field(0.0, ge=0)
     """A setback that grows with training progress, as the convergence lab measures it: a rebuild at
     progress p costs mean_iterations + per_progress_iteration × max(0, p − progress_offset_iterations)."""
     per_progress_ci95_low: float | None = Field(None, ge=0)
+    """Lower end of the 95 % interval of per_progress_iteration; a replication's draw moves it and
+    the mean's together (calibration/setback_uncertainty.py). None: no interval."""
     per_progress_ci95_high: float | None = Field(None, ge=0)
+    """Upper end of the 95 % interval of per_progress_iteration (given with per_progress_ci95_low,
+    or neither)."""
     progress_offset_iterations: float = Field(0.0, ge=0)
     """Progress below which a rebuild costs only `mean_iterations` (early in training a rebuilt stage
     re-learns within the lab's window)."""
@@ -158,7 +178,9 @@ class SetbackSpec(StrictModel):
 
 class MethodSetbacks(StrictModel):
     interior: SetbackSpec
+    """The setback of a rebuilt stage that is neither the first nor the last."""
     edge: SetbackSpec
+    """The setback of a rebuilt first or last stage."""
 
     def in_iterations_worth(self, worth: float) -> "MethodSetbacks":
         return MethodSetbacks(interior=self.interior.in_iterations_worth(worth), edge=self.edge.in_iterations_worth(worth))
@@ -183,7 +205,11 @@ def default_setbacks() -> dict[str, MethodSetbacks]:
 
 class ConvergenceSpec(StrictModel):
     baseline: PowerLawLossCurve
+    """Loss against effective iterations of a run without failures."""
     setbacks: dict[str, MethodSetbacks] = Field(default_factory=default_setbacks)
+    """Per method name, the baseline iterations a rebuild of one stage costs, at interior and edge
+    stages; the methods that rebuild a lost stage instead of rolling back (CheckFree, CheckFree+
+    and their ablations) use them. Left out: the documented defaults of each (calibration/methods.py)."""
     setback_scale: float = Field(1.0, gt=0)
     """Multiplies every setback: how a calibration measured on one model is carried to another."""
     calibrated: bool = False
@@ -194,6 +220,8 @@ class ConvergenceSpec(StrictModel):
     defaults of calibration/methods.py). Left out, it follows `calibrated` ("measured" or "default").
     Every output names it."""
     source: str = "uncalibrated default setbacks (calibration/methods.py)"
+    """Where the setbacks come from, in words (a calibration, the convergence lab); outputs quote it
+    for measured setbacks."""
     sample_setbacks: bool = True
     """Each replication draws its setbacks from their intervals (calibration/setback_uncertainty.py), so
     that intervals of time to target include what is not known about them; False uses the means."""

@@ -163,12 +163,18 @@ class AsyncCheckpointConfig(MethodConfigBase):
     plain_iteration = False  # snapshot copies overlap the next iteration's forward/backward
 
     interval_iterations: int = Field(10, ge=1)
+    """Iterations between snapshots (K)."""
     host_buffer_bytes: int | None = Field(None, gt=0)
     """Host buffer per stage; None means twice the stage's checkpoint size."""
     levels: tuple[str, ...] = ("local_disk", "remote")
     """Storage tiers the host buffer is flushed through, in order."""
     keep_per_level: int = Field(2, ge=1)
+    """Snapshots each storage level keeps before it deletes the oldest; real runs keep two more, so
+    that the snapshot all stages roll back to is still there. The simulator restores the newest
+    durable snapshot and does not model the space they take."""
     rollback: Literal["all", "stage"] = "all"
+    """`all`: every stage returns to the newest snapshot durable on a tier that survives node loss;
+    `stage`: only the failed stage loads its stale state."""
 
 
 class RedundantConfig(MethodConfigBase):
@@ -187,6 +193,7 @@ class RedundantConfig(MethodConfigBase):
     fallback_interval_iterations: int = Field(100, ge=1)
     """Checkpoint interval of the fallback used when two adjacent stages are lost together."""
     fallback_tier: str = "remote"
+    """Storage tier of the fallback's checkpoints; must survive node loss to be useful."""
 
 
 # Uncalibrated default setbacks (`default_setback_iterations`, iterations of baseline progress lost
@@ -216,6 +223,9 @@ class CheckFreeConfig(_NeighbourRebuildConfig):
     default_setback_iterations = (2.0, 6.0)
 
     weighting: GradientWeighting = "squared_l2"
+    """Weights of the two neighbours in the average that rebuilds a lost interior stage, from the L2
+    norm of each one's last gradient: `squared_l2` ω = ‖g‖² (the CheckFree paper), `l2` ω = ‖g‖,
+    `uniform` ω = 1. Real runs only: in the simulator a rebuild costs its setback."""
     edge_fallback: Literal["checkpoint", "copy", "random"] = "checkpoint"
     """What a lost first/last stage starts from (calibration/rebuild_plan.py has the whole rule).
     `checkpoint`: stages 0 and S-1 save their state every `edge_checkpoint_interval_iterations` to
@@ -255,6 +265,9 @@ class CheckFreePlusConfig(_NeighbourRebuildConfig):
     default_setback_iterations = (2.0, 4.0)
 
     weighting: GradientWeighting = "squared_l2"
+    """Weights of the two neighbours in the average that rebuilds a lost interior stage, from the L2
+    norm of each one's last gradient: `squared_l2` ω = ‖g‖² (the CheckFree paper), `l2` ω = ‖g‖,
+    `uniform` ω = 1. Real runs only: in the simulator a rebuild costs its setback."""
     replica_refresh_iterations: int = Field(100, ge=1)
     """Iterations between refreshes of the (de)embedding replicas on the neighbouring stages."""
 

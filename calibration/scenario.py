@@ -29,11 +29,21 @@ class ModelSpec(StrictModel):
     """A LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, no biases, untied lm_head."""
 
     name: str = "custom"
+    """A label for the model, shown in reports and in `churnsim presets`; it changes no result."""
     num_layers: int = Field(ge=1)
+    """Transformer blocks (decoder layers), split over the pipeline's stages (`pipeline.layers_per_stage`)."""
     hidden_size: int = Field(ge=1)
+    """Width d of the hidden states: sets the parameters of a block (4 d² + 3 d · ffn width + 2 d)
+    and the activation bytes a microbatch sends from stage to stage."""
     num_heads: int = Field(ge=1)
+    """Attention heads; must divide hidden_size. Real runs build the model with them; the
+    simulator's times and bytes do not depend on them."""
     vocab_size: int = Field(ge=1)
+    """Tokens in the vocabulary: the embedding and the lm_head hold vocab_size · hidden_size
+    parameters each, and with compute from FLOPs it sets the head's time."""
     sequence_length: int = Field(ge=1)
+    """Tokens per sequence: with `pipeline.microbatch_size`, the tokens of a microbatch, which set
+    its activation bytes, its FLOPs and the global batch (tokens per iteration)."""
     ffn_hidden_size: int | None = Field(None, ge=1)
     """SwiGLU hidden width; None means 4 · hidden_size (the CheckFree reference models)."""
     weight_bytes_per_parameter: float = Field(2.0, gt=0)
@@ -41,6 +51,8 @@ class ModelSpec(StrictModel):
     checkpoint_bytes_per_parameter: float = Field(16.0, gt=0)
     """Bytes per parameter in a checkpoint: weights + fp32 master + Adam moments (ZeRO, arXiv 1910.02054)."""
     activation_bytes_per_element: float = Field(2.0, gt=0)
+    """Bytes per element of the hidden states (and their gradients) sent between stages (bf16: 2): a
+    microbatch sends microbatch_size · sequence_length · hidden_size elements across each stage boundary."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ModelSpec":
@@ -102,10 +114,25 @@ CheckpointSharding = Literal["whole_stage", "data_parallel"]
 
 class PipelineSpec(StrictModel):
     num_stages: int = Field(ge=1)
+    """Pipeline stages, each on a node of its own; model.num_layers are split over them. Failures
+    strike stages (`churn`)."""
     data_parallel_degree: int = Field(1, ge=1)
+    """Replicas of the whole pipeline, each training on its own data. It multiplies the global batch
+    (tokens per iteration) and adds a ring all-reduce of each stage's gradients before the optimizer
+    step (`network.allreduce_latency_s`, `network.allreduce_bandwidth_bytes_per_s`); with
+    `checkpoint_sharding = "data_parallel"` the replicas share a stage's checkpoint writes and reads.
+    It does not multiply failures: churn rates are per stage, so a stage's rate must count all its
+    replicas' nodes. Real runs take only 1."""
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """Order of each stage's forward and backward passes in an iteration: `gpipe` runs every
+    microbatch's forward, then every backward; `1f1b` alternates one forward and one backward after
+    a warm-up of forwards (calibration/pipeline_schedule.py)."""
     microbatch_size: int = Field(ge=1)
+    """Sequences per microbatch: sets a microbatch's activation bytes and, with compute from FLOPs,
+    its times; part of the global batch."""
     num_microbatches: int = Field(ge=1)
+    """Microbatches each pipeline runs per iteration (one optimizer step): more of them fill the
+    pipeline's idle start and end better; part of the global batch."""
     layers_per_stage: tuple[Annotated[int, Field(ge=1)], ...] | None = None
     """Transformer blocks of each stage, first to last, e.g. 60 layers in 8 stages as
     [8, 8, 8, 8, 7, 7, 7, 7]; they must add up to model.num_layers. None: model.num_layers split
@@ -166,11 +193,20 @@ class ExplicitCompute(StrictModel):
     block_forward_s: float | tuple[float, ...]
     """Forward time of one stage's transformer blocks for one microbatch."""
     block_backward_s: float | tuple[float, ...]
+    """Backward time of one stage's transformer blocks for one microbatch."""
     embedding_forward_s: float = Field(0.0, ge=0)
+    """Forward time of the embedding lookup for one microbatch, on the first stage (or on the
+    embedding's own node under `pipeline.embedding_placement = "separate_node"`)."""
     embedding_backward_s: float = Field(0.0, ge=0)
+    """Backward time of the embedding for one microbatch, where its forward runs."""
     head_forward_s: float = Field(0.0, ge=0)
+    """Forward time of the head (final norm, lm_head and loss) for one microbatch, on the last stage
+    (or on the embedding's own node under `pipeline.embedding_placement = "separate_node"`)."""
     head_backward_s: float = Field(0.0, ge=0)
+    """Backward time of the head for one microbatch, where its forward runs."""
     optimizer_step_s: float = Field(0.0, ge=0)
+    """Time of each stage's optimizer step, once per iteration after its backward passes and its
+    all-reduce."""
     shared_cores: int | None = Field(None, ge=1)
     """None: each stage computes on a device of its own. A number: the stages are one-thread
     processes on one host with this many CPU cores, which they share when they compute at the same
@@ -206,9 +242,14 @@ class FlopsCompute(StrictModel):
 
     kind: Literal["flops"] = "flops"
     peak_flops_per_s: float = Field(gt=0)
+    """Peak FLOP/s of the device each stage runs on: every compute time is the work's FLOPs over
+    peak_flops_per_s · utilization (the head's forward: 2 · vocab_size · hidden_size per token; the
+    embedding's lookup is taken as free)."""
     utilization: float = Field(0.4, gt=0, le=1)
     """Model FLOPs utilisation (Llama 3 reports 0.38–0.43)."""
     optimizer_step_s: float = Field(0.0, ge=0)
+    """Time of each stage's optimizer step, once per iteration after its backward passes and its
+    all-reduce; given, not derived from FLOPs."""
 
 
 ComputeSpec = Union[ExplicitCompute, FlopsCompute]
@@ -219,9 +260,18 @@ class UniformNetwork(StrictModel):
 
     kind: Literal["uniform"] = "uniform"
     latency_s: float = Field(ge=0, allow_inf_nan=False)
+    """Latency of the link between any two nodes, paid by every transfer on it: activations and
+    gradients between stages, and stage weights sent during a recovery."""
     bandwidth_bytes_per_s: float = Field(gt=0)
+    """Bandwidth of the link between any two nodes, in each direction; transfers on a link at the
+    same time share it."""
     allreduce_latency_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Latency of one step of the data-parallel ring all-reduce, which takes 2(D − 1) steps
+    (D = pipeline.data_parallel_degree). No effect when D is 1."""
     allreduce_bandwidth_bytes_per_s: float = Field(math.inf, gt=0)
+    """Bandwidth of each node for the data-parallel all-reduce: a stage's ring all-reduce of its G
+    gradient bytes (its parameters × model.weight_bytes_per_parameter) moves 2(D − 1)/D · G at this
+    rate (Patarasuk & Yuan 2009); stages on one node share it. Infinity: free. No effect when D is 1."""
 
 
 class SiteNetwork(StrictModel):
@@ -233,9 +283,17 @@ class SiteNetwork(StrictModel):
     table: str = "checkfree_geo"
     """A built-in table name or a CSV path with columns site_a, site_b, delay_ms, bandwidth_GiB_per_s."""
     same_site_latency_s: float = Field(0.010, ge=0, allow_inf_nan=False)
+    """Latency of the link between two nodes at the same site (`table` gives those between sites)."""
     same_site_bandwidth_bytes_per_s: float = Field(0.5 * GIB, gt=0)
+    """Bandwidth of the link between two nodes at the same site, in each direction; transfers on a link
+    at the same time share it."""
     allreduce_latency_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Latency of one step of the data-parallel ring all-reduce, which takes 2(D − 1) steps
+    (D = pipeline.data_parallel_degree). No effect when D is 1."""
     allreduce_bandwidth_bytes_per_s: float = Field(math.inf, gt=0)
+    """Bandwidth of each node for the data-parallel all-reduce: a stage's ring all-reduce of its G
+    gradient bytes (its parameters × model.weight_bytes_per_parameter) moves 2(D − 1)/D · G at this
+    rate (Patarasuk & Yuan 2009); stages on one node share it. Infinity: free. No effect when D is 1."""
 
 
 NetworkSpec = Union[UniformNetwork, SiteNetwork]
@@ -243,16 +301,25 @@ NetworkSpec = Union[UniformNetwork, SiteNetwork]
 
 class StorageTier(StrictModel):
     name: str = Field(min_length=1)
+    """The name methods use for the tier (`tier`, `levels`, `fallback_tier`, `edge_checkpoint_tier`).
+    `host_memory` is the tier `async_checkpoint` copies its snapshots into; unique within `storage`."""
     write_bandwidth_bytes_per_s: float = Field(gt=0)
+    """Bandwidth of a node's link for writes to this tier (checkpoint saves); the writes on one link
+    at the same time share it (one link for every stage when `shared`)."""
     read_bandwidth_bytes_per_s: float = Field(gt=0)
+    """Bandwidth of a node's link for reads from this tier (restores after a failure); the reads on one
+    link at the same time share it (one link for every stage when `shared`)."""
     # At most 31.7 years, as every latency the simulator takes (sim/model/pipeline_state.py).
     latency_s: float = Field(0.0, ge=0, le=LONGEST_DURATION_S, allow_inf_nan=False)
+    """Seconds every transfer to or from this tier waits before its bytes flow."""
     fixed_cost_s: float = Field(0.0, ge=0, le=LONGEST_DURATION_S, allow_inf_nan=False)
     """Seconds every transfer to or from this tier costs beyond `latency_s` whatever its size: a
     calibration's measured fixed cost of a checkpoint write (serialisation, checksums, fsync, rename).
     A calibration sets it rather than adding to the latency, so applying one to a scenario that was
     made from another (a file saved from a calibrated preset) counts it once."""
     capacity_bytes: int | None = Field(None, gt=0)
+    """Size of the tier, for the record; None: not given. Neither the simulator nor real runs limit
+    what a tier holds by it."""
     survives_node_loss: bool
     """Host memory and local disks die with their node; remote storage survives."""
     shared: bool = False
@@ -357,22 +424,43 @@ class Scenario(FiniteNumbersModel):
     # Every number finite (FiniteNumbersModel): an infinite restart time used to fail an assertion in
     # the simulator, an infinite checkpoint size to hang it.
     schema_version: Literal[1] = SCHEMA_VERSION
+    """Version of the scenario file format; 1 is the only one."""
     name: str = Field(min_length=1)
+    """Short name of the scenario, shown in every output."""
     description: str = ""
+    """One line on what the scenario stands for, shown in reports and in `churnsim presets`."""
     sources: tuple[str, ...] = ()
     """Where the numbers come from (papers, traces, calibration files)."""
     model: ModelSpec
+    """The model trained: its size sets compute times, checkpoint bytes and the bytes sent between stages."""
     pipeline: PipelineSpec
+    """How the model is split into stages and each iteration's batch into microbatches."""
     compute: ComputeSpec = Field(discriminator="kind")
+    """Time of each stage's work per microbatch: given (`explicit`) or derived from FLOPs (`flops`),
+    selected by `kind`."""
     network: NetworkSpec = Field(discriminator="kind")
+    """Links between the stages' nodes and the data-parallel all-reduce: one link for every pair
+    (`uniform`) or links by site (`sites`), selected by `kind`."""
     storage: tuple[StorageTier, ...] = ()
+    """Storage tiers that checkpoints are written to and read from; each method names the tiers it uses."""
     churn: ChurnConfig
+    """When stages fail, selected by `kind`: none, a rate, a distribution of lifetimes, bursts, a trace
+    or a schedule."""
     recovery: RecoverySpec = RecoverySpec()
+    """What every failure costs whatever the method: the wait for a replacement node and the restart
+    after it joins."""
     methods: tuple[MethodConfig, ...] = Field(min_length=1)
     convergence: ConvergenceSpec
+    """The loss curve of a run without failures and what a rebuild costs in iterations of it
+    (setbacks): how progress turns into loss."""
     target: TargetSpec
+    """When a run is done: a loss or a number of iterations, and the longest simulated time to try."""
     seed: int = Field(0, ge=0)
+    """Base seed: replication r draws its failures and setbacks from (seed, r), so a run repeats
+    exactly and every method of a replication meets the same failures."""
     replications: int = Field(1, ge=1)
+    """Simulated runs per method, each with its own failures (and setback draws); the intervals of
+    the answers come from their spread."""
     training: TrainingSpec = TrainingSpec()
     """Real runs only: learning rate, evaluation, corpus, device."""
 

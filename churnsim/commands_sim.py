@@ -168,13 +168,15 @@ def sweep_command(
     methods: Optional[list[str]] = typer.Option(None, "--method", help="Method to include; repeat for several."),
     calibration_argument: Optional[str] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     calibration_mode: str = typer.Option("full", "--calibration-mode", help=CALIBRATION_MODE_HELP),
-    replications: Optional[int] = typer.Option(None, "--replications"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    replications: Optional[int] = typer.Option(
+        None, "--replications", help="Replications per grid point (default: the scenario's; common random numbers across methods)."
+    ),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Base seed of the failure paths (default: the scenario's)."),
     out: Path = typer.Option(..., "--out", help="Directory for runs.csv, summary.csv and trajectories.csv."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: one per core)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://host:8786."),
-    parquet: bool = typer.Option(False, "--parquet"),
+    parquet: bool = typer.Option(False, "--parquet", help="Also write tables as Parquet (needs pyarrow)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     max_work: Optional[float] = typer.Option(None, "--max-work", help=MAX_WORK_HELP),
 ) -> None:

@@ -97,3 +97,13 @@ print(json.dumps(sorted(sys.modules)), file=sys.stderr)
     loaded = set(json.loads(completed.stderr))
     offenders = sorted(name for name in loaded if name.split(".")[0] in ("pandas", "scipy"))
     assert not offenders, f"a simulated run imports {offenders[:5]}"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
+def test_every_option_has_help_text(path):
+    undocumented = [
+        parameter.opts[0]
+        for parameter in COMMANDS[path].params
+        if parameter.param_type_name == "option" and not parameter.hidden and not (parameter.help or "").strip()
+    ]
+    assert not undocumented, f"`churnsim {' '.join(path)}` options without help: {', '.join(undocumented)}"

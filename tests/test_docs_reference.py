@@ -67,6 +67,21 @@ def test_field_descriptions_come_from_attribute_docstrings():
     assert pipeline["layers_per_stage"]["description"].startswith("Transformer blocks of each stage")
 
 
+def test_every_field_of_every_scenario_model_has_a_description():
+    schema = scenario_json_schema()
+    models = [(schema["title"], schema), *schema["$defs"].items()]
+    assert {"Scenario", "ModelSpec", "SetbackSpec", "CheckFreeConfig", "StageHourlyChurn"} <= {name for name, _ in models}
+    undescribed = [
+        f"{model_name}.{field}"
+        for model_name, model in models
+        for field, field_schema in model.get("properties", {}).items()
+        if not str(field_schema.get("description", "")).strip()
+    ]
+    assert not undescribed, (
+        f"fields without a description (write a docstring right under each field in its model): {', '.join(undescribed)}"
+    )
+
+
 def test_scenario_reference_has_every_field_of_every_model_with_its_unit():
     reference = _hook_module("scenario_reference")
     schema = scenario_json_schema()
