@@ -153,10 +153,11 @@ def test_modules_planted_in_the_working_directory_never_run(tmp_path, failure_mo
     work.mkdir()
     markers = _plant_modules(work)
     schedule = tmp_path / "schedule.csv"
-    write_failure_schedule(FailureSchedule(failures=(ScheduledFailure(time_s=1.0, stage=1),)), schedule)
+    # Early in a run long enough that the kill lands inside it however fast the machine is.
+    write_failure_schedule(FailureSchedule(failures=(ScheduledFailure(time_s=0.1, stage=1),)), schedule)
     command = [
-        _console_script(), "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint", *SMALL,
-        "--set", "methods.checkpoint.interval_iterations=2", "--set", f"training.failure_mode={failure_mode}",
+        _console_script(), "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint", *SMALL[:-2],
+        "--set", "target.iterations=30", "--set", "methods.checkpoint.interval_iterations=2", "--set", f"training.failure_mode={failure_mode}",
         "--set", "training.join_delay_s=0.2", "--set", f"churn={json.dumps({'kind': 'schedule', 'path': str(schedule)})}",
         "--out", "run",
     ]  # fmt: skip
