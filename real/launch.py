@@ -65,7 +65,8 @@ from .run_secret import check_listen_address, check_token, checkpoint_key, new_t
 from .warnings_relay import WARNINGS_FILE, WarningReader, relay_to
 from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
 from .safe_codec import decode, encode
-from .results import FAILURE_TABLE_COLUMNS, RunResult, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
+from .journal import attempt_directories, new_attempt_directory, read_attempt
+from .results import FAILURE_TABLE_COLUMNS, RunResult, join_attempts, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
 from .trainer import RankResult, TrainingConfig, train_stage
 
 # -- generic spawning (also used by the tests) ---------------------------------------------------
@@ -151,6 +152,69 @@ def _children_import_installed_code() -> Iterator[None]:
     finally:
         util._args_from_interpreter_flags = original_flags
         sys.path[:] = saved_path
+
+
+@contextlib.contextmanager
+def _children_leave_interrupts_to_launcher() -> Iterator[None]:
+    """While processes start: every interpreter multiprocessing execs (the fork server, spawned
+    ranks, its resource tracker) starts with SIGINT ignored, so a Ctrl-C, which the terminal sends to
+    the whole process group, reaches only the launcher, which ends them (SIGTERM). Without this the
+    fork server, still importing torch for seconds, prints a KeyboardInterrupt traceback; the fork
+    server hands its disposition on to every stage process it forks. An ignored disposition survives
+    exec, and Python installs its KeyboardInterrupt handler only where SIGINT is not ignored.
+
+    The launcher ignores SIGINT only around the fork and exec, with SIGINT blocked meanwhile, so a
+    Ctrl-C in that instant stays pending and reaches the launcher right after."""
+    from multiprocessing import util
+
+    original_spawn = util.spawnv_passfds
+
+    def spawn_ignoring_interrupts(path: Any, arguments: Any, passfds: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return original_spawn(path, arguments, passfds)  # handlers can be set only in the main thread
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return original_spawn(path, arguments, passfds)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    util.spawnv_passfds = spawn_ignoring_interrupts
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original_spawn
+
+
+@contextlib.contextmanager
+def _fork_server_ends_on_interrupt(start_method: str) -> Iterator[None]:
+    """An interrupted launcher (Ctrl-C, SIGTERM) also ends the fork server: it ignores SIGINT, and
+    while it still imports torch it would outlive the launcher by seconds (it notices its clients
+    are gone only when its import ends). A later run starts a new one."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        if start_method == "forkserver":
+            _end_fork_server()
+        raise
+
+
+def _end_fork_server() -> None:
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or not hasattr(server, "_stop"):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)  # its handlers leave SIGTERM at the default: it ends at once
+    except ProcessLookupError:
+        pass
+    try:
+        server._stop()  # reaps it and forgets its address, so the next run starts a new one
+    except OSError:
+        pass
 
 
 def _die_with_parent() -> None:
@@ -402,7 +466,8 @@ def run_distributed(
     heartbeat is older than `stall_limit_s(timeout_s)` (a stopped or frozen process) ends the run
     with `RunAborted` naming that rank. Workers die with the launcher (PR_SET_PDEATHSIG and a
     watchdog on the launcher's pid); SIGTERM/SIGINT of the launcher end the workers and remove
-    the temp directory; any exit from here leaves no worker running.
+    the temp directory; any exit from here leaves no worker running. The workers and the fork server
+    ignore SIGINT (`_children_leave_interrupts_to_launcher`): one Ctrl-C ends them through the launcher.
     """
     if device == "cpu":
         start_method = "forkserver"
@@ -413,7 +478,7 @@ def run_distributed(
     limit_s = stall_limit_s(timeout_s)
     token = check_token(token, "token") if token is not None else new_token()
     if hard_failures is not None:
-        with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+        with _fork_server_ends_on_interrupt(start_method), _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
             relay = _WarningRelay(directory, on_warning)
             supervisor = _Supervisor(
                 function, world_size, arguments, device=device, timeout_s=timeout_s, directory=directory,
@@ -425,7 +490,7 @@ def run_distributed(
             finally:
                 supervisor.end()
                 relay.drain()
-    with _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
+    with _fork_server_ends_on_interrupt(start_method), _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
         relay = _WarningRelay(directory, on_warning)
         poll = relay.around(poll)
         context = None
@@ -433,7 +498,7 @@ def run_distributed(
         store = serve_store(rendezvous_host, timeout_s)
         endpoint = StoreEndpoint(rendezvous_host, int(store.port), token)
         try:
-            with _children_import_installed_code():
+            with _children_import_installed_code(), _children_leave_interrupts_to_launcher():
                 context = multiprocessing.start_processes(
                     _worker,
                     args=(world_size, endpoint, device, timeout_s, function, arguments, directory, os.getpid()),
@@ -602,7 +667,7 @@ class _Supervisor:
             args=(settings, self.device, self.timeout_s, self.function, self.arguments, os.getpid()),
             name=f"churnsim-stage-{stage}",
         )
-        with _children_import_installed_code():
+        with _children_import_installed_code(), _children_leave_interrupts_to_launcher():
             process.start()
         self.processes[stage] = process
 
@@ -724,7 +789,9 @@ class _Supervisor:
             self.options.workers_file.unlink(missing_ok=True)
 
 
-def _train_hard(membership: Any, config: TrainingConfig, run_dir: Path | None, progress_path: str | None) -> RankResult:
+def _train_hard(
+    membership: Any, config: TrainingConfig, run_dir: Path | None, progress_path: str | None, journal_directory: str | None = None
+) -> RankResult:
     """`_train` under hard failures: the stage's process forms (and re-forms) its group through `membership`."""
     report = None
     if progress_path is not None:  # whichever process runs the head reports (it moves while degraded)
@@ -735,11 +802,15 @@ def _train_hard(membership: Any, config: TrainingConfig, run_dir: Path | None, p
                 json.dump({k: row[k] for k in ("step", "iteration", "train_loss")}, file)
             os.replace(temporary, progress_path)
 
-    return train_stage(config, None, run_dir=run_dir, on_iteration_done=report, membership=membership)
+    return train_stage(config, None, run_dir=run_dir, on_iteration_done=report, membership=membership, journal_directory=journal_directory)
 
 
 def _train(
-    communicator: Communicator, config: TrainingConfig, run_dir: Path | None, progress_path: str | None
+    communicator: Communicator,
+    config: TrainingConfig,
+    run_dir: Path | None,
+    progress_path: str | None,
+    journal_directory: str | None = None,
 ) -> RankResult:
     report = None
     if progress_path is not None and communicator.rank == config.num_stages - 1:  # the stage with the loss
@@ -750,7 +821,7 @@ def _train(
                 json.dump({k: row[k] for k in ("step", "iteration", "train_loss")}, file)
             os.replace(temporary, progress_path)  # the parent never reads a half-written file
 
-    return train_stage(config, communicator, run_dir=run_dir, on_iteration_done=report)
+    return train_stage(config, communicator, run_dir=run_dir, on_iteration_done=report, journal_directory=journal_directory)
 
 
 def _prepare(run_dir: Path, config: TrainingConfig, resume: bool, **options: Any) -> tuple[RunDirectory, TrainingConfig]:
@@ -841,6 +912,9 @@ def launch_local(
     nothing that is not the run's own is ever removed. A failed (or killed) run keeps its durable
     checkpoints, and `resume=True` continues it from the newest one every stage holds, under the
     same run id (`run_id` names a new run; `restart_unfinished` lets it replace an unfinished one).
+    Every step's rows reach `run_dir/journal` as the step ends (real/journal.py), so a killed run
+    keeps them (`results.kept_metrics`), and a resumed run's record holds every attempt's steps,
+    its own appended after the kept ones (`results.join_attempts` says how re-run iterations show).
     `on_progress(row)` gets the latest finished iteration (step, iteration, train_loss) while the
     run goes on, looked for every `progress_interval_s`. The run's secret (run_secret.py; kept in
     `run_dir/run.secret`) guards its store on `rendezvous_host` and binds its checkpoints. Warnings
@@ -862,6 +936,9 @@ def launch_local(
     config = dataclasses.replace(config, checkpoint_key=checkpoint_key(token))
     hard = config.failure_mode == "hard"
     try:
+        journal_directory = None
+        if lease is not None:  # every step's rows go to the run directory as the step ends (real/journal.py)
+            journal_directory = new_attempt_directory(lease.path)
         with tempfile.TemporaryDirectory(prefix="churnsim-progress-") as progress_directory:
             # Hard failures: a replacement process must find its predecessor's checkpoints, so
             # checkpoints live in one directory for all processes (the run's, or a temporary one).
@@ -896,6 +973,7 @@ def launch_local(
                 config,
                 worker_run_dir,
                 progress_path,
+                str(journal_directory) if journal_directory is not None else None,
                 device=config.device,
                 timeout_s=config.timeout_s,
                 poll=poll,
@@ -906,6 +984,11 @@ def launch_local(
                 on_warning=on_warning,
             )
             poll()
+        if journal_directory is not None:  # after a --resume: the earlier attempts' steps first
+            results = join_attempts(
+                [read_attempt(earlier, config.num_stages) for earlier in attempt_directories(lease.path) if earlier != journal_directory]
+                + [results]
+            )
         result = merge_rank_results(config, results)
         if lease is not None:
             result.run_dir = _finish(

@@ -44,18 +44,18 @@ class RunResult:
     run_dir: Path | None = None
 
 
-def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> RunResult:
-    """One table per kind: a step ends when its slowest rank ends; losses come from the last stage."""
+def _metrics_table(results: list[RankResult], num_stages: int) -> pd.DataFrame:
+    """step, iteration, wall_time_s, train_loss, eval_loss, blocked_s: one row per step the head ran."""
     import pandas as pd
 
-    from churnsim.calibration.run_record import SPANS_COLUMNS, SPANS_CPU_COLUMNS
-
     rows = pd.DataFrame([row | {"stage": r.stage} for r in results for row in r.iteration_rows])
+    if rows.empty:
+        return pd.DataFrame(columns=["step", "iteration", "wall_time_s", "train_loss", "eval_loss", "blocked_s"])
     # The loss comes from whichever process ran the head: the last stage, or its host while it was down.
-    runs_head = rows["runs_head"].fillna(False).astype(bool) if "runs_head" in rows else rows["stage"] == config.num_stages - 1
+    runs_head = rows["runs_head"].fillna(False).astype(bool) if "runs_head" in rows else rows["stage"] == num_stages - 1
     head = rows[runs_head].sort_values("step", kind="stable").set_index("step")
     grouped = rows.groupby("step")
-    metrics = pd.DataFrame(
+    return pd.DataFrame(
         {
             "step": head.index.to_numpy(),
             "iteration": head["iteration"].to_numpy(),
@@ -65,6 +65,15 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
             "blocked_s": grouped["blocked_s"].max().loc[head.index].to_numpy(),
         }
     )
+
+
+def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> RunResult:
+    """One table per kind: a step ends when its slowest rank ends; losses come from the last stage."""
+    import pandas as pd
+
+    from churnsim.calibration.run_record import SPANS_COLUMNS, SPANS_CPU_COLUMNS
+
+    metrics = _metrics_table(results, config.num_stages)
     spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS + SPANS_CPU_COLUMNS))
     spans = spans.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
     failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(FAILURE_TABLE_COLUMNS))
@@ -72,6 +81,95 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
     failures = failures.sort_values(["iteration"], kind="stable").reset_index(drop=True)
     recoveries = [row for r in results for row in r.recoveries]
     return RunResult(config=config, metrics=metrics, spans=spans, failures=failures, recoveries=recoveries)
+
+
+def join_attempts(attempts: list[list[Any]]) -> list[RankResult]:
+    """One result per stage for a run made of several attempts (its start, then each `--resume`),
+    from every stage's rows of every attempt, oldest first (RankResult, or real/journal.py's rows).
+
+    Resuming appends: an attempt's steps follow the earlier attempts' kept steps, numbered on from
+    them, and its clock continues from the last step an earlier attempt recorded (the time between
+    that step and the kill, and the run being down, is not counted; its own start-up is, as a fresh
+    run's). Nothing an earlier attempt recorded is dropped, so the iterations it ran after its last
+    durable checkpoint appear twice in metrics.csv, as after any rollback in a run (a step counts
+    executed iterations): once as run before the interruption, once as run again. The resume's row in
+    recoveries.csv says which: its `iteration` is where the earlier attempt stopped, its
+    `resume_iteration` the checkpoint it went back to, and its note names the iterations run again.
+    Rows of steps the head never finished (a stage's last step when the kill came) are left out; an
+    attempt that finished no step adds nothing.
+    """
+    if len(attempts) == 1 and all(isinstance(each, RankResult) for each in attempts[0]):
+        return list(attempts[0])
+    num_stages = max((len(attempt) for attempt in attempts), default=0)
+    joined = [RankResult(rank=stage, stage=stage) for stage in range(num_stages)]
+    next_step, clock_s = 0, 0.0
+    stopped_at: int | None = None  # the iteration the previous kept attempt would have run next
+    for attempt in attempts:
+        stages = [_rows_of(each) for each in attempt]
+        rows = [row for stage in stages for row in stage["iteration"]]
+        head = [row for stage_index, stage in enumerate(stages) for row in stage["iteration"]
+                if row.get("runs_head", stage_index == num_stages - 1)]  # fmt: skip
+        if not head:
+            continue
+        first, last = min(row["step"] for row in head), max(row["step"] for row in head)
+        shift = next_step - first
+
+        def step_of(step: int, first: int = first, shift: int = shift) -> int:
+            return max(step, first) + shift  # a resume's own rows come before its first step
+
+        for stage_index, stage in enumerate(stages):
+            target = joined[stage_index]
+            for row in stage["iteration"]:
+                if row["step"] <= last:
+                    target.iteration_rows.append(row | {"step": step_of(row["step"]), "end_s": row["end_s"] + clock_s})
+            for row in stage["span"]:
+                if row["iteration"] <= last:
+                    target.spans.append(row | {"iteration": step_of(row["iteration"]), "start_s": row["start_s"] + clock_s, "end_s": row["end_s"] + clock_s})
+            for row in stage["failure"]:
+                if row["iteration"] <= last:
+                    target.failures.append(row | {"iteration": step_of(row["iteration"]), "time_s": row["time_s"] + clock_s})
+            for row in stage["recovery"]:
+                if row["step"] > last:
+                    continue
+                row = row | {"step": step_of(row["step"])}
+                if "failure_mode" not in row and stopped_at is not None:  # this attempt's resume
+                    row = _resume_row(row, stopped_at)
+                target.recoveries.append(row)
+        next_step = last + shift + 1
+        clock_s += max(row["end_s"] for row in rows if row["step"] == last)
+        stopped_at = max(row["iteration"] for row in head if row["step"] == last) + 1
+    return joined
+
+
+def _rows_of(result: Any) -> dict[str, list[dict[str, Any]]]:
+    if isinstance(result, RankResult):
+        return {"iteration": result.iteration_rows, "span": result.spans, "failure": result.failures, "recovery": result.recoveries}
+    return result
+
+
+def _resume_row(row: dict[str, Any], stopped_at: int) -> dict[str, Any]:
+    resumed_at = row.get("resume_iteration") or 0
+    notes = list(row.get("notes") or ())
+    if resumed_at < stopped_at:
+        notes.append(
+            f"the run stopped before iteration {stopped_at} and resumed from iteration {resumed_at}: iterations "
+            f"{resumed_at}-{stopped_at - 1} ran again (both runs of them are in metrics.csv)"
+        )
+    return row | {"iteration": stopped_at, "notes": notes}
+
+
+def kept_metrics(run_dir: str | Path) -> pd.DataFrame:
+    """The steps a run in `run_dir` kept so far, every attempt joined (`join_attempts`): what a killed
+    or still running run holds on disk (step, iteration, wall_time_s, train_loss, eval_loss, blocked_s)."""
+    from .journal import attempt_directories, read_attempt
+    from .run_directory import read_run_file
+
+    run_file = read_run_file(Path(run_dir)) or {}
+    num_stages = run_file.get("config", {}).get("num_stages")
+    directories = attempt_directories(run_dir)
+    if not isinstance(num_stages, int):
+        num_stages = max((len(list(directory.glob("stage-*.jsonl"))) for directory in directories), default=0)
+    return _metrics_table(join_attempts([read_attempt(directory, num_stages) for directory in directories]), num_stages)
 
 
 def write_record(

@@ -15,6 +15,11 @@
     DIR/workers.json          while it runs under hard failures: the process of every stage
     DIR/run.secret            the run's secret (mode 0600; run_secret.py): names its rendezvous keys
                               and binds its checkpoints (an HMAC); `--resume` reads it from here
+    DIR/journal/attempt-n/stage-s.jsonl
+                              every step's rows as the step ends, one folder per attempt (the start,
+                              then each --resume; real/journal.py): a killed run keeps its steps
+                              here (`results.kept_metrics` reads them), and the record a resumed run
+                              writes joins every attempt's (`results.join_attempts`)
 
 `prepare_run_directory` decides, before any process starts, and removes nothing that is not the run's
 own: a new or empty DIR starts a run; a finished run's DIR is cleared of its own entries and starts a
@@ -45,7 +50,10 @@ LOCAL_DIRECTORY = "local"
 RECOVERIES_FILE = "recoveries.csv"
 WORKERS_FILE = "workers.json"
 SECRET_FILE = "run.secret"  # = run_secret.SECRET_FILE
-OWN_ENTRIES: tuple[str, ...] = (RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, WORKERS_FILE, SECRET_FILE)
+JOURNAL_DIRECTORY = "journal"  # = journal.JOURNAL_DIRECTORY
+OWN_ENTRIES: tuple[str, ...] = (
+    RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, WORKERS_FILE, SECRET_FILE, JOURNAL_DIRECTORY,
+)
 """What a real run keeps in its directory beside the record files."""
 RUN_FORMAT = "churnsim-real-run"
 # Fields a resumed run may change: how long to wait, how many threads, how far to train.

@@ -304,6 +304,8 @@ class _Stage:
         """Stages this process runs besides its own while their processes are down (degraded)."""
         self.pipeline = self._build_pipeline(None)
         self.result = RankResult(rank=stage, stage=stage)
+        self.journal: Any = None
+        """The stage's RankJournal (real/journal.py) when its rows are kept on disk as they come."""
 
     def _load_data(self) -> None:
         config = self.config
@@ -372,6 +374,16 @@ class _Stage:
                 each.optimizer.zero_grad(set_to_none=True)
         if after_update is not None:
             after_update()
+        if self.journal is not None:
+            # The update is applied: its row is on disk before a checkpoint can hold the update, so a
+            # run killed from here on and resumed from that checkpoint misses no iteration (the
+            # full row below, with the held-out loss, replaces this one when read back).
+            self.journal.write_now(
+                "iteration",
+                {"step": step, "iteration": iteration, "end_s": self.spans.now_s(),
+                 "train_loss": train_loss if train_loss is not None else math.nan, "eval_loss": math.nan,
+                 "blocked_s": blocked_s, "runs_head": pipeline.runs_head},
+            )  # fmt: skip
         method.after_optimizer_step(iteration)
         eval_loss = None
         if (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
@@ -404,12 +416,15 @@ def train_stage(
     run_dir: Path | None = None,
     on_iteration_done: Callable[[dict[str, Any]], None] | None = None,
     membership: Any = None,
+    journal_directory: str | None = None,
 ) -> RankResult:
     """Run the whole training loop for this rank's stage (rank == stage); collective across ranks.
 
     `on_iteration_done(row)` gets each finished iteration's row on the process that computed its
     loss (e.g. to report progress). Hard failures need `membership` (real/elastic.py's `Membership`,
     from launch.py's supervisor), which forms the process group itself (`communicator` is unused).
+    `journal_directory`: this attempt's journal folder in the run directory (real/journal.py); every
+    row is written there as soon as its step ends, so a killed launcher's run keeps them.
     """
     if config.failure_mode == "hard":
         if membership is None:
@@ -417,7 +432,7 @@ def train_stage(
                 "failure_mode 'hard' needs the local launcher, which replaces killed stage processes "
                 "(churnsim real run or launch_local); under torchrun use failure_mode 'soft'"
             )
-        return _HardFailureTrainer(config, membership, run_dir, on_iteration_done).run()
+        return _HardFailureTrainer(config, membership, run_dir, on_iteration_done, journal_directory).run()
     assert communicator is not None
     if communicator.world_size != config.num_stages:
         raise InputError(
@@ -427,6 +442,15 @@ def train_stage(
     parts = _Stage(config, communicator, run_dir)
     stage, spans, method, result = parts.stage, parts.spans, parts.method, parts.result
     due_failures = _DueFailures(config, communicator, spans, result)
+    journal = None
+    if journal_directory is not None:
+        from .journal import RankJournal, stage_journal_path
+
+        journal = RankJournal(
+            stage_journal_path(journal_directory, stage),
+            {"iteration": result.iteration_rows, "span": spans.rows, "failure": result.failures, "recovery": result.recoveries},
+        )
+        parts.journal = journal
 
     communicator.barrier()
     spans.restart_clock()
@@ -446,11 +470,15 @@ def train_stage(
             if failed:
                 iteration = _apply_failures(config, failed, step, iteration, parts)
             row = parts.run_iteration(step, iteration)
+            if journal is not None:
+                journal.flush()  # the step's rows outlive a kill of the launcher from here on
             if on_iteration_done is not None and parts.pipeline.runs_head:
                 on_iteration_done(row)
             step += 1
             iteration += 1
     finally:
+        if journal is not None:
+            journal.flush()
         method.close()
     result.spans = spans.rows
     return result
@@ -589,9 +617,11 @@ class _DueFailures:
 class _HardFailureTrainer:
     """The training loop of one stage process under hard failures (module docstring)."""
 
-    def __init__(self, config: TrainingConfig, membership: Any, run_dir: Path | None, on_iteration_done: Any) -> None:
+    def __init__(
+        self, config: TrainingConfig, membership: Any, run_dir: Path | None, on_iteration_done: Any, journal_directory: str | None = None
+    ) -> None:
         from .elastic import journal_path
-        from .journal import RankJournal
+        from .journal import RankJournal, stage_journal_path
 
         self.config = config
         self.membership = membership
@@ -601,10 +631,12 @@ class _HardFailureTrainer:
         self.ready_perf_s = time.perf_counter()
         parts = self.parts
         self.journal = RankJournal(
-            journal_path(settings.directory, parts.stage),
+            # A replacement continues its predecessors' journal: the run directory's when there is one.
+            stage_journal_path(journal_directory, parts.stage) if journal_directory is not None else journal_path(settings.directory, parts.stage),
             {"iteration": parts.result.iteration_rows, "span": parts.spans.rows, "failure": parts.result.failures,
              "recovery": parts.result.recoveries},
         )  # fmt: skip
+        parts.journal = self.journal
         self.due_failures = _DueFailures(config, parts.communicator, parts.spans, parts.result)
         self.has_state = not membership.is_replacement
         """Whether this process holds its stage's trained state (a replacement does once recovered)."""

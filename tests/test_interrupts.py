@@ -125,3 +125,46 @@ def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(t
         if command.poll() is None:
             command.kill()
             command.wait()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 1.0])
+def test_one_early_sigint_of_a_real_run_ends_it_without_a_traceback(delay_s, tmp_path):
+    """Ctrl-C while the fork server and the stage processes still import torch: one line, exit 130.
+
+    The interrupt comes `delay_s` after the fork server appears (the command itself imports torch
+    first, for seconds on a loaded machine, so a fixed delay from the start would often miss it)."""
+    pytest.importorskip("torch")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint",
+         "--set", "target.loss=null", "--set", "target.iterations=5000", "--out", "run"],
+        cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # As at a terminal: a test run started in the background inherits SIGINT ignored, and so would the command.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    group = command.pid
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and command.poll() is None:
+            children = psutil.Process(command.pid).children(recursive=True)
+            if any("forkserver" in " ".join(child.cmdline()) for child in children):
+                break
+            time.sleep(0.05)
+        time.sleep(delay_s)
+        assert command.poll() is None, "the run ended before it could be interrupted"
+        os.killpg(group, signal.SIGINT)
+        try:
+            code = command.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("real run: still running 30 s after one SIGINT")
+        stderr = command.stderr.read()
+        assert code == 130, stderr
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+        assert stderr.strip().splitlines()[-1].startswith("churnsim: interrupted"), stderr
+        time.sleep(5.0)
+        assert _group_members(group) == [], "real run: processes left after the interrupt"
+    finally:
+        for pid in _group_members(group):
+            os.kill(pid, signal.SIGKILL)
+        if command.poll() is None:
+            command.kill()
+            command.wait()

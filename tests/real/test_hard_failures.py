@@ -250,8 +250,15 @@ def test_killing_every_stage_at_once_fails_the_run_and_resume_continues_it(tmp_p
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
     assert list((run_dir / "checkpoints").glob("stage-*/*.manifest.json"))
     resumed = launch_local(config, run_dir=run_dir, resume=True)
-    assert resumed.metrics["iteration"].iloc[0] > 0 and resumed.metrics["iteration"].iloc[-1] == NUM_ITERATIONS - 1
-    assert resumed.metrics["train_loss"].map(math.isfinite).all()
+    # The record keeps the killed attempt's steps and appends the resumed one's (results.join_attempts).
+    metrics = resumed.metrics
+    (resume,) = [row for row in resumed.recoveries if "failure_mode" not in row]
+    kept = resume["step"]
+    assert metrics["step"].tolist() == list(range(len(metrics))) and kept >= 6
+    assert metrics["iteration"].iloc[0] == 0 and resume["iteration"] == metrics["iteration"].iloc[kept - 1] + 1
+    assert 0 < resume["resume_iteration"] <= resume["iteration"]
+    assert metrics["iteration"].tolist()[kept:] == list(range(resume["resume_iteration"], NUM_ITERATIONS))
+    assert metrics["train_loss"].map(math.isfinite).all()
 
 
 # -- levels apart -------------------------------------------------------------------------------

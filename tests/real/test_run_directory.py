@@ -20,6 +20,7 @@ import pytest
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.run_record import read_run_record, write_run_record
 from churnsim.cli import main
+from churnsim.real.results import kept_metrics
 from churnsim.real.run_directory import RUN_FILE, check_run_directory, prepare_run_directory
 
 # cpu-tiny on 2 stages, no churn, a checkpoint every 2 iterations.
@@ -137,6 +138,8 @@ def test_a_killed_run_keeps_its_checkpoints_and_resume_continues_from_them(tmp_p
     for manifest in (out / "checkpoints").rglob("*.manifest.json"):
         assert json.loads(manifest.read_text())["run_id"] == run_file["run_id"]
 
+    steps_kept = len(kept_metrics(out))  # every step written before the kill (real/journal.py)
+    assert steps_kept >= resume_tag  # a checkpoint's iterations have their rows on disk before it
     code, err = run_cli([*RUN, "--out", str(out)], capsys)  # without --resume: refused, nothing lost
     assert code == 2 and "--resume" in err and _stage_tags(out) == kept
 
@@ -145,6 +148,8 @@ def test_a_killed_run_keeps_its_checkpoints_and_resume_continues_from_them(tmp_p
     assert record.manifest.run_id == run_file["run_id"]
     assert any(f"resumed run {run_file['run_id']} at iteration {resume_tag}" in note for note in record.manifest.notes)
     iterations = record.metrics["iteration"].tolist()
-    assert iterations == list(range(resume_tag, 24))  # continued where every stage's checkpoint was, to the end
+    # The killed attempt's steps, then the resumed one's: continued where every stage's checkpoint was, to the end.
+    assert iterations == list(range(steps_kept)) + list(range(resume_tag, 24))
+    assert record.metrics["step"].tolist() == list(range(len(iterations)))
     assert json.loads((out / RUN_FILE).read_text())["status"] == "finished"
     assert not (out / "local").exists()
