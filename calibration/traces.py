@@ -280,7 +280,7 @@ def parse_instance_count(path: Path) -> Trace:
 
 
 def parse_instance_count_hours(path: Path) -> Trace:
-    """`x,count` steps with x in hours (Bamboo's `aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv`)."""
+    """`x,count` steps with x in hours (the format of Bamboo's AWS p2.xlarge spot-instance traces)."""
     return _count_steps(path, x_unit_s=3600.0)
 
 
