@@ -35,6 +35,30 @@ def _group_members(group: int) -> list[int]:
     return members
 
 
+def _interrupt_once(command: subprocess.Popen, *, label: str, wait_s: float) -> tuple[int, str]:
+    """One SIGINT to the command's whole group, as Ctrl-C sends it; its exit code and stderr."""
+    os.killpg(command.pid, signal.SIGINT)
+    try:
+        code = command.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{label}: still running {wait_s:g} s after one SIGINT")
+    return code, command.stderr.read()
+
+
+def _assert_no_member_left(group: int, label: str) -> None:
+    time.sleep(5.0)
+    assert _group_members(group) == [], f"{label}: processes left after the interrupt"
+
+
+def _end_group(command: subprocess.Popen) -> None:
+    """Whatever a failed test left of the command's group."""
+    for pid in _group_members(command.pid):
+        os.kill(pid, signal.SIGKILL)
+    if command.poll() is None:
+        command.kill()
+        command.wait()
+
+
 def _scenario(directory: Path) -> None:
     data = json.loads(preset("cpu-tiny").model_dump_json())
     # Each replication takes about a minute (a long target under heavy churn), so a worker is mid-task
@@ -71,23 +95,13 @@ def test_one_sigint_ends_the_command_and_its_workers(name, tmp_path):
             time.sleep(0.1)
         assert command.poll() is None and len(workers) >= 2, f"{name}: the pool never started"
         time.sleep(5.0)  # past the what-if's quick replications at rate 0: the workers are mid-replication
-        os.killpg(group, signal.SIGINT)
-        try:
-            code = command.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name}: still running 10 s after one SIGINT")
-        stderr = command.stderr.read()
+        code, stderr = _interrupt_once(command, label=name, wait_s=10)
         assert code == 130, stderr
         assert stderr.strip().splitlines()[-1] == "churnsim: interrupted", stderr
         assert "Traceback" not in stderr, stderr
-        time.sleep(5.0)
-        assert _group_members(group) == [], f"{name}: processes left after the interrupt"
+        _assert_no_member_left(group, name)
     finally:
-        for pid in _group_members(group):
-            os.kill(pid, signal.SIGKILL)
-        if command.poll() is None:
-            command.kill()
-            command.wait()
+        _end_group(command)
 
 
 def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(tmp_path):
@@ -108,23 +122,13 @@ def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(t
                 break
             time.sleep(0.2)
         assert command.poll() is None, "the run ended before it could be interrupted"
-        os.killpg(group, signal.SIGINT)
-        try:
-            code = command.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pytest.fail("real run: still running 10 s after one SIGINT")
-        stderr = command.stderr.read()
+        code, stderr = _interrupt_once(command, label="real run", wait_s=10)
         assert code == 130, stderr
         last = stderr.strip().splitlines()[-1]
         assert last.startswith("churnsim: interrupted") and "--resume" in last, stderr
-        time.sleep(5.0)
-        assert _group_members(group) == [], "real run: processes left after the interrupt"
+        _assert_no_member_left(group, "real run")
     finally:
-        for pid in _group_members(group):
-            os.kill(pid, signal.SIGKILL)
-        if command.poll() is None:
-            command.kill()
-            command.wait()
+        _end_group(command)
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 1.0])
@@ -151,20 +155,10 @@ def test_one_early_sigint_of_a_real_run_ends_it_without_a_traceback(delay_s, tmp
             time.sleep(0.05)
         time.sleep(delay_s)
         assert command.poll() is None, "the run ended before it could be interrupted"
-        os.killpg(group, signal.SIGINT)
-        try:
-            code = command.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("real run: still running 30 s after one SIGINT")
-        stderr = command.stderr.read()
+        code, stderr = _interrupt_once(command, label="real run", wait_s=30)
         assert code == 130, stderr
         assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
         assert stderr.strip().splitlines()[-1].startswith("churnsim: interrupted"), stderr
-        time.sleep(5.0)
-        assert _group_members(group) == [], "real run: processes left after the interrupt"
+        _assert_no_member_left(group, "real run")
     finally:
-        for pid in _group_members(group):
-            os.kill(pid, signal.SIGKILL)
-        if command.poll() is None:
-            command.kill()
-            command.wait()
+        _end_group(command)
