@@ -60,20 +60,24 @@ _CHUNK = 64
 
 @dataclass(frozen=True, kw_only=True, order=True)
 class FailureEvent:
-    """Stage `stage` (0-based) loses its node at `time_s`; `kind` names the churn model that caused it."""
+    """The node of stage `stage`, data-parallel replica `replica` (both 0-based), is lost at `time_s`;
+    `kind` names the churn model that caused it. A node is one (stage, replica) of the S × D grid
+    (`calibration/replica_rule.py` decides whether its loss heals from a surviving replica or is a
+    stage loss)."""
 
     time_s: float
     stage: int
+    replica: int = 0
     kind: FailureKind
 
 
 def sorted_events(events: Iterable[FailureEvent]) -> tuple[FailureEvent, ...]:
-    """`events` in `FailureEvent`'s order (time, stage, kind). Compared as field tuples in C: on the
+    """`events` in time, stage, replica, kind order. Compared as field tuples in C: on the
     per-stage runs a sampler concatenates, several times faster than the dataclass's own `__lt__`."""
     return tuple(sorted(events, key=_EVENT_ORDER))
 
 
-_EVENT_ORDER = operator.attrgetter("time_s", "stage", "kind")
+_EVENT_ORDER = operator.attrgetter("time_s", "stage", "replica", "kind")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,6 +76,27 @@ class MethodConfigBase(StrictModel):
     """Recoveries cost a convergence setback (`ConvergenceSpec.setbacks[name]`), which may be uncalibrated."""
     default_setback_iterations: ClassVar[tuple[float, float] | None] = None
     """Uncalibrated (interior, edge) setback in baseline iterations per rebuilt stage; set iff `uses_setbacks`."""
+    on_stage_loss: ClassVar[str]
+    """What the method does when a stage loses every data-parallel replica (with D = 1, on every
+    loss): one sentence for the docs and the run outputs."""
+    lost_optimizer_shard: ClassVar[Literal["checkpoint", "reinitialise"]] = "reinitialise"
+    """Under ZeRO-1 (`checkpoint_sharding = "data_parallel"`) a healed replica's optimizer shard is on
+    no survivor: `checkpoint` reloads it from the latest checkpoint, `reinitialise` starts it from
+    zero at a setback (calibration/replica_rule.py)."""
+
+    @classmethod
+    def on_replica_loss(cls) -> str:
+        """What the method does when a node is lost and its stage keeps a replica: one sentence."""
+        if cls.ignores_failures:
+            return "Ignored: the reference run never fails."
+        shard = {
+            "checkpoint": "reloads its ZeRO-1 optimizer shard from the latest checkpoint",
+            "reinitialise": "starts its ZeRO-1 optimizer shard from zero",
+        }[cls.lost_optimizer_shard]
+        return (
+            "The replacement copies the stage's weights and optimizer state from a surviving replica "
+            f"(bit-exact); under ZeRO-1 it {shard}."
+        )
 
     @property
     def tiers_used(self) -> tuple[str, ...]:
@@ -102,7 +123,7 @@ class MethodConfigBase(StrictModel):
         if name is None:
             return
         # The rule book must be complete and consistent: a mistake here is a programming error.
-        problems = [f"trait {trait!r} is not set" for trait in ("family", "label") if not hasattr(cls, trait)]
+        problems = [f"trait {trait!r} is not set" for trait in ("family", "label", "on_stage_loss") if not hasattr(cls, trait)]
         problems += [f"tier field {field!r} is not a field" for field in cls.tier_fields if field not in cls.model_fields]
         if cls.checkpoint_interval_field is not None and cls.checkpoint_interval_field not in cls.model_fields:
             problems.append(f"checkpoint_interval_field {cls.checkpoint_interval_field!r} is not a field")
@@ -124,6 +145,7 @@ class NoneConfig(MethodConfigBase):
     family = "reference"
     label = "no failures"
     ignores_failures = True
+    on_stage_loss = "Ignored: the reference run never fails."
 
 
 class CheckpointConfig(MethodConfigBase):
@@ -139,6 +161,11 @@ class CheckpointConfig(MethodConfigBase):
     checkpoint_interval_field = "interval_iterations"
     supports_rollback = True
     blocking_checkpoint = True
+    lost_optimizer_shard = "checkpoint"
+    on_stage_loss = (
+        "Every stage (`rollback = all`) or the lost stage (`stage`) reloads the latest complete "
+        "checkpoint and the iterations since are trained again."
+    )
 
     interval_iterations: int = Field(50, ge=1)
     """Iterations between checkpoints (K)."""
@@ -161,6 +188,11 @@ class AsyncCheckpointConfig(MethodConfigBase):
     checkpoint_interval_field = "interval_iterations"
     supports_rollback = True
     plain_iteration = False  # snapshot copies overlap the next iteration's forward/backward
+    lost_optimizer_shard = "checkpoint"
+    on_stage_loss = (
+        "Every stage (`rollback = all`) or the lost stage (`stage`) reloads the newest snapshot "
+        "durable on a level that survived, and the iterations since are trained again."
+    )
 
     interval_iterations: int = Field(10, ge=1)
     """Iterations between snapshots (K)."""
@@ -189,6 +221,10 @@ class RedundantConfig(MethodConfigBase):
     tier_fields = ("fallback_tier",)
     checkpoint_interval_field = "fallback_interval_iterations"
     plain_iteration = False  # redundant forwards of the next stage
+    on_stage_loss = (
+        "The previous stage's live copy of the lost stage takes over until the replacement joins; "
+        "two adjacent stages lost together fall back to the latest checkpoint."
+    )
 
     fallback_interval_iterations: int = Field(100, ge=1)
     """Checkpoint interval of the fallback used when two adjacent stages are lost together."""
@@ -220,6 +256,10 @@ class CheckFreeConfig(_NeighbourRebuildConfig):
 
     label = "CheckFree"
     headline = True
+    on_stage_loss = (
+        "An interior stage is rebuilt from its neighbours in its own replica pipeline (gradient-weighted "
+        "average) at a convergence setback; an edge stage follows `edge_fallback`."
+    )
     default_setback_iterations = (2.0, 6.0)
 
     weighting: GradientWeighting = "squared_l2"
@@ -259,6 +299,10 @@ class CheckFreePlusConfig(_NeighbourRebuildConfig):
 
     label = "CheckFree+"
     headline = True
+    on_stage_loss = (
+        "As CheckFree for interior stages; an edge stage copies its swap partner and restores the "
+        "embedding or head from the replica the partner holds."
+    )
     plain_iteration = False  # odd microbatches take the swapped route
     swaps_odd_microbatches = True
     minimum_stages = MINIMUM_STAGES_FOR_SWAP
@@ -283,6 +327,7 @@ class CopyConfig(_NeighbourRebuildConfig):
 
     label = "copy (ablation)"
     ablation = True
+    on_stage_loss = "Copies the nearest surviving stage's blocks, at a convergence setback."
     default_setback_iterations = (6.0, 6.0)
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
@@ -297,6 +342,7 @@ class UniformConfig(_NeighbourRebuildConfig):
 
     label = "uniform average (ablation)"
     ablation = True
+    on_stage_loss = "An interior stage is the plain average of its neighbours; otherwise a copy, at a setback."
     default_setback_iterations = (3.0, 6.0)
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":
@@ -311,6 +357,7 @@ class RandomConfig(_NeighbourRebuildConfig):
 
     label = "random init (ablation)"
     ablation = True
+    on_stage_loss = "Starts the stage again from random initialisation, at a convergence setback."
     default_setback_iterations = (40.0, 40.0)
 
     def plan_stage(self, stage: int, lost: frozenset[int], num_stages: int) -> "RebuildPlan":

@@ -114,15 +114,26 @@ CheckpointSharding = Literal["whole_stage", "data_parallel"]
 
 class PipelineSpec(StrictModel):
     num_stages: int = Field(ge=1)
-    """Pipeline stages, each on a node of its own; model.num_layers are split over them. Failures
-    strike stages (`churn`)."""
+    """Pipeline stages, each on a node of its own in every data-parallel replica; model.num_layers
+    are split over them. Failures strike nodes (`churn`)."""
     data_parallel_degree: int = Field(1, ge=1)
-    """Replicas of the whole pipeline, each training on its own data. It multiplies the global batch
-    (tokens per iteration) and adds a ring all-reduce of each stage's gradients before the optimizer
-    step (`network.allreduce_latency_s`, `network.allreduce_bandwidth_bytes_per_s`); with
+    """D, replicas of the whole pipeline, each training on its own data: the pipeline is a grid of
+    num_stages × D nodes, a node being one (stage, replica). D multiplies the global batch (tokens
+    per iteration) and adds a ring all-reduce of each stage's gradients over its replicas before the
+    optimizer step (`network.allreduce_latency_s`, `network.allreduce_bandwidth_bytes_per_s`); with
     `checkpoint_sharding = "data_parallel"` the replicas share a stage's checkpoint writes and reads.
-    It does not multiply failures: churn rates are per stage, so a stage's rate must count all its
-    replicas' nodes. Real runs take only 1."""
+    Churn strikes nodes at its per-node rate: a lost node whose stage has a surviving replica heals
+    by a copy from it; only a stage whose replicas are all lost goes to the method's own recovery
+    (calibration/replica_rule.py)."""
+    replicas_fail_together: bool = False
+    """True: the D replicas of a stage share one failure domain, so every failure the churn model
+    samples for a stage takes all of them at once and is always a stage loss (CheckFree's emulator,
+    reference/checkfree.md). False: each node fails on its own. No effect when D is 1."""
+    while_replica_missing: Literal["continue", "wait"] = "continue"
+    """What the data-parallel group does while a lost replica heals. `continue`: the replica
+    pipelines that still have every stage train on, with a smaller global batch (torchft's dynamic
+    mode, Oobleck); when none is complete the group waits. `wait`: every replica waits until the
+    heal is done (a fixed global batch, as synchronous data-parallel jobs do). No effect when D is 1."""
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     """Order of each stage's forward and backward passes in an iteration: `gpipe` runs every
     microbatch's forward, then every backward; `1f1b` alternates one forward and one backward after

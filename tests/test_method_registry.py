@@ -42,6 +42,7 @@ class ToyRestartConfig(MethodConfigBase):
 
     family = "checkpoint"  # the seeded initialisation is its only checkpoint
     label = "restart from scratch (toy)"
+    on_stage_loss = "Every stage goes back to its initial weights."
 
 
 class ToyRestartPolicy(RecoveryPolicy):

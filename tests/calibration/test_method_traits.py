@@ -126,6 +126,7 @@ def test_an_incomplete_rule_book_is_a_programming_error():
             rollback: Literal["all", "stage"] = "all"
             family = "checkpoint"
             label = "broken"
+            on_stage_loss = "Every stage goes back to its initial weights."
 
     assert "broken" not in METHOD_CONFIGS
 
