@@ -411,6 +411,9 @@ class FailurePathSpec:
     replication: int = 0
     max_time_s: float
     """Nothing is sampled beyond this time (the scenario's `target.max_wall_clock_s`)."""
+    data_parallel_degree: int = 1
+    """D: the grid has num_stages × D nodes, each failing on its own unless `replicas_fail_together`."""
+    replicas_fail_together: bool = False
 
     @classmethod
     def of(cls, scenario: "Scenario", *, replication: int = 0) -> "FailurePathSpec":
@@ -420,6 +423,8 @@ class FailurePathSpec:
             seed=scenario.seed,
             replication=replication,
             max_time_s=scenario.target.max_wall_clock_s,
+            data_parallel_degree=scenario.pipeline.data_parallel_degree,
+            replicas_fail_together=scenario.pipeline.replicas_fail_together,
         )
 
     def sample(self, horizon_s: float) -> tuple[FailureEvent, ...]:
