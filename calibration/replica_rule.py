@@ -119,3 +119,25 @@ def training_replicas(missing: Iterable[Node], data_parallel_degree: int, while_
     if while_replica_missing == "wait":
         return 0
     return complete_replicas(missing, data_parallel_degree)
+
+
+def stage_loss_rate_per_s(
+    node_failure_rate_per_s: float, *, data_parallel_degree: int, heal_window_s: float, replicas_fail_together: bool = False
+) -> float:
+    """Long-run rate of stage losses of one stage whose D nodes each fail at `node_failure_rate_per_s`
+    (memoryless) and heal `heal_window_s` after a loss (join delay plus the copy).
+
+    A node alternates between up (mean 1/λ) and missing (h), so it is missing with probability
+    p = λh / (1 + λh); a loss of one of the D nodes while it is up (rate Dλ(1 − p)) is a stage loss
+    when the other D − 1 are all missing (p^(D−1)): D·λ·(1 − p)·p^(D−1). Approximation: it treats the
+    replicas as independent and ignores that a stage loss replaces all of them at once, which matters
+    only when stage losses are common. With D = 1 it is λ/(1 + λh), every loss of an up node; with
+    replicas failing together, every failure is a stage loss: λ.
+    """
+    rate = node_failure_rate_per_s
+    if rate < 0 or heal_window_s < 0 or data_parallel_degree < 1:
+        raise ValueError("rate and heal window must be >= 0 and the data-parallel degree >= 1")
+    if replicas_fail_together:
+        return rate
+    missing = rate * heal_window_s / (1.0 + rate * heal_window_s)
+    return data_parallel_degree * rate * (1.0 - missing) * missing ** (data_parallel_degree - 1)

@@ -72,3 +72,14 @@ def test_training_replicas_follow_the_while_replica_missing_choice():
 def test_a_node_outside_the_grid_is_refused():
     with pytest.raises(ValueError, match="outside"):
         plan_node_losses(CheckpointConfig(), [(0, 2)], num_stages=2, data_parallel_degree=2)
+
+
+def test_stage_loss_rate_falls_with_replicas_and_is_the_node_rate_when_they_fail_together():
+    from churnsim.calibration.replica_rule import stage_loss_rate_per_s
+
+    rate = 1 / 3600.0
+    rates = [stage_loss_rate_per_s(rate, data_parallel_degree=d, heal_window_s=600.0) for d in (1, 2, 3)]
+    assert rates[0] > rates[1] > rates[2] > 0
+    # D = 2: 2λ(1 − p)p with p = λh / (1 + λh) = 1/7.
+    assert rates[1] == pytest.approx(2 * rate * (6 / 7) * (1 / 7))
+    assert stage_loss_rate_per_s(rate, data_parallel_degree=3, heal_window_s=600.0, replicas_fail_together=True) == rate
