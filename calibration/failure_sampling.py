@@ -1,29 +1,49 @@
-"""Failure sample paths: which stage fails when, for one replication.
+"""Failure sample paths: which node fails when, for one replication.
 
-`sample_failures(config, num_stages=..., horizon_s=..., rng=...)` turns a churn model of
-`churnsim.calibration.churn` into a time-ordered tuple of `FailureEvent`s in [0, horizon_s). The path
-depends only on the churn model, the pipeline size, the horizon and the random stream, never on the
-recovery method: the run model feeds the same path to every method of a replication (common random
-numbers).
+`sample_failures(config, num_stages=..., horizon_s=..., rng=..., data_parallel_degree=D)` turns a
+churn model of `churnsim.calibration.churn` into a time-ordered tuple of `FailureEvent`s in
+[0, horizon_s). The pipeline is a grid of S stages × D data-parallel replicas and a node is one
+(stage, replica): every rate of a churn model is per node, and every event names the node lost
+(`calibration/replica_rule.py` decides whether it heals from a surviving replica). The path depends
+only on the churn model, the grid, the horizon and the random stream, never on the recovery method:
+the run model feeds the same path to every method of a replication (common random numbers).
 
 Prefix property: for a fixed seed, a longer horizon only appends events. Each stage's failures come
-from its own random stream (memoryless and Weibull models), and bursts and trace removals consume
-their stream in time order, so what happens before time t never depends on the horizon. A
+from its own random stream (memoryless models; Weibull: each node's), and bursts and trace removals
+consume their stream in time order, so what happens before time t never depends on the horizon. A
 `FailureSampler` reads a path forward on it: each step to a longer horizon draws only what lies
 between the two horizons and appends those events, so a run whose length is not known in advance
 never samples, or sorts, any part of its path twice.
 
-Trace replay (an approximation: traces give timing and burstiness, not placement): the pipeline's
-stages are taken to sit on `num_stages` of the nodes alive in the trace, placed uniformly at random.
-A removal of k nodes at one instant, with n alive just before it, therefore hits a number of stages
-drawn from the hypergeometric law (k draws from n nodes of which min(num_stages, n) host stages):
-each removed node hosts a stage with probability min(1, num_stages / n) and simultaneous removals hit
-distinct stages, chosen uniformly. Replacements are not taken from the trace's pool (the run model
-adds a join delay); every removal counts as a preemption seen, whether or not it hits a stage.
+Nodes, and what sampling costs (it grows with the number of failures, not with S × D, except as
+stated for Weibull):
+- Memoryless models (`poisson`, `stage_hourly`): a stage's D nodes fail independently at rate λ
+  each, which is one Poisson process at rate D·λ whose every event hits a replica chosen uniformly
+  (superposition). So each stage keeps one stream: its gaps are drawn at rate D·λ and, when D > 1,
+  each failure's replica by a further draw from the same stream. With D = 1 nothing extra is drawn,
+  so the path is the one of a pipeline without data parallelism.
+- `weibull` is not memoryless, so every node is its own renewal process on its own stream (node
+  (stage, replica) on the stream stage + replica·S, so replica 0 keeps the D = 1 streams): setting
+  a path up costs O(S·D); reading it forward costs O(log(S·D)) per failure.
+- `burst`: a burst takes `size` distinct nodes of the grid (size capped at S·D), chosen uniformly.
+- `schedule`: every row names its node; the file's replicas must exist in the grid.
+- `replicas_fail_together=True` (CheckFree's emulator): the model is sampled per stage exactly as
+  with D = 1 (the same draws) and each stage failure becomes D events at the same instant, one per
+  replica: the whole stage is lost at once.
+
+Trace replay (an approximation: traces give timing and burstiness, not placement): a trace's
+instances are nodes, and the grid's S·D nodes are taken to sit on S·D of the nodes alive in the
+trace, placed uniformly at random (S nodes, one per stage, when replicas fail together). A removal
+of k nodes at one instant, with n alive just before it, therefore hits a number of grid nodes drawn
+from the hypergeometric law (k draws from n nodes of which min(S·D, n) host grid nodes): each
+removed node hosts a grid node with probability min(1, S·D / n) and simultaneous removals hit
+distinct grid nodes, chosen uniformly. Replacements are not taken from the trace's pool (the run
+model adds a join delay); every removal counts as a preemption seen, whether or not it hits the grid.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 import pathlib
@@ -91,23 +111,47 @@ class FailureSample:
 
 
 def sample_failures(
-    config: ChurnConfig, *, num_stages: int, horizon_s: float, rng: np.random.Generator
+    config: ChurnConfig,
+    *,
+    num_stages: int,
+    horizon_s: float,
+    rng: np.random.Generator,
+    data_parallel_degree: int = 1,
+    replicas_fail_together: bool = False,
 ) -> tuple[FailureEvent, ...]:
-    """The failure events of one replication in [0, horizon_s), sorted by time, then stage.
+    """The node failures of one replication of a num_stages × data_parallel_degree grid in
+    [0, horizon_s), sorted by time, stage, then replica; `replicas_fail_together` loses whole stages
+    (module docstring). With data_parallel_degree = 1 the path is the same whatever
+    `replicas_fail_together` says.
 
     Takes exactly two draws from `rng` (to seed the per-stage streams) for every model but `none`,
     whatever the horizon; pass a stream reserved for churn so other sources stay independent of it.
     """
-    return sample_failures_with_stats(config, num_stages=num_stages, horizon_s=horizon_s, rng=rng).events
+    return sample_failures_with_stats(
+        config,
+        num_stages=num_stages,
+        horizon_s=horizon_s,
+        rng=rng,
+        data_parallel_degree=data_parallel_degree,
+        replicas_fail_together=replicas_fail_together,
+    ).events
 
 
 def sample_failures_with_stats(
-    config: ChurnConfig, *, num_stages: int, horizon_s: float, rng: np.random.Generator
+    config: ChurnConfig,
+    *,
+    num_stages: int,
+    horizon_s: float,
+    rng: np.random.Generator,
+    data_parallel_degree: int = 1,
+    replicas_fail_together: bool = False,
 ) -> FailureSample:
-    """As `sample_failures`, also counting the preemptions seen (trace removals that missed every stage too)."""
+    """As `sample_failures`, also counting the preemptions seen (trace removals that missed every node too)."""
     num_stages = _checked_num_stages(num_stages)
     _check_horizon(horizon_s)
-    sampler = FailureSampler(config, num_stages=num_stages, rng=rng)
+    sampler = FailureSampler(
+        config, num_stages=num_stages, rng=rng, data_parallel_degree=data_parallel_degree, replicas_fail_together=replicas_fail_together
+    )
     events = sampler.advance_to(horizon_s)
     return FailureSample(events=events, num_preemptions_seen=sampler.num_preemptions_seen)
 
@@ -121,13 +165,28 @@ class FailureSampler:
     same draws from `rng` as `sample_failures`, when it is made.
     """
 
-    def __init__(self, config: ChurnConfig, *, num_stages: int, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        config: ChurnConfig,
+        *,
+        num_stages: int,
+        rng: np.random.Generator,
+        data_parallel_degree: int = 1,
+        replicas_fail_together: bool = False,
+    ) -> None:
         self.horizon_s = 0.0
         self.num_preemptions_seen = 0  # as `FailureSample.num_preemptions_seen`, in [0, horizon_s)
-        self._source = _event_source(config, _checked_num_stages(num_stages), rng)
+        num_stages = _checked_num_stages(num_stages)
+        data_parallel_degree = _checked_data_parallel_degree(data_parallel_degree)
+        if replicas_fail_together and data_parallel_degree > 1:
+            # The model's draws are those of a D = 1 pipeline; each stage failure takes every replica.
+            stage_source = _event_source(config, num_stages, 1, rng, schedule_replicas=data_parallel_degree)
+            self._source: _EventSource = _WholeStages(stage_source, data_parallel_degree, counts_nodes=not isinstance(config, TraceChurn))
+        else:
+            self._source = _event_source(config, num_stages, data_parallel_degree, rng, schedule_replicas=data_parallel_degree)
 
     def advance_to(self, horizon_s: float) -> tuple[FailureEvent, ...]:
-        """The events in [self.horizon_s, horizon_s), sorted by time, then stage; none for an earlier horizon."""
+        """The events in [self.horizon_s, horizon_s), sorted by time, stage, then replica; none for an earlier horizon."""
         _check_horizon(horizon_s)
         if horizon_s <= self.horizon_s:
             return ()
@@ -144,18 +203,41 @@ def _checked_num_stages(num_stages: int) -> int:
     return int(num_stages)
 
 
+def _checked_data_parallel_degree(data_parallel_degree: int) -> int:
+    if (
+        isinstance(data_parallel_degree, bool)
+        or not isinstance(data_parallel_degree, (int, np.integer))
+        or data_parallel_degree < 1
+    ):
+        raise InputError(
+            f"data_parallel_degree = {data_parallel_degree!r}: must be a whole number >= 1; "
+            "use the pipeline's number of data-parallel replicas"
+        )
+    return int(data_parallel_degree)
+
+
 def _check_horizon(horizon_s: float) -> None:
     if not (horizon_s >= 0.0 and math.isfinite(horizon_s)):
         raise InputError(f"horizon_s = {horizon_s!r}: must be a finite number of seconds >= 0")
 
 
-def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> float:
-    """Long-run stage failures per second per stage, for analytic oracles (Young/Daly, ETTR).
+def mean_node_failure_rate_per_s(
+    config: ChurnConfig, *, num_stages: int, data_parallel_degree: int = 1, replicas_fail_together: bool = False
+) -> float:
+    """Long-run failures per second of one node of the num_stages × data_parallel_degree grid,
+    averaged over the nodes, for analytic oracles (Young/Daly, ETTR, the replica rule's
+    `stage_loss_rate_per_s`).
 
     Exact for the memoryless and burst models; the renewal-theorem limit 1 / mean lifetime for
-    Weibull; for a trace, an approximation over the whole trace (not the window): preemptions per
-    node-second × min(mean nodes alive, S) / S, divided by `time_scale`.
+    Weibull; for a schedule, its node failures over the span to its last row; for a trace, an
+    approximation over the whole trace (not the window): preemptions per node-second
+    × min(mean nodes alive, N) / N, divided by `time_scale`, with N = S·D grid nodes hosted on the
+    trace (N = S when replicas fail together: one trace node per stage).
     """
+    num_stages = _checked_num_stages(num_stages)
+    data_parallel_degree = _checked_data_parallel_degree(data_parallel_degree)
+    # Replicas failing together: every node of a stage fails when the stage's D = 1 model fails it.
+    num_hosted = num_stages * (1 if replicas_fail_together else data_parallel_degree)
     if isinstance(config, NoChurn):
         return 0.0
     if isinstance(config, (StageHourlyChurn, PoissonChurn)):
@@ -164,32 +246,42 @@ def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> fl
         return 1.0 / config.mean_lifetime_s
     if isinstance(config, BurstChurn):
         capped_mean = math.fsum(
-            min(size, num_stages) * p for size, p in enumerate(config.burst_size_probabilities, start=1)
+            min(size, num_hosted) * p for size, p in enumerate(config.burst_size_probabilities, start=1)
         )
-        return config.bursts_per_hour / 3600.0 * capped_mean / num_stages
+        return config.bursts_per_hour / 3600.0 * capped_mean / num_hosted
     if isinstance(config, ScheduleChurn):
-        events = scheduled_failures(config, num_stages)
+        events = _scheduled_node_events(config, num_stages, data_parallel_degree, replicas_fail_together)
         span_s = events[-1].time_s if events else 0.0
-        return len(events) / span_s / num_stages if span_s > 0 else 0.0
+        return len(events) / span_s / (num_stages * data_parallel_degree) if span_s > 0 else 0.0
     if isinstance(config, TraceChurn):
         summary = summarize_trace(load_trace(config.path, config.format))
         if summary.node_hours <= 0:
             return 0.0
         per_node_s = summary.num_preemptions / (summary.node_hours * 3600.0)
-        share = min(1.0, num_stages / summary.mean_nodes_alive)
-        return per_node_s * share * summary.mean_nodes_alive / num_stages / config.time_scale
+        share = min(1.0, num_hosted / summary.mean_nodes_alive)
+        return per_node_s * share * summary.mean_nodes_alive / num_hosted / config.time_scale
     raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
 
 
-def scheduled_failures(config: ScheduleChurn, num_stages: int) -> tuple[FailureEvent, ...]:
-    """The rows of a `schedule` churn's file as failure events, sorted; checked against the pipeline."""
+def mean_stage_failure_rate_per_s(config: ChurnConfig, *, num_stages: int) -> float:
+    """Long-run failures per second per stage of a pipeline without data parallelism (D = 1, where a
+    node is a stage), for analytic oracles (Young/Daly, ETTR): `mean_node_failure_rate_per_s` at
+    D = 1. With D > 1 a stage is lost only when all its replicas are: see
+    `replica_rule.stage_loss_rate_per_s`.
+    """
+    return mean_node_failure_rate_per_s(config, num_stages=num_stages)
+
+
+def scheduled_failures(config: ScheduleChurn, num_stages: int, data_parallel_degree: int = 1) -> tuple[FailureEvent, ...]:
+    """The rows of a `schedule` churn's file as failure events of their nodes, sorted; checked
+    against the num_stages × data_parallel_degree grid."""
     source = f"churn.path {config.path!r}"
     from .safe_files import check_path_text, resolve_inside
 
     check_path_text(config.path, what="churn.path")
     if not os.path.isabs(config.path):  # a relative path stays inside the current directory
         resolve_inside(pathlib.Path.cwd(), config.path, what="churn.path")
-    schedule = read_failure_schedule(config.path).validate_for(num_stages, source=source)
+    schedule = read_failure_schedule(config.path).validate_for(num_stages, source=source, data_parallel_degree=data_parallel_degree)
     events = []
     for failure in schedule.failures:
         if failure.time_s is None:
@@ -197,12 +289,26 @@ def scheduled_failures(config: ScheduleChurn, num_stages: int) -> tuple[FailureE
                 f"{source}: the failure of stage {failure.stage} at iteration {failure.iteration} has no time_s; "
                 "a schedule churn replays failures by time: fill the time_s column"
             )
-        events.append(FailureEvent(time_s=failure.time_s, stage=failure.stage, kind="scheduled"))
+        events.append(FailureEvent(time_s=failure.time_s, stage=failure.stage, replica=failure.replica, kind="scheduled"))
     return sorted_events(events)
 
 
-def _event_source(config: ChurnConfig, num_stages: int, rng: np.random.Generator) -> _EventSource:
-    """The churn model's events, ready to be read forward; takes the model's draws from `rng` now."""
+def _scheduled_node_events(
+    config: ScheduleChurn, num_stages: int, data_parallel_degree: int, replicas_fail_together: bool
+) -> tuple[FailureEvent, ...]:
+    """The node failures a schedule churn replays, whole stages where replicas fail together."""
+    events = scheduled_failures(config, num_stages, data_parallel_degree)
+    if replicas_fail_together and data_parallel_degree > 1:
+        return tuple(_whole_stage_events(events, data_parallel_degree))
+    return events
+
+
+def _event_source(
+    config: ChurnConfig, num_stages: int, num_replicas: int, rng: np.random.Generator, *, schedule_replicas: int
+) -> _EventSource:
+    """The churn model's node failures on a num_stages × num_replicas grid, ready to be read forward;
+    takes the model's draws from `rng` now. A schedule's rows are checked against `schedule_replicas`
+    replicas (the pipeline's, also where the model is sampled per stage)."""
     if isinstance(config, NoChurn):
         return _NoEvents()
     if isinstance(config, (StageHourlyChurn, PoissonChurn)):
@@ -210,25 +316,46 @@ def _event_source(config: ChurnConfig, num_stages: int, rng: np.random.Generator
         rate_per_s = config.rate_per_stage_s
         if rate_per_s <= 0.0:
             return _NoEvents()
-        return _RenewalEvents(config.kind, streams, lambda stream, n: stream.exponential(1.0 / rate_per_s, n))
+        # Superposition (module docstring): a stage's nodes fail at num_replicas × the node rate.
+        mean_gap_s = 1.0 / (rate_per_s * num_replicas)
+        return _RenewalEvents(
+            config.kind,
+            [
+                (stage, _renewal_times(stream, lambda stream, n: stream.exponential(mean_gap_s, n), num_replicas=num_replicas))
+                for stage, stream in enumerate(streams)
+            ],
+        )
     if isinstance(config, WeibullChurn):
-        streams = _spawn(rng, num_stages)
+        # Not memoryless: one renewal stream per node; node (stage, replica) takes stream stage + replica·S.
+        streams = _spawn(rng, num_stages * num_replicas)
         scale_s = config.scale_s
-        return _RenewalEvents("weibull", streams, lambda stream, n: scale_s * stream.weibull(config.shape, n))
+        return _RenewalEvents(
+            "weibull",
+            [
+                (index % num_stages, _renewal_times(stream, lambda stream, n: scale_s * stream.weibull(config.shape, n), replica=index // num_stages))
+                for index, stream in enumerate(streams)
+            ],
+        )
     if isinstance(config, BurstChurn):
         stream = _spawn(rng, 1)[0]
-        return _BurstEvents(config, num_stages, stream) if config.bursts_per_hour > 0.0 else _NoEvents()
+        return _BurstEvents(config, num_stages, num_replicas, stream) if config.bursts_per_hour > 0.0 else _NoEvents()
     if isinstance(config, TraceChurn):
-        return _TraceRemovalEvents(config, num_stages, _spawn(rng, 1)[0])
+        return _TraceRemovalEvents(config, num_stages, num_replicas, _spawn(rng, 1)[0])
     if isinstance(config, ScheduleChurn):
-        return _ScheduledEvents(scheduled_failures(config, num_stages))
+        return _ScheduledEvents(scheduled_failures(config, num_stages, schedule_replicas))
     raise InputError(f"churn kind = {getattr(config, 'kind', config)!r} is unknown; use one of the churn models")
 
 
 def _spawn(rng: np.random.Generator, num_streams: int) -> list[np.random.Generator]:
-    # Two draws from the caller's stream seed independent children, whatever the horizon.
+    # Two draws from the caller's stream seed independent children, whatever the horizon. Child i
+    # does not depend on how many are spawned, so the first S streams are those of a D = 1 pipeline.
     root = np.random.SeedSequence([int(value) for value in rng.integers(0, 2**63, size=2)])
     return [np.random.default_rng(child) for child in root.spawn(num_streams)]
+
+
+def _node_of(index: int, num_stages: int) -> tuple[int, int]:
+    """(stage, replica) of grid node `index`; nodes 0..S-1 are replica 0, as the stages of D = 1."""
+    return index % num_stages, index // num_stages
 
 
 class _EventSource:
@@ -246,43 +373,84 @@ class _NoEvents(_EventSource):
         return [], 0
 
 
-class _RenewalEvents(_EventSource):
-    """Memoryless and Weibull churn: every stage a renewal process on its own stream."""
+class _WholeStages(_EventSource):
+    """Replicas failing together: each stage failure of a per-stage source becomes one failure of every replica."""
 
-    def __init__(self, kind: FailureKind, streams: list[np.random.Generator], draw_gaps: Callable) -> None:
+    def __init__(self, stage_source: _EventSource, num_replicas: int, *, counts_nodes: bool) -> None:
+        self._stage_source = stage_source
+        self._num_replicas = num_replicas
+        self._counts_nodes = counts_nodes  # False for a trace: its preemptions are the trace's removals
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        stage_events, num_preemptions = self._stage_source.advance_to(horizon_s)
+        events = _whole_stage_events(stage_events, self._num_replicas)
+        return events, len(events) if self._counts_nodes else num_preemptions
+
+
+def _whole_stage_events(stage_events: Iterable[FailureEvent], num_replicas: int) -> list[FailureEvent]:
+    """Every replica of each (instant, stage) failed in `stage_events`, once (a schedule may name
+    several replicas of one stage at one instant: the stage is lost once)."""
+    stages_hit = dict.fromkeys((event.time_s, event.stage, event.kind) for event in stage_events)
+    seen: set[tuple[float, int]] = set()
+    events = []
+    for time_s, stage, kind in stages_hit:
+        if (time_s, stage) not in seen:
+            seen.add((time_s, stage))
+            events.extend(FailureEvent(time_s=time_s, stage=stage, replica=replica, kind=kind) for replica in range(num_replicas))
+    return events
+
+
+class _RenewalEvents(_EventSource):
+    """Memoryless and Weibull churn: renewal streams (one per stage, or per node for Weibull), read
+    forward through a heap of their next failures, so each failure costs O(log streams)."""
+
+    def __init__(self, kind: FailureKind, streams: list[tuple[int, Iterator[tuple[float, int]]]]) -> None:
         self._kind = kind
-        self._stage_times = [_renewal_times(stream, draw_gaps) for stream in streams]
-        self._next_times_s = [next(times) for times in self._stage_times]  # per stage, the first failure not given yet
+        self._stages = [stage for stage, _ in streams]
+        self._times = [times for _, times in streams]
+        # (time_s, replica, stream index) of each stream's first failure not given yet.
+        self._next = [(*next(times), index) for index, times in enumerate(self._times)]
+        heapq.heapify(self._next)
 
     def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
         events = []
-        for stage, times in enumerate(self._stage_times):
-            time_s = self._next_times_s[stage]
-            while time_s < horizon_s:
-                events.append(FailureEvent(time_s=time_s, stage=stage, kind=self._kind))
-                time_s = next(times)
-            self._next_times_s[stage] = time_s
+        upcoming = self._next
+        while upcoming and upcoming[0][0] < horizon_s:
+            time_s, replica, index = upcoming[0]
+            events.append(FailureEvent(time_s=time_s, stage=self._stages[index], replica=replica, kind=self._kind))
+            heapq.heapreplace(upcoming, (*next(self._times[index]), index))
         return events, len(events)
 
 
-def _renewal_times(stream: np.random.Generator, draw_gaps: Callable) -> Iterator[float]:
-    """The partial sums of i.i.d. gaps, without end, drawn in fixed chunks (prefix property)."""
-    now_s, last_s = 0.0, -math.inf
+def _renewal_times(
+    stream: np.random.Generator, draw_gaps: Callable, *, num_replicas: int = 1, replica: int = 0
+) -> Iterator[tuple[float, int]]:
+    """(time_s, replica) of the partial sums of i.i.d. gaps, without end, drawn in fixed chunks
+    (prefix property). With `num_replicas` > 1 (a stage's superposed nodes) each chunk of gaps is
+    followed by a chunk of uniform replicas from the same stream; otherwise every failure is `replica`'s."""
+    now_s, last_s, failed_at_last = 0.0, -math.inf, ()
     while True:
-        for gap_s in draw_gaps(stream, _CHUNK):
+        gaps = draw_gaps(stream, _CHUNK)
+        replicas = stream.integers(0, num_replicas, size=_CHUNK).tolist() if num_replicas > 1 else itertools.repeat(replica)
+        for gap_s, failed in zip(gaps, replicas):
             now_s += float(gap_s)
-            # A lifetime that rounds to zero (Weibull shapes well below 1) would make the stage fail
+            # A lifetime that rounds to zero (Weibull shapes well below 1) would make a node fail
             # twice at one instant; a node that is already gone cannot fail again, so it is dropped.
             if now_s > last_s:
-                last_s = now_s
-                yield now_s
+                last_s, failed_at_last = now_s, (failed,)
+            elif failed in failed_at_last:
+                continue
+            else:
+                failed_at_last += (failed,)
+            yield now_s, failed
 
 
 class _BurstEvents(_EventSource):
-    """Bursts: one stream, consumed per burst always in this order: gap, size, victims."""
+    """Bursts: one stream, consumed per burst always in this order: gap, size, victims (distinct grid nodes)."""
 
-    def __init__(self, config: BurstChurn, num_stages: int, stream: np.random.Generator) -> None:
+    def __init__(self, config: BurstChurn, num_stages: int, num_replicas: int, stream: np.random.Generator) -> None:
         self._num_stages = num_stages
+        self._num_nodes = num_stages * num_replicas
         self._stream = stream
         self._mean_gap_s = 3600.0 / config.bursts_per_hour
         probabilities = np.asarray(config.burst_size_probabilities, dtype=float)
@@ -292,9 +460,10 @@ class _BurstEvents(_EventSource):
     def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
         events = []
         while self._next_burst_s < horizon_s:
-            size = min(self._num_stages, 1 + int(self._stream.choice(len(self._size_probabilities), p=self._size_probabilities)))
-            for stage in self._stream.choice(self._num_stages, size=size, replace=False):
-                events.append(FailureEvent(time_s=self._next_burst_s, stage=int(stage), kind="burst"))
+            size = min(self._num_nodes, 1 + int(self._stream.choice(len(self._size_probabilities), p=self._size_probabilities)))
+            for node in self._stream.choice(self._num_nodes, size=size, replace=False):
+                stage, replica = _node_of(int(node), self._num_stages)
+                events.append(FailureEvent(time_s=self._next_burst_s, stage=stage, replica=replica, kind="burst"))
             self._next_burst_s += float(self._stream.exponential(self._mean_gap_s))
         return events, len(events)
 
@@ -320,9 +489,9 @@ def _window_events(config: TraceChurn, trace: Trace) -> tuple[list[TraceEvent], 
 
 class _TraceRemovalEvents(_EventSource):
     """Trace replay (module docstring): the window's events walked in replay order, each removal
-    hitting stages drawn from one stream."""
+    hitting grid nodes drawn from one stream."""
 
-    def __init__(self, config: TraceChurn, num_stages: int, stream: np.random.Generator) -> None:
+    def __init__(self, config: TraceChurn, num_stages: int, num_replicas: int, stream: np.random.Generator) -> None:
         trace = load_trace(config.path, config.format)
         window, self._alive_at_start, window_length_s = _window_events(config, trace)
         period_s = window_length_s * config.time_scale
@@ -330,11 +499,12 @@ class _TraceRemovalEvents(_EventSource):
         self._replayed = _replayed(window, period_s=period_s, time_scale=config.time_scale, repeats=repeats)
         self._next = next(self._replayed, None)  # (loop, time_s, event) of the first event not walked yet
         self._num_stages = num_stages
+        self._num_nodes = num_stages * num_replicas
         self._stream = stream
         self._loop = 0
         self._alive = self._alive_at_start
         self._hit_time_s: float | None = None
-        self._hit_stages: set[int] = set()
+        self._hit_nodes: set[int] = set()  # grid nodes already hit at `_hit_time_s`
 
     def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
         events: list[FailureEvent] = []
@@ -347,11 +517,12 @@ class _TraceRemovalEvents(_EventSource):
                 self._alive += event.count
             else:
                 if time_s != self._hit_time_s:
-                    self._hit_time_s, self._hit_stages = time_s, set()
+                    self._hit_time_s, self._hit_nodes = time_s, set()
                 preemptions += event.count
-                for stage in _stages_hit(event.count, self._alive, self._num_stages, self._hit_stages, self._stream):
-                    self._hit_stages.add(stage)
-                    events.append(FailureEvent(time_s=time_s, stage=stage, kind="trace_removal"))
+                for node in _nodes_hit(event.count, self._alive, self._num_nodes, self._hit_nodes, self._stream):
+                    self._hit_nodes.add(node)
+                    stage, replica = _node_of(node, self._num_stages)
+                    events.append(FailureEvent(time_s=time_s, stage=stage, replica=replica, kind="trace_removal"))
                 self._alive -= event.count
             self._next = next(self._replayed, None)
         return events, preemptions
@@ -365,19 +536,32 @@ def _replayed(window: list[TraceEvent], *, period_s: float, time_scale: float, r
             yield loop, loop_start_s + event.time_s * time_scale, event
 
 
-def _stages_hit(
-    num_removed: int, num_alive: int, num_stages: int, already_hit: set[int], stream: np.random.Generator
+def _nodes_hit(
+    num_removed: int, num_alive: int, num_nodes: int, already_hit: set[int], stream: np.random.Generator
 ) -> list[int]:
-    """Stages lost when `num_removed` of `num_alive` uniformly placed nodes leave (hypergeometric)."""
-    free_stages = [stage for stage in range(num_stages) if stage not in already_hit]
-    num_hosting = min(len(free_stages), num_alive)
+    """Grid nodes lost when `num_removed` of `num_alive` uniformly placed trace nodes leave
+    (hypergeometric), among the `num_nodes` grid nodes not in `already_hit`. The free nodes are
+    numbered in order without being listed, so the cost follows the nodes hit, not the grid."""
+    num_free = num_nodes - len(already_hit)
+    num_hosting = min(num_free, num_alive)
     if num_hosting == 0 or num_removed <= 0:
         return []
     num_hit = int(stream.hypergeometric(num_hosting, num_alive - num_hosting, min(num_removed, num_alive)))
     if num_hit == 0:
         return []
-    chosen = stream.choice(len(free_stages), size=num_hit, replace=False)
-    return [free_stages[int(index)] for index in chosen]
+    chosen = stream.choice(num_free, size=num_hit, replace=False)
+    taken = sorted(already_hit)
+    return [_nth_free_node(int(index), taken) for index in chosen]
+
+
+def _nth_free_node(index: int, taken: list[int]) -> int:
+    """The `index`-th (0-based) node number not in the ascending list `taken`."""
+    node = index
+    for taken_node in taken:
+        if taken_node > node:
+            break
+        node += 1
+    return node
 
 
 class _ScheduledEvents(_EventSource):
@@ -429,11 +613,24 @@ class FailurePathSpec:
 
     def sample(self, horizon_s: float) -> tuple[FailureEvent, ...]:
         """The path's events in [0, min(horizon_s, max_time_s))."""
-        return sample_failures(self.churn, num_stages=self.num_stages, horizon_s=min(horizon_s, self.max_time_s), rng=self._churn_rng())
+        return sample_failures(
+            self.churn,
+            num_stages=self.num_stages,
+            horizon_s=min(horizon_s, self.max_time_s),
+            rng=self._churn_rng(),
+            data_parallel_degree=self.data_parallel_degree,
+            replicas_fail_together=self.replicas_fail_together,
+        )
 
     def sampler(self) -> FailureSampler:
         """A sampler of the path, to read it forward in time; it does not stop at `max_time_s`, its caller does."""
-        return FailureSampler(self.churn, num_stages=self.num_stages, rng=self._churn_rng())
+        return FailureSampler(
+            self.churn,
+            num_stages=self.num_stages,
+            rng=self._churn_rng(),
+            data_parallel_degree=self.data_parallel_degree,
+            replicas_fail_together=self.replicas_fail_together,
+        )
 
     def _churn_rng(self) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence((self.seed, self.replication, CHURN_STREAM)))
