@@ -195,6 +195,15 @@ def test_a_mutated_failure_schedule(index, tmp_path, capsys):
     assert_promise(["simulate", "scenario.json", "--out", "out"], tmp_path, capsys, f"schedule case {index}")
 
 
+@pytest.mark.parametrize("index", _cases("schedule-replica"))
+def test_a_mutated_failure_schedule_with_a_replica_column(index, tmp_path, capsys):
+    rng = _rng("schedule-replica", index)
+    schedule = "# churnsim failure schedule, schema_version 1\ntime_s,iteration,stage,kind,replica\n1.5,,1,scheduled,0\n30,,2,scheduled,\n95.25,,0,scheduled,0\n"
+    (tmp_path / "failures.csv").write_bytes(mutate_lines_text(schedule, rng))
+    (tmp_path / "scenario.json").write_text(json.dumps(_scenario_with_churn({"kind": "schedule", "path": "failures.csv"})))
+    assert_promise(["simulate", "scenario.json", "--out", "out"], tmp_path, capsys, f"schedule-replica case {index}")
+
+
 @pytest.mark.parametrize("index", _cases("trace"))
 def test_a_mutated_trace(index, tmp_path, capsys):
     rng = _rng("trace", index)
