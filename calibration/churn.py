@@ -1,13 +1,20 @@
-"""Churn models of a scenario: which stages fail, and when.
+"""Churn models of a scenario: which nodes fail, and when.
+
+The pipeline is a grid of S stages × D data-parallel replicas; a node is one (stage, replica), and
+every rate below is per node (per node-hour, or a node's lifetime), whatever D is: no rate is
+multiplied by D. With D = 1 a node is a stage. Whether a lost node heals from a surviving replica or
+loses its stage is `calibration/replica_rule.py`'s business; `pipeline.replicas_fail_together`
+makes every failure take all D replicas of its stage at once.
 
 A scenario's `churn` field is one of the models below, told apart by its `kind`:
 
 - `none`: no failures.
-- `stage_hourly`: every stage fails with a fixed probability per hour (the CheckFree paper's unit).
-- `poisson`: the node hosting each stage fails at a constant rate per node-hour.
-- `weibull`: each stage's node lives a Weibull lifetime, renewed on replacement.
-- `burst`: correlated bursts that take down several distinct stages at once.
-- `trace`: replay the add/remove events of a recorded spot-instance trace.
+- `stage_hourly`: every node fails with a fixed probability per node-hour (the CheckFree paper's
+  unit, which it states per stage of a pipeline without data parallelism).
+- `poisson`: every node fails at a constant rate per node-hour.
+- `weibull`: every node lives a Weibull lifetime, renewed on replacement.
+- `burst`: correlated bursts that take down several distinct nodes at once.
+- `trace`: replay the add/remove events of a recorded spot-instance trace; its instances are nodes.
 - `schedule`: replay a churnsim failure schedule (e.g. the failures.csv of a real run) by time.
 
 `churnsim.calibration.failure_sampling.sample_failures` turns a model into the failure sample path of one replication.
@@ -38,9 +45,10 @@ P3_TRACE_BURST_SIZE_PROBABILITIES: tuple[float, ...] = (0.5, 0.16, 0.19, 0.09, 0
 
 
 def stage_hourly_probability_to_rate_per_s(probability_per_stage_hour: float) -> float:
-    """Poisson rate (per second, per stage) whose chance of at least one failure in an hour is `probability_per_stage_hour`.
+    """Poisson rate (per second, per node) whose chance of at least one failure in an hour is `probability_per_stage_hour`.
 
-    rate = −ln(1 − h) / 3600 s; e.g. h = 10 % ⇒ 0.105 failures per stage-hour.
+    rate = −ln(1 − h) / 3600 s; e.g. h = 10 % ⇒ 0.105 failures per node-hour. The name keeps the
+    paper's "stage": without data parallelism a node is a stage; with D replicas h is per node.
     """
     if not 0.0 <= probability_per_stage_hour < 1.0:
         raise InputError(
@@ -75,35 +83,40 @@ class NoChurn(StrictModel):
 
 
 class StageHourlyChurn(StrictModel):
-    """Each stage fails independently with probability h per hour (CheckFree's unit).
+    """Each node fails independently with probability h per node-hour (CheckFree's unit).
 
-    Sampled as a Poisson process per stage with rate −ln(1 − h) per hour, which gives exactly
-    probability h of at least one failure in any hour.
+    Sampled as a Poisson process per node with rate −ln(1 − h) per hour, which gives exactly
+    probability h of at least one failure in any hour. CheckFree states h per stage of a pipeline
+    without data parallelism, where a node is a stage; with D replicas each of a stage's D nodes
+    fails with probability h per hour (with `pipeline.replicas_fail_together`, the whole stage does).
     """
 
     kind: Literal["stage_hourly"]
     failure_probability_per_stage_hour: float = Field(ge=0.0, lt=1.0, allow_inf_nan=False)
-    """Probability in [0, 1) that a given stage fails at least once in an hour (0.1 = 10 %/h)."""
+    """Probability in [0, 1) that a given node fails at least once in an hour (0.1 = 10 %/h); a
+    node is one replica of one stage, which is the stage itself without data parallelism."""
 
     @property
     def rate_per_stage_s(self) -> float:
+        """Failures per second of one node (named for the stage of a pipeline without data parallelism)."""
         return stage_hourly_probability_to_rate_per_s(self.failure_probability_per_stage_hour)
 
 
 class PoissonChurn(StrictModel):
-    """The node hosting each stage fails at a constant rate (exponential lifetimes)."""
+    """Every node (one replica of one stage) fails at a constant rate (exponential lifetimes)."""
 
     kind: Literal["poisson"]
     failures_per_node_hour: float = Field(ge=0.0, allow_inf_nan=False)
-    """Failure rate of one stage's node per hour (AWS GPU spot ≈ 0.6, GCP ≈ 0.3)."""
+    """Failure rate of one node per hour (AWS GPU spot ≈ 0.6, GCP ≈ 0.3); not multiplied by the data-parallel degree."""
 
     @property
     def rate_per_stage_s(self) -> float:
+        """Failures per second of one node (named for the stage of a pipeline without data parallelism)."""
         return self.failures_per_node_hour / SECONDS_PER_HOUR
 
 
 class WeibullChurn(StrictModel):
-    """Each stage's node lives a Weibull lifetime; its replacement draws a fresh one (renewal).
+    """Each node lives a Weibull lifetime; its replacement draws a fresh one (renewal).
 
     The scale is derived so that the mean lifetime equals `mean_lifetime_s`. The replacement's
     lifetime starts at the moment the failed node fails: the join delay is ignored for the sample
@@ -115,7 +128,7 @@ class WeibullChurn(StrictModel):
     shape: float = Field(gt=0.0, allow_inf_nan=False)
     """Weibull shape k (1 = exponential lifetimes)."""
     mean_lifetime_s: float = Field(gt=0.0, allow_inf_nan=False)
-    """Mean lifetime of one stage's node in seconds."""
+    """Mean lifetime of one node in seconds."""
 
     @property
     def scale_s(self) -> float:
@@ -124,17 +137,18 @@ class WeibullChurn(StrictModel):
 
 
 class BurstChurn(StrictModel):
-    """Correlated failures: bursts arrive as a Poisson process and each takes down distinct stages.
+    """Correlated failures: bursts arrive as a Poisson process and each takes down distinct nodes.
 
-    The number of stages in a burst is i + 1 with probability `burst_size_probabilities[i]`,
-    capped at the number of stages; the stages are chosen uniformly without repetition.
+    The number of nodes in a burst is i + 1 with probability `burst_size_probabilities[i]`, capped
+    at the number of nodes (stages × data-parallel replicas); the nodes are chosen uniformly without
+    repetition (whole stages, capped at the number of stages, when replicas fail together).
     """
 
     kind: Literal["burst"]
     bursts_per_hour: float = Field(ge=0.0, allow_inf_nan=False)
-    """Rate of bursts for the whole pipeline, per hour."""
+    """Rate of bursts for the whole grid of nodes, per hour."""
     burst_size_probabilities: tuple[float, ...] = P3_TRACE_BURST_SIZE_PROBABILITIES
-    """Probabilities of bursts of 1, 2, … stages; they must sum to 1. Default: the p3 spot trace."""
+    """Probabilities of bursts of 1, 2, … nodes; they must sum to 1. Default: the p3 spot trace."""
 
     @field_validator("burst_size_probabilities")
     @classmethod
@@ -155,12 +169,12 @@ class BurstChurn(StrictModel):
 
 
 class TraceChurn(StrictModel):
-    """Replay the removals of a recorded spot-instance trace as stage failures.
+    """Replay the removals of a recorded spot-instance trace as node failures.
 
     Trace times (in the trace's own seconds) inside [window_start_s, window_end_s) are shifted so
     the window starts at simulated time 0 and multiplied by `time_scale`. Every removal inside is a
-    preemption the simulator sees; it hits a pipeline stage with the stage-hosting share of the
-    nodes alive (see `churnsim.calibration.failure_sampling`).
+    preemption the simulator sees; it hits a node of the pipeline's grid with the grid-hosting
+    share of the nodes alive (see `churnsim.calibration.failure_sampling`).
     """
 
     kind: Literal["trace"]
@@ -195,14 +209,14 @@ class TraceChurn(StrictModel):
 class ScheduleChurn(StrictModel):
     """Replay a failure schedule: the rows of a churnsim failure-schedule CSV, by their `time_s`.
 
-    Each row is one stage failure at that many seconds after the start of training, for the
-    simulator and for real runs alike (a real run injects it at its first iteration boundary at or
-    after that time). Every row needs a `time_s`: failure times are the one time base both share.
+    Each row is one node failure (its stage, and its replica when the file has that column) at
+    that many seconds after the start of training, for the simulator and for real runs alike (a
+    real run injects it at its first iteration boundary at or after that time). Every row needs a `time_s`: failure times are the one time base both share.
     """
 
     kind: Literal["schedule"]
     path: str = Field(min_length=1)
-    """The failure-schedule CSV (`time_s,iteration,stage,kind`), relative to the current directory."""
+    """The failure-schedule CSV (`time_s,iteration,stage,kind`, optionally `,replica`), relative to the current directory."""
 
 
 def resolve_trace_path(path: str | Path) -> Path:
