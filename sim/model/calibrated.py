@@ -163,7 +163,7 @@ def replay_failures(record: RunRecord) -> tuple[FailureEvent, ...]:
         if time_s is None:
             before = metrics.loc[metrics["step"] < int(failure.iteration or 0), "wall_time_s"]  # type: ignore[arg-type]
             time_s = float(before.iloc[-1]) if not before.empty else 0.0
-        events.append(FailureEvent(time_s=float(time_s), stage=failure.stage, kind=failure.kind))  # type: ignore[arg-type]
+        events.append(FailureEvent(time_s=float(time_s), stage=failure.stage, replica=failure.replica, kind=failure.kind))  # type: ignore[arg-type]
     return sorted_events(events)
 
 
@@ -212,10 +212,13 @@ def replay_failures_at_steps(record: RunRecord, simulate: Callable[[tuple[Failur
     if not failures or any(failure.iteration is None for failure in failures):
         return replay_failures(record)
     placed: list[FailureEvent] = []
-    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.stage))
+    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.stage, failure.replica))
     for step, same_step in itertools.groupby(ordered, key=lambda failure: int(failure.iteration)):  # type: ignore[arg-type]
         time_s = executed_step_time_s(simulate(tuple(placed)), step)
         if time_s is None:
             break
-        placed += [FailureEvent(time_s=time_s + STEP_PLACEMENT_DELAY_S, stage=failure.stage, kind=failure.kind) for failure in same_step]  # type: ignore[arg-type]
+        placed += [
+            FailureEvent(time_s=time_s + STEP_PLACEMENT_DELAY_S, stage=failure.stage, replica=failure.replica, kind=failure.kind)  # type: ignore[arg-type]
+            for failure in same_step
+        ]
     return tuple(placed)
