@@ -50,15 +50,22 @@ def _cost(seconds: float, nbytes: float) -> str:
 
 
 def expected_failures_per_run(scenario: "Scenario") -> float:
-    """Mean number of stage failures the churn model produces within `target.max_wall_clock_s`.
+    """Mean number of node failures (stage failures when D = 1) the churn model produces within
+    `target.max_wall_clock_s`: every node of the S × D grid fails at the model's per-node rate.
 
     Parses a trace or schedule file the churn model names (an InputError names a broken one).
     """
-    from .failure_sampling import mean_stage_failure_rate_per_s
+    from .failure_sampling import mean_node_failure_rate_per_s
 
-    num_stages = scenario.pipeline.num_stages
-    rate_per_stage_s = mean_stage_failure_rate_per_s(scenario.churn, num_stages=num_stages)
-    return rate_per_stage_s * num_stages * scenario.target.max_wall_clock_s
+    pipeline = scenario.pipeline
+    num_nodes = pipeline.num_stages * pipeline.data_parallel_degree
+    rate_per_node_s = mean_node_failure_rate_per_s(
+        scenario.churn,
+        num_stages=pipeline.num_stages,
+        data_parallel_degree=pipeline.data_parallel_degree,
+        replicas_fail_together=pipeline.replicas_fail_together,
+    )
+    return rate_per_node_s * num_nodes * scenario.target.max_wall_clock_s
 
 
 def check_workers(workers: int | None) -> None:
@@ -88,7 +95,8 @@ def check_scenario_size(scenario: "Scenario", *, source: str) -> None:
         hours = scenario.target.max_wall_clock_s / 3600.0
         cost = _cost(failures * SECONDS_PER_FAILURE, failures * BYTES_PER_FAILURE)
         raise InputError(
-            f"{source}: churn ({scenario.churn.kind}) is expected to fail {failures:.3g} stages within "
+            f"{source}: churn ({scenario.churn.kind}) is expected to fail {failures:.3g} "
+            f"{'nodes' if scenario.pipeline.data_parallel_degree > 1 else 'stages'} within "
             f"target.max_wall_clock_s ({hours:.0f} h), {cost} per run; the limit is "
             f"{MAX_EXPECTED_FAILURES_PER_RUN:,}: lower the failure rate or target.max_wall_clock_s"
         )

@@ -291,3 +291,15 @@ def test_a_replica_row_of_the_wrong_width_names_its_line(tmp_path):
     path.write_text(VERSION_LINE + "time_s,iteration,stage,kind,replica\n1.0,,0,failure\n")
     with pytest.raises(InputError, match="line 3 has 4 fields, expected 5"):
         read_failure_schedule(path)
+
+
+def test_the_size_guard_counts_node_failures_of_the_grid():
+    from churnsim.calibration.input_limits import expected_failures_per_run
+    from churnsim.calibration.presets import preset
+
+    scenario = preset("cpu-tiny")
+    per_stage = expected_failures_per_run(scenario)
+    assert per_stage > 0
+    for together in (False, True):
+        grid = scenario.pipeline.model_copy(update={"data_parallel_degree": 4, "replicas_fail_together": together})
+        assert expected_failures_per_run(scenario.model_copy(update={"pipeline": grid})) == pytest.approx(4 * per_stage, rel=1e-12)
