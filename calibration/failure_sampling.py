@@ -24,7 +24,8 @@ stated for Weibull):
   so the path is the one of a pipeline without data parallelism.
 - `weibull` is not memoryless, so every node is its own renewal process on its own stream (node
   (stage, replica) on the stream stage + replica·S, so replica 0 keeps the D = 1 streams): setting
-  a path up costs O(S·D); reading it forward costs O(log(S·D)) per failure.
+  a path up, and each step of a `FailureSampler` to a longer horizon, costs O(S·D) besides the
+  failures.
 - `burst`: a burst takes `size` distinct nodes of the grid (size capped at S·D), chosen uniformly.
 - `schedule`: every row names its node; the file's replicas must exist in the grid.
 - `replicas_fail_together=True` (CheckFree's emulator): the model is sampled per stage exactly as
@@ -43,7 +44,6 @@ model adds a join delay); every removal counts as a preemption seen, whether or 
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import os
 import pathlib
@@ -316,14 +316,14 @@ def _event_source(
         rate_per_s = config.rate_per_stage_s
         if rate_per_s <= 0.0:
             return _NoEvents()
+        if num_replicas == 1:
+            return _RenewalEvents(
+                config.kind, [(stage, 0, _renewal_times(stream, lambda stream, n: stream.exponential(1.0 / rate_per_s, n))) for stage, stream in enumerate(streams)]
+            )
         # Superposition (module docstring): a stage's nodes fail at num_replicas × the node rate.
         mean_gap_s = 1.0 / (rate_per_s * num_replicas)
-        return _RenewalEvents(
-            config.kind,
-            [
-                (stage, _renewal_times(stream, lambda stream, n: stream.exponential(mean_gap_s, n), num_replicas=num_replicas))
-                for stage, stream in enumerate(streams)
-            ],
+        return _SuperposedEvents(
+            config.kind, [_superposed_times(stream, lambda stream, n: stream.exponential(mean_gap_s, n), num_replicas) for stream in streams]
         )
     if isinstance(config, WeibullChurn):
         # Not memoryless: one renewal stream per node; node (stage, replica) takes stream stage + replica·S.
@@ -332,7 +332,7 @@ def _event_source(
         return _RenewalEvents(
             "weibull",
             [
-                (index % num_stages, _renewal_times(stream, lambda stream, n: scale_s * stream.weibull(config.shape, n), replica=index // num_stages))
+                (*_node_of(index, num_stages), _renewal_times(stream, lambda stream, n: scale_s * stream.weibull(config.shape, n)))
                 for index, stream in enumerate(streams)
             ],
         )
@@ -401,48 +401,78 @@ def _whole_stage_events(stage_events: Iterable[FailureEvent], num_replicas: int)
 
 
 class _RenewalEvents(_EventSource):
-    """Memoryless and Weibull churn: renewal streams (one per stage, or per node for Weibull), read
-    forward through a heap of their next failures, so each failure costs O(log streams)."""
+    """Renewal streams of single nodes (memoryless churn with D = 1, Weibull): each a node's
+    failure times on its own stream, read forward stream by stream (O(streams) per horizon step)."""
 
-    def __init__(self, kind: FailureKind, streams: list[tuple[int, Iterator[tuple[float, int]]]]) -> None:
+    def __init__(self, kind: FailureKind, streams: list[tuple[int, int, Iterator[float]]]) -> None:
         self._kind = kind
-        self._stages = [stage for stage, _ in streams]
-        self._times = [times for _, times in streams]
-        # (time_s, replica, stream index) of each stream's first failure not given yet.
-        self._next = [(*next(times), index) for index, times in enumerate(self._times)]
-        heapq.heapify(self._next)
+        self._nodes = [(stage, replica) for stage, replica, _ in streams]
+        self._node_times = [times for _, _, times in streams]
+        self._next_times_s = [next(times) for times in self._node_times]  # per node, the first failure not given yet
 
     def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
         events = []
-        upcoming = self._next
-        while upcoming and upcoming[0][0] < horizon_s:
-            time_s, replica, index = upcoming[0]
-            events.append(FailureEvent(time_s=time_s, stage=self._stages[index], replica=replica, kind=self._kind))
-            heapq.heapreplace(upcoming, (*next(self._times[index]), index))
+        for index, times in enumerate(self._node_times):
+            time_s = self._next_times_s[index]
+            if time_s < horizon_s:
+                stage, replica = self._nodes[index]
+                while time_s < horizon_s:
+                    events.append(FailureEvent(time_s=time_s, stage=stage, replica=replica, kind=self._kind))
+                    time_s = next(times)
+                self._next_times_s[index] = time_s
         return events, len(events)
 
 
-def _renewal_times(
-    stream: np.random.Generator, draw_gaps: Callable, *, num_replicas: int = 1, replica: int = 0
-) -> Iterator[tuple[float, int]]:
-    """(time_s, replica) of the partial sums of i.i.d. gaps, without end, drawn in fixed chunks
-    (prefix property). With `num_replicas` > 1 (a stage's superposed nodes) each chunk of gaps is
-    followed by a chunk of uniform replicas from the same stream; otherwise every failure is `replica`'s."""
+def _renewal_times(stream: np.random.Generator, draw_gaps: Callable) -> Iterator[float]:
+    """The partial sums of i.i.d. gaps, without end, drawn in fixed chunks (prefix property)."""
+    now_s, last_s = 0.0, -math.inf
+    while True:
+        for gap_s in draw_gaps(stream, _CHUNK):
+            now_s += float(gap_s)
+            # A lifetime that rounds to zero (Weibull shapes well below 1) would make the node fail
+            # twice at one instant; a node that is already gone cannot fail again, so it is dropped.
+            if now_s > last_s:
+                last_s = now_s
+                yield now_s
+
+
+class _SuperposedEvents(_EventSource):
+    """Memoryless churn with D > 1: per stage, one stream of (time, replica) of its D nodes' failures."""
+
+    def __init__(self, kind: FailureKind, stage_times: list[Iterator[tuple[float, int]]]) -> None:
+        self._kind = kind
+        self._stage_times = stage_times
+        self._next = [next(times) for times in stage_times]  # per stage, the first (time_s, replica) not given yet
+
+    def advance_to(self, horizon_s: float) -> tuple[list[FailureEvent], int]:
+        events = []
+        for stage, times in enumerate(self._stage_times):
+            time_s, replica = self._next[stage]
+            while time_s < horizon_s:
+                events.append(FailureEvent(time_s=time_s, stage=stage, replica=replica, kind=self._kind))
+                time_s, replica = next(times)
+            self._next[stage] = (time_s, replica)
+        return events, len(events)
+
+
+def _superposed_times(stream: np.random.Generator, draw_gaps: Callable, num_replicas: int) -> Iterator[tuple[float, int]]:
+    """(time_s, replica) of a stage's superposed node failures, without end: each chunk of gaps (at
+    the stage's total rate) is followed by a chunk of uniform replicas from the same stream, in
+    fixed sizes (prefix property)."""
     now_s, last_s, failed_at_last = 0.0, -math.inf, ()
     while True:
         gaps = draw_gaps(stream, _CHUNK)
-        replicas = stream.integers(0, num_replicas, size=_CHUNK).tolist() if num_replicas > 1 else itertools.repeat(replica)
-        for gap_s, failed in zip(gaps, replicas):
+        replicas = stream.integers(0, num_replicas, size=_CHUNK).tolist()
+        for gap_s, replica in zip(gaps, replicas):
             now_s += float(gap_s)
-            # A lifetime that rounds to zero (Weibull shapes well below 1) would make a node fail
-            # twice at one instant; a node that is already gone cannot fail again, so it is dropped.
+            # Two failures at one instant (a gap that rounds to zero) are kept only on distinct nodes.
             if now_s > last_s:
-                last_s, failed_at_last = now_s, (failed,)
-            elif failed in failed_at_last:
+                last_s, failed_at_last = now_s, (replica,)
+            elif replica in failed_at_last:
                 continue
             else:
-                failed_at_last += (failed,)
-            yield now_s, failed
+                failed_at_last += (replica,)
+            yield now_s, replica
 
 
 class _BurstEvents(_EventSource):
