@@ -390,14 +390,14 @@ class _WholeStages(_EventSource):
 def _whole_stage_events(stage_events: Iterable[FailureEvent], num_replicas: int) -> list[FailureEvent]:
     """Every replica of each (instant, stage) failed in `stage_events`, once (a schedule may name
     several replicas of one stage at one instant: the stage is lost once)."""
-    stages_hit = dict.fromkeys((event.time_s, event.stage, event.kind) for event in stage_events)
-    seen: set[tuple[float, int]] = set()
-    events = []
-    for time_s, stage, kind in stages_hit:
-        if (time_s, stage) not in seen:
-            seen.add((time_s, stage))
-            events.extend(FailureEvent(time_s=time_s, stage=stage, replica=replica, kind=kind) for replica in range(num_replicas))
-    return events
+    kind_of_stage_hit: dict[tuple[float, int], FailureKind] = {}
+    for event in stage_events:
+        kind_of_stage_hit.setdefault((event.time_s, event.stage), event.kind)
+    return [
+        FailureEvent(time_s=time_s, stage=stage, replica=replica, kind=kind)
+        for (time_s, stage), kind in kind_of_stage_hit.items()
+        for replica in range(num_replicas)
+    ]
 
 
 class _RenewalEvents(_EventSource):
