@@ -614,7 +614,8 @@ CHURN_STREAM = 1
 
 @dataclass(frozen=True, kw_only=True)
 class FailurePathSpec:
-    """What fixes one replication's failure path: the churn model, the pipeline size and the seeds.
+    """What fixes one replication's failure path: the churn model, the S × D grid (and whether its
+    replicas fail together) and the seeds.
 
     Small and picklable, so a real run's ranks get it instead of a whole scenario.
     """
