@@ -87,3 +87,11 @@ def test_presets_json_says_whether_replicas_fail_together(capsys):
     assert listed[CHECKFREE_EMULATOR_TOGETHER]["replicas_fail_together"] is True
     assert listed[CHECKFREE_EMULATOR_INDEPENDENT]["replicas_fail_together"] is False
     assert listed[CHECKFREE_EMULATOR_INDEPENDENT]["data_parallel_degree"] == 3
+
+
+def test_the_checkfree_reproduction_fails_whole_stages():
+    from churnsim.sim.checks.reproduce_checkfree import LAYOUTS, SIZES, scenario_for
+
+    for size in SIZES:
+        for layout in LAYOUTS:
+            assert scenario_for(size, 0.1, layout, replications=2).pipeline.replicas_fail_together, (size, layout)
