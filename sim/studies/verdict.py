@@ -34,8 +34,7 @@ from typing import Any, Iterable, Literal, Protocol, Sequence
 
 import pandas as pd
 
-from churnsim.calibration.churn import PoissonChurn, StageHourlyChurn, WeibullChurn
-from churnsim.calibration.failure_sampling import mean_stage_failure_rate_per_s
+from churnsim.calibration.churn import SECONDS_PER_HOUR, PoissonChurn, StageHourlyChurn, WeibullChurn, stage_hourly_probability_to_rate_per_s
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
 from churnsim.calibration.replica_rule import stage_loss_rate_per_s
 from churnsim.calibration.scenario import Scenario, UniformNetwork
@@ -79,9 +78,13 @@ def node_failure_rate_per_s(scenario: Scenario) -> float | None:
     models (Weibull: 1 / mean lifetime, in the long run); None for bursts, traces and schedules, whose
     failures are not one independent rate per node."""
     churn = scenario.churn
-    if not isinstance(churn, (PoissonChurn, StageHourlyChurn, WeibullChurn)):
-        return None
-    return mean_stage_failure_rate_per_s(churn, num_stages=scenario.pipeline.num_stages)
+    if isinstance(churn, PoissonChurn):
+        return churn.failures_per_node_hour / SECONDS_PER_HOUR
+    if isinstance(churn, StageHourlyChurn):
+        return stage_hourly_probability_to_rate_per_s(churn.failure_probability_per_stage_hour)
+    if isinstance(churn, WeibullChurn):
+        return 1.0 / churn.mean_lifetime_s
+    return None
 
 
 def expected_stage_losses(scenario: Scenario) -> tuple[float, float] | None:

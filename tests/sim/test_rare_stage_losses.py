@@ -93,3 +93,12 @@ def test_whatif_takes_a_data_parallel_degree_and_names_the_rates_where_stage_los
     assert len(results.verdict.points) >= 2  # one per rate asked
     rare = rare_notes(results.verdict.caveats)
     assert rare and all(note.startswith("at ") and "with 8 data-parallel replicas" in note for note in rare)
+
+
+def test_one_nodes_failure_rate_under_each_memoryless_or_renewal_churn():
+    hour_s = 3600.0
+    assert node_failure_rate_per_s(tiny(2)) == pytest.approx(240 / hour_s)
+    hourly = tiny(2, churn={"kind": "stage_hourly", "failure_probability_per_stage_hour": 0.1})
+    assert node_failure_rate_per_s(hourly) * hour_s == pytest.approx(0.10536, rel=1e-4)  # −ln(0.9)
+    weibull = tiny(2, churn={"kind": "weibull", "shape": 0.7, "mean_lifetime_s": 50.0})
+    assert node_failure_rate_per_s(weibull) == pytest.approx(1 / 50.0)
