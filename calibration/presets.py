@@ -23,7 +23,7 @@ from .paper_setbacks import PAPER_FIT_SOURCE, paper_fitted_setbacks
 from .errors import InputError
 from .scenario_overrides import apply_settings, methods_that_fit
 from .methods import METHOD_NAMES, MethodConfig, method_from_name
-from .network import CHECKFREE_EMULATOR_SITES
+from .network import CHECKFREE_EMULATOR_SITES, load_site_table
 from .scenario import (
     ExplicitCompute,
     FlopsCompute,
@@ -45,6 +45,9 @@ CHECKFREE_CODE = "gensyn-ai/CheckFree@8d7d547 (MIT): model sizes, stage layout, 
 DATASTATES = "Maurya et al., 'DataStates-LLM', HPDC'24, doi 10.1145/3625549.3658685: storage tier bandwidths"
 BAMBOO = "Thorpe et al., 'Bamboo', NSDI'23; uclasystem/bamboo@8080929 (MIT): p3 spot trace, 45 s ready time"
 LLAMA3 = "Llama 3 herd, arXiv 2407.21783: 419 unexpected interruptions in 54 days on 16,384 H100"
+LLAMA3_NETWORK = "Llama 3 herd, arXiv 2407.21783: a 400 Gb/s NIC per GPU (reference/checkpointing.md, link table)"
+LLAMA3_FAILURES_PER_NODE_HOUR = 1.6e-4
+"""419 interruptions / (54 days × 24 h × 2,048 nodes of 8 H100): per node, never multiplied by D."""
 
 CHECKFREE_FAILURE_RATES = (0.05, 0.10, 0.16, 0.33)
 CPU_TINY = "cpu-tiny"
@@ -125,7 +128,11 @@ def _checkfree_geo(
     sites = tuple(CHECKFREE_EMULATOR_SITES[(3 * (stage + first)) % num_sites] for stage in range(pipeline.num_stages))
     if separate:
         sites += (CHECKFREE_EMULATOR_SITES[0],)
-    pipeline = pipeline.model_copy(update={"embedding_placement": embedding_placement})
+    # The paper's failure unit is the whole stage: its simulator fails every data-parallel replica of
+    # a stage at once and its emulator's replicas share one random seed (reference/checkfree.md §2),
+    # so a failure is always a stage loss, as in the paper. `checkfree-emulator-replicas-independent`
+    # asks what changes when they fail on their own.
+    pipeline = pipeline.model_copy(update={"embedding_placement": embedding_placement, "replicas_fail_together": True})
     percent = round(failure_probability_per_stage_hour * 100)
     rebuild = {"lr_scale": lr_scale}
     layout = (
@@ -137,7 +144,7 @@ def _checkfree_geo(
         name=f"checkfree-{size}{EMBEDDING_NODE_TAG if separate else ''}-geo-{percent}pct",
         description=(
             f"CheckFree paper's {size} LLaMA-style setup on its emulated geo-distributed testbed, "
-            f"{percent} %/h failure probability per stage{layout}"
+            f"{percent} %/h failure probability per stage, its data-parallel replicas failing together as in the paper{layout}"
         ),
         sources=(CHECKFREE_PAPER, CHECKFREE_CODE, DATASTATES, "WAN checkpoint bandwidth 500 Mb/s: gensyn.ai/articles/checkfree"),
         model=model,
@@ -214,6 +221,86 @@ def checkfree_1_5b_geo(failure_probability_per_stage_hour: float = 0.10, embeddi
     )
 
 
+CHECKFREE_EMULATOR_REPLICAS = 3
+"""The authors' emulator: 21 nodes, 7 partitions × 3 replicas (reference/checkfree.md §4.1)."""
+CHECKFREE_EMULATOR_TOGETHER = "checkfree-emulator-replicas-fail-together"
+CHECKFREE_EMULATOR_INDEPENDENT = "checkfree-emulator-replicas-fail-independently"
+
+
+def checkfree_emulator_replica_link(num_block_stages: int = 6) -> tuple[float, float]:
+    """(latency_s, bandwidth_bytes_per_s) of the slowest link between two replicas of one stage in the
+    CheckFree emulator, where node n sits at site n % 7 and partition p's replicas are nodes 3p, 3p + 1,
+    3p + 2 (partition 0 is the embedding node): three different sites per stage, so each stage's
+    gradient exchange crosses the WAN. The stages exchange at the same time and the optimizer step
+    waits for the slowest, so one link stands for all (Aus–Lon, 132 ms, 81 Mb/s)."""
+    table = load_site_table("checkfree_geo")
+    sites = CHECKFREE_EMULATOR_SITES
+    links = []
+    for partition in range(1, num_block_stages + 1):
+        replica_sites = [sites[(CHECKFREE_EMULATOR_REPLICAS * partition + replica) % len(sites)] for replica in range(CHECKFREE_EMULATOR_REPLICAS)]
+        links += [table[(a, b)] for a in replica_sites for b in replica_sites if a < b]
+    return min(links, key=lambda link: link[1])
+
+
+def checkfree_emulator(replicas_fail_together: bool, failure_probability_per_stage_hour: float = 0.10) -> Scenario:
+    """The CheckFree authors' emulated geo-distributed testbed: the 500M model (d 1024, 24 layers) in 6
+    block stages of 4 layers plus the never-failing (de)embedding node, 7 partitions × 3 data-parallel
+    replicas, microbatches of 8 × 1024 tokens, 6 per replica pipeline, fp32 messages (32 MiB per
+    activation, 256 MiB per stage's weights), at `failure_probability_per_stage_hour` per failure
+    domain (reference/checkfree.md §2 and §4.1).
+
+    `replicas_fail_together=True` is the emulator as its authors ran it: one seed per stage, so a
+    stage's three replicas fail together and every failure is a stage loss. False: each node fails on
+    its own at the same rate, and a lost node heals by copying a surviving replica; a stage is lost
+    only when all three are down at once. The pair shows how much of CheckFree's case rests on the
+    replicas failing together.
+
+    The replicas' gradient exchange runs over the emulator's WAN links: a ring all-reduce at the
+    slowest replica link (`checkfree_emulator_replica_link`), an approximation of the emulator's
+    exchange, where each node sends its whole gradient to its two peers at once.
+    """
+    model = ModelSpec(
+        name="checkfree-500m", num_layers=24, hidden_size=1024, num_heads=16, vocab_size=32000, sequence_length=1024,
+        weight_bytes_per_parameter=4.0, activation_bytes_per_element=4.0,
+    )
+    pipeline = PipelineSpec(
+        num_stages=6, data_parallel_degree=CHECKFREE_EMULATOR_REPLICAS, microbatch_size=8, num_microbatches=6,
+    )
+    scenario = _checkfree_geo(
+        size="500m",
+        model=model,
+        pipeline=pipeline,
+        failure_probability_per_stage_hour=failure_probability_per_stage_hour,
+        # Illustrative, as checkfree-500m-geo's: reaches 2.9 after about 15k iterations of that batch.
+        curve=PowerLawLossCurve(floor_loss=2.2, scale=20.3, exponent=0.35, offset_iterations=100.0),
+        target_loss=2.9,
+        embedding_placement="separate_node",
+    )
+    latency_s, bandwidth = checkfree_emulator_replica_link(pipeline.num_stages)
+    network = scenario.network.model_copy(update={"allreduce_latency_s": latency_s, "allreduce_bandwidth_bytes_per_s": bandwidth})
+    percent = round(failure_probability_per_stage_hour * 100)
+    if replicas_fail_together:
+        name, failures = CHECKFREE_EMULATOR_TOGETHER, (
+            f"the 3 replicas of a stage fail together at {percent} %/h, as in the authors' emulator, so every failure is a stage loss"
+        )
+    else:
+        name, failures = CHECKFREE_EMULATOR_INDEPENDENT, (
+            f"each node fails on its own at {percent} %/h and heals from a surviving replica of its stage; a stage is lost only "
+            f"when its 3 replicas are down at once (compare {CHECKFREE_EMULATOR_TOGETHER})"
+        )
+    return scenario.model_copy(
+        update={
+            "name": name,
+            "description": (
+                "CheckFree's emulated geo-distributed testbed: the 500M model in 7 partitions × 3 data-parallel replicas "
+                f"(6 block stages and the never-failing embedding node), gradients exchanged over its WAN links; {failures}"
+            ),
+            "pipeline": scenario.pipeline.model_copy(update={"replicas_fail_together": replicas_fail_together}),
+            "network": network,
+        }
+    )
+
+
 def spot_p3_trace() -> Scenario:
     """GPT-1.5B-sized model on AWS p3.2xlarge spot nodes, replaying Bamboo's p3 preemption trace."""
     model = ModelSpec(name="gpt-1.5b", num_layers=48, hidden_size=1600, num_heads=25, vocab_size=50257, sequence_length=1024)
@@ -253,16 +340,22 @@ def spot_p3_trace() -> Scenario:
 def datacenter_llama3() -> Scenario:
     """A 70B-class model on H100 nodes at the Llama 3 interruption rate."""
     data_parallel_degree = 128
-    # 1.6e-4 interruptions per node-hour (≈ 1 per 3.1 h over 2,048 nodes); a stage's failure takes
-    # all its data-parallel replicas' nodes into account.
-    per_stage_rate = 1.6e-4 * data_parallel_degree
+    # 419 interruptions in 54 days over 2,048 nodes of 8 GPUs: 1.6e-4 per node-hour (≈ 1 per 3.1 h for
+    # the whole job). The rate is per node: each of the 16 × 128 nodes fails on its own, and a lost
+    # node heals by copying a surviving replica of its stage (calibration/replica_rule.py).
     return Scenario(
         name="datacenter-llama3",
-        description="70B-class model, 16 pipeline stages × 128 data-parallel replicas of 8×H100 nodes, Llama 3 interruption rate",
-        sources=(LLAMA3, DATASTATES, "Kokolis et al., HPCA'25, arXiv 2410.21680 (ETTR)"),
+        description=(
+            "70B-class model, 16 pipeline stages × 128 data-parallel replicas of 8×H100 nodes, each node failing at the "
+            "Llama 3 interruption rate (1.6e-4 per node-hour); a lost node heals from a surviving replica of its stage"
+        ),
+        sources=(LLAMA3, DATASTATES, "Kokolis et al., HPCA'25, arXiv 2410.21680 (ETTR)", LLAMA3_NETWORK),
         model=ModelSpec(name="llama-70b", num_layers=80, hidden_size=8192, num_heads=64, vocab_size=128256, sequence_length=8192, ffn_hidden_size=28672),
         pipeline=PipelineSpec(num_stages=16, data_parallel_degree=data_parallel_degree, microbatch_size=1, num_microbatches=16),
         compute=FlopsCompute(peak_flops_per_s=8 * H100_BF16_PEAK_FLOPS_PER_S, utilization=0.4, optimizer_step_s=0.1),
+        # One 400 Gb/s NIC per GPU (reference/checkpointing.md's link table, "datacenter NIC: 400 Gb/s
+        # per GPU (Llama 3)"): 8 × 50 GB/s per node, for the pipeline's sends and for each stage's
+        # gradient all-reduce over its 128 replicas.
         network=UniformNetwork(
             latency_s=10e-6, bandwidth_bytes_per_s=400e9 / 8 * 8,
             allreduce_latency_s=20e-6, allreduce_bandwidth_bytes_per_s=400e9 / 8 * 8,
@@ -273,7 +366,7 @@ def datacenter_llama3() -> Scenario:
             # 2 TB/s sustained storage shared by 2,048 nodes ⇒ ≈ 1 GB/s per node (Llama 3).
             StorageTier(name="remote", write_bandwidth_bytes_per_s=1e9, read_bandwidth_bytes_per_s=1e9, latency_s=0.01, survives_node_loss=True),
         ),
-        churn=PoissonChurn(kind="poisson", failures_per_node_hour=per_stage_rate),
+        churn=PoissonChurn(kind="poisson", failures_per_node_hour=LLAMA3_FAILURES_PER_NODE_HOUR),
         # Datacenter recovery: about 20 min to replace a host, 3 min to select it (AIReSim defaults).
         recovery=RecoverySpec(join_delay_s=20 * 60.0, restart_s=3 * 60.0),
         methods=default_methods(checkpoint={"interval_iterations": 200}),
@@ -317,6 +410,8 @@ checkpoints 83/166/444 GB)."""
 
 DATASTATES_GPUS_PER_NODE = 4
 """Tensor parallelism 4 inside a Polaris node, pipeline stages = nodes [P §6]."""
+DATASTATES_NICS_PER_NODE = 2
+"""Two Slingshot-11 NICs of 200 Gb/s per Polaris node (reference/checkpointing.md §4)."""
 DATASTATES_ITERATIONS = 50
 """The end-to-end runs of Figs. 11–12 train 50 iterations."""
 DATASTATES_D2H_BYTES_PER_S_PER_GPU = 25e9
@@ -387,7 +482,7 @@ def datastates(size: str, *, data_parallel_degree: int = 1, interval_iterations:
         name=f"datastates-{size}{suffix}",
         description=(
             f"DataStates-LLM's {size.upper()} run on Polaris ({num_stages} pipeline stages of 4 A100s"
-            f"{f', {data_parallel_degree} data-parallel replicas' if data_parallel_degree > 1 else ''}), "
+            f"{f', {data_parallel_degree} data-parallel replicas each writing 1/{data_parallel_degree} of its stage checkpoint (ZeRO-1)' if data_parallel_degree > 1 else ''}), "
             f"checkpointing every {interval_iterations} iteration(s) for {DATASTATES_ITERATIONS} iterations without "
             "failures: DeepSpeed's torch.save (checkpoint) against lazy asynchronous checkpointing (async_checkpoint)"
         ),
@@ -400,8 +495,13 @@ def datastates(size: str, *, data_parallel_degree: int = 1, interval_iterations:
         compute=ExplicitCompute(
             block_forward_s=run.forward_s / num_stages, block_backward_s=run.backward_s / num_stages, optimizer_step_s=run.update_s,
         ),
-        # Slingshot-11, 200 Gb/s per NIC; the gradient all-reduce is in the measured F/B/U.
-        network=UniformNetwork(latency_s=2e-6, bandwidth_bytes_per_s=25e9),
+        # Slingshot-11, 200 Gb/s per NIC. F/B/U were measured without data parallelism [P Table 1],
+        # so with replicas each stage's gradients cross both NICs of its node (2 × 200 Gb/s) in a ring;
+        # ZeRO-1's reduce-scatter and all-gather move the bytes of one all-reduce.
+        network=UniformNetwork(
+            latency_s=2e-6, bandwidth_bytes_per_s=25e9,
+            allreduce_latency_s=2e-6, allreduce_bandwidth_bytes_per_s=DATASTATES_NICS_PER_NODE * 25e9,
+        ),
         storage=tiers,
         churn=NoChurn(kind="none"),
         methods=(
@@ -542,6 +642,9 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
         for r in CHECKFREE_FAILURE_RATES
     },
     **{f"checkfree-1.5b-geo-{round(r * 100)}pct": _paper(checkfree_1_5b_geo, r) for r in CHECKFREE_FAILURE_RATES},
+    # The authors' emulator layout, with its replicas failing together (as they ran it) and on their own.
+    CHECKFREE_EMULATOR_TOGETHER: lambda: with_calibrated_setbacks(checkfree_emulator(replicas_fail_together=True)),
+    CHECKFREE_EMULATOR_INDEPENDENT: lambda: with_calibrated_setbacks(checkfree_emulator(replicas_fail_together=False)),
     "spot-p3-trace": lambda: with_calibrated_setbacks(spot_p3_trace()),
     "datacenter-llama3": lambda: with_calibrated_setbacks(datacenter_llama3()),
     # DataStates-LLM's runs (no failures: the setbacks never apply; wrapped like every preset so the
@@ -549,7 +652,9 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
     "datastates-7b": lambda: with_calibrated_setbacks(datastates("7b")),
     "datastates-13b": lambda: with_calibrated_setbacks(datastates("13b")),
     "datastates-30b": lambda: with_calibrated_setbacks(datastates("30b")),
-    # The DP scaling of Figs. 9–10 (512 GPUs): 48× less blocking than DeepSpeed there.
+    # The DP scaling of Figs. 9–10 (256 and 512 GPUs), each replica writing its 1/16 of the checkpoint
+    # (ZeRO-1): 48× less blocking than DeepSpeed at 30B.
+    "datastates-13b-dp16": lambda: with_calibrated_setbacks(datastates("13b", data_parallel_degree=16)),
     "datastates-30b-dp16": lambda: with_calibrated_setbacks(datastates("30b", data_parallel_degree=16)),
     CPU_TINY: cpu_tiny,
 }

@@ -22,6 +22,7 @@ def preset_entries() -> list[dict[str, Any]]:
                 "num_parameters": scenario.model.num_parameters,
                 "num_stages": scenario.pipeline.num_stages,
                 "data_parallel_degree": scenario.pipeline.data_parallel_degree,
+                "replicas_fail_together": scenario.pipeline.replicas_fail_together,
                 "churn": scenario.churn.kind,
                 "churn_rate": None if own is None else {"field": own[0].setting, "value": own[1], "in_words": own[0].words(own[1])},
                 "target_loss": scenario.target.loss,

@@ -3,6 +3,8 @@ repository when it is built, so that none of them is written by hand or goes sta
 
 - `reference/cli.md` from the typer app (cli_reference.py);
 - `reference/scenario.md` from the scenario JSON Schema (scenario_reference.py);
+- `reference/method-losses.md`, what every method does on a replica loss and a stage loss, from the
+  methods' traits (method_losses.py);
 - `gallery/<name>.png` for every `figures/gallery/*.png`;
 - `reports/<file>.md` for every `benchmarks/reports/*.md`, and `reports/index.md` listing them
   (reports_index.py).
@@ -16,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli_reference import cli_reference_markdown
+from method_losses import method_losses_markdown
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from reports_index import ReportNameError, reports_index_markdown
@@ -39,6 +42,7 @@ def generated_pages() -> dict[str, str]:
     return {
         "reference/cli.md": cli_reference_markdown(),
         "reference/scenario.md": scenario_reference_markdown(),
+        "reference/method-losses.md": method_losses_markdown(),
         "reports/index.md": reports_index,
     }
 

@@ -9,7 +9,9 @@ churnsim's side: the `checkfree-{124m,500m,1.5b}-geo-*` presets at 5, 10, 16 and
 with checkpointing, redundant computation, CheckFree and CheckFree+, in two layouts
 (`pipeline.embedding_placement`): the authors' (a separate never-failing (de)embedding node, the
 `-embedding-node` presets; the verdicts use it, it is the paper's setup) and churnsim's default
-(the embedding with the first and last stages). A speed-up is the paired ratio of times to target
+(the embedding with the first and last stages). As in the paper, a failure takes every data-parallel
+replica of its stage (`pipeline.replicas_fail_together`): the `checkfree-emulator-*` presets show
+the emulator's layout with its replicas failing together and on their own. A speed-up is the paired ratio of times to target
 (mean over replications, common random numbers). "The paper's methods" are CheckFree and CheckFree+:
 a claim about them is met when the better of the two meets it.
 """
@@ -229,6 +231,7 @@ def reproduce_checkfree(
     layout_table = _layout_table(speedups)
     setup = (
         f"Presets {presets} (calibration/presets.py): the paper's model sizes, its emulated geo testbed's sites and links, "
+        "every data-parallel replica of a stage failing with it as in the paper (pipeline.replicas_fail_together), "
         "checkpoints every 20 iterations to storage behind a 500 Mb/s WAN link, setbacks fitted to the paper's ablation.",
         f"{plan.replications} replications per setting, common random numbers across methods; speed-ups are paired "
         "ratios of times to target, averaged.",

@@ -26,13 +26,15 @@ from churnsim.calibration.tables import COMMUNICATION_SPAN_KINDS
 from ..model.iteration import IterationResult
 from ..model.results import RunResult
 from ..model.route_notes import swapped_route_notes
+from .verdict import rare_stage_loss_note
 
 
 def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     """Caveats every output of this scenario must carry; the first names where its convergence
     setbacks come from (measured, paper-fitted or default) when a method uses them; then the machine
     speed's spread, compute carried from another setup, a loss curve carried to another batch or model size,
-    methods the pipeline cannot take, and CheckFree+'s swapped routes."""
+    methods the pipeline cannot take, CheckFree+'s swapped routes, and stage losses too rare to tell
+    the methods apart (`verdict.rare_stage_loss_note`)."""
     uses_setbacks = any(method.uses_setbacks for method in scenario.methods)
     setbacks = (setback_source_note(scenario.convergence),) if uses_setbacks else ()
     speed = speed_spread_note(scenario)
@@ -40,7 +42,8 @@ def scenario_notes(scenario: Scenario) -> tuple[str, ...]:
     batch = scenario.convergence.batch_note()
     size = scenario.convergence.model_size_note(scenario.target.loss)
     notes = tuple(note for note in (speed, carried, batch, size) if note is not None)
-    return setbacks + notes + left_out_method_notes(scenario) + swapped_route_notes(scenario)
+    rare_stage_losses = tuple(note for note in (rare_stage_loss_note(scenario),) if note is not None)
+    return setbacks + notes + left_out_method_notes(scenario) + swapped_route_notes(scenario) + rare_stage_losses
 
 
 def left_out_method_notes(scenario: Scenario) -> tuple[str, ...]:

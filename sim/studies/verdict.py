@@ -13,6 +13,11 @@ From a summary table (`sim.studies.replicate.summary_table`, one row per scenari
   the winner's. Overlapping marginal intervals is a conservative test (the paired speed-up interval
   may still exclude 1); it is the one a reader can check against the table.
 
+At a large data-parallel degree a stage is lost only when all its replicas are down within one heal
+window, which may not happen once in a run: `rare_stage_loss_note` then says, in one sentence, that
+the methods' stage-loss recoveries cannot be told apart there (an estimate, from the replica rule's
+stage-loss rate).
+
 Every interval is the one rule for positive quantities (`calibration.statistics.positive_mean_with_ci95`);
 below `MIN_REPLICATIONS_FOR_INTERVALS` replications the verdict carries a caveat that its intervals,
 and so its ties, are unreliable.
@@ -29,7 +34,10 @@ from typing import Any, Iterable, Literal, Protocol, Sequence
 
 import pandas as pd
 
+from churnsim.calibration.churn import SECONDS_PER_HOUR, PoissonChurn, StageHourlyChurn, WeibullChurn, stage_hourly_probability_to_rate_per_s
 from churnsim.calibration.methods import METHOD_CONFIGS, METHOD_NAMES, reference_method, speedup_baselines
+from churnsim.calibration.replica_rule import stage_loss_rate_per_s
+from churnsim.calibration.scenario import Scenario, UniformNetwork
 from churnsim.calibration.statistics import intervals_unreliable, positive_mean_with_ci95, small_sample_caveat
 from churnsim.calibration.tables import TUNED_INTERVAL_COLUMNS, speedup_at_most_column, speedup_columns
 
@@ -39,6 +47,98 @@ RATE_COLUMN = "failure_probability_per_stage_hour"
 STEADY_OVERHEAD_NOTE_RATIO = 1.10
 """A failure-free iteration this much slower than the plain pipeline's is worth a caveat: the method
 pays it on every iteration, whatever the failure rate."""
+
+
+STAGE_LOSSES_TO_TELL_METHODS_APART = 1.0
+"""Fewer expected stage losses than this over a run, and most replications see none: the methods that
+differ only in how they recover a lost stage then finish alike, whatever their recoveries cost."""
+
+
+HEAL_WINDOW_SHARE_OF_RUN_FOR_ESTIMATE = 0.1
+"""The stage-loss rate is a long-run one (each node up and missing in turn); over a run hardly
+longer than one heal a node lost early stays missing, and the estimate would be far too low."""
+
+
+def heal_window_estimate_s(scenario: Scenario) -> float:
+    """Seconds from a node's loss until its replacement holds its stage's state again: the join delay
+    plus the copy of the largest stage's state (`model.checkpoint_bytes_per_parameter` per parameter,
+    weights and optimizer state) over the link between replicas (the all-reduce bandwidth where the
+    scenario gives one, else the link between nodes). An estimate: it ignores latency, contention and
+    a ZeRO-1 shard read from a checkpoint instead."""
+    network = scenario.network
+    bandwidth = network.allreduce_bandwidth_bytes_per_s
+    if not math.isfinite(bandwidth):
+        bandwidth = network.bandwidth_bytes_per_s if isinstance(network, UniformNetwork) else network.same_site_bandwidth_bytes_per_s
+    largest_stage = max(scenario.stage_parameters(stage) for stage in range(scenario.pipeline.num_stages))
+    return scenario.recovery.join_delay_s + largest_stage * scenario.model.checkpoint_bytes_per_parameter / bandwidth
+
+
+def node_failure_rate_per_s(scenario: Scenario) -> float | None:
+    """Failures per second of one node under the scenario's churn, for the memoryless and renewal
+    models (Weibull: 1 / mean lifetime, in the long run); None for bursts, traces and schedules, whose
+    failures are not one independent rate per node."""
+    churn = scenario.churn
+    if isinstance(churn, PoissonChurn):
+        return churn.failures_per_node_hour / SECONDS_PER_HOUR
+    if isinstance(churn, StageHourlyChurn):
+        return stage_hourly_probability_to_rate_per_s(churn.failure_probability_per_stage_hour)
+    if isinstance(churn, WeibullChurn):
+        return 1.0 / churn.mean_lifetime_s
+    return None
+
+
+def expected_stage_losses(scenario: Scenario) -> tuple[float, float] | None:
+    """(stage losses, node failures) expected over one failure-free run to the target: every stage at
+    the replica rule's stage-loss rate (`replica_rule.stage_loss_rate_per_s`, with
+    `heal_window_estimate_s`), over the healthy iteration time × the target's iterations. An estimate:
+    failures lengthen a run, and the rate's own approximation holds while stage losses are rare.
+    None where the churn has no per-node rate (`node_failure_rate_per_s`), and where the heal window
+    is not short against the run (`HEAL_WINDOW_SHARE_OF_RUN_FOR_ESTIMATE`): the rate is a long-run
+    one, and a run not much longer than a heal never reaches it."""
+    from ..model.iteration import simulate_iteration
+    from ..model.pipeline_state import build_pipeline_state
+
+    rate = node_failure_rate_per_s(scenario)
+    if rate is None:
+        return None
+    pipeline = scenario.pipeline
+    run_s = scenario.target_iterations * simulate_iteration(build_pipeline_state(scenario)).time_s
+    heal_window_s = heal_window_estimate_s(scenario)
+    if heal_window_s > HEAL_WINDOW_SHARE_OF_RUN_FOR_ESTIMATE * run_s:
+        return None
+    per_stage = stage_loss_rate_per_s(
+        rate,
+        data_parallel_degree=pipeline.data_parallel_degree,
+        heal_window_s=heal_window_s,
+        replicas_fail_together=pipeline.replicas_fail_together,
+    )
+    return per_stage * pipeline.num_stages * run_s, rate * pipeline.num_stages * pipeline.data_parallel_degree * run_s
+
+
+def rare_stage_loss_note(scenario: Scenario) -> str | None:
+    """One sentence where data parallelism makes a stage loss so rare over a run (fewer than
+    `STAGE_LOSSES_TO_TELL_METHODS_APART` expected) that the methods' stage-loss recoveries cannot be
+    told apart; None with one replica, with replicas failing together (every failure is a stage
+    loss), without failures, or where the churn has no per-node rate."""
+    pipeline = scenario.pipeline
+    if pipeline.data_parallel_degree == 1 or pipeline.replicas_fail_together:
+        return None
+    expected = expected_stage_losses(scenario)
+    if expected is None:
+        return None
+    stage_losses, node_failures = expected
+    if not node_failures > 0 or stage_losses >= STAGE_LOSSES_TO_TELL_METHODS_APART:
+        return None
+    window_s = heal_window_estimate_s(scenario)
+    unit, seconds = duration_unit(window_s)
+    window = f"about {window_s / seconds:.2g} {unit}" if window_s >= 0.01 else "under 0.01 s"
+    expected_words = f"about {stage_losses:.2g}" if stage_losses >= 0.001 else "fewer than 0.001"
+    return (
+        f"with {pipeline.data_parallel_degree} data-parallel replicas a stage is lost only when all of them are down within one "
+        f"heal window ({window}: join delay plus copy), {expected_words} stage losses expected in a run (an estimate) against "
+        f"{node_failures:.3g} node failures that heal from a surviving replica: too few for the stage-loss methods (rebuild, "
+        "rollback, redundant take-over) to be told apart by how they recover; here they differ by what they cost without failures"
+    )
 
 
 def finite_or_none(value: Any) -> float | None:

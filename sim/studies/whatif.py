@@ -34,7 +34,7 @@ from churnsim.calibration.statistics import positive_mean_with_ci95
 from .replicate import replication_tasks, summary_table
 from .sweep import SweepResult, SweepTask, run_sweep
 from .untuned_intervals import points_of_tasks, rerun_untuned_intervals
-from .verdict import Verdict, tuned_intervals_table, verdict_from_summary
+from .verdict import Verdict, rare_stage_loss_note, tuned_intervals_table, verdict_from_summary
 
 WHATIF_FAILURE_RATES: tuple[float, ...] = (0.0, 0.05, 0.10, 0.16, 0.33)
 QUICK_FAILURE_RATES: tuple[float, ...] = (0.0, 0.10, 0.33)
@@ -237,6 +237,17 @@ def _scalable_rate(churn: Any) -> bool:
     return own is not None and own[1] > 0
 
 
+def rare_stage_loss_notes(plan: WhatIfPlan) -> tuple[str, ...]:
+    """`verdict.rare_stage_loss_note` at each rate of the plan where it applies, named by its rate."""
+    words = rate_field_of_setting(plan.rate_setting)
+    notes = []
+    for rate in plan.failure_rates:
+        note = rare_stage_loss_note(plan_at_rate(plan, rate))
+        if note is not None:
+            notes.append(f"at {words.words(rate) if words is not None else f'{plan.rate_setting} = {rate:g}'}: {note}")
+    return tuple(notes)
+
+
 def churn_replaced_note(scenario: Scenario) -> str | None:
     """Rates given as per-stage hourly probabilities to a scenario with another churn model (a trace,
     Weibull lifetimes, bursts, Poisson nodes, a schedule) ask under that churn instead of its own,
@@ -289,6 +300,8 @@ def compute_whatif(
     sweep = SweepResult(runs=main_runs, summary=summary_table(main_runs, grid_columns), trajectories=trajectories, grid_columns=grid_columns)
     intervals = interval_table(plan, runs[is_study])
     notes = scenario_notes(plan.scenario.model_copy(update={"methods": plan.chosen_methods()}))
+    # Whether stage losses are too rare to tell the methods apart depends on the rate: said per rate asked.
+    notes = tuple(note for note in notes if note != rare_stage_loss_note(plan.scenario)) + rare_stage_loss_notes(plan)
     churn_notes: tuple[str, ...] = ()
     if plan.replaces_churn:
         few = few_failures_note(plan.scenario, main_runs)
