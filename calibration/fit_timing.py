@@ -21,7 +21,16 @@ import pandas as pd
 
 from .cpu_sharing import cores_of_hardware, with_core_seconds, work_outside_spans
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
-from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, setup_fingerprint, setup_key, stage_features, stage_parameters
+from .compute_cost import (
+    ComputeCostModel,
+    fit_linear_non_negative,
+    fit_physical_hop_costs,
+    hop_features,
+    processes_per_core,
+    setup_fingerprint,
+    setup_key,
+    stage_parameters,
+)
 from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .statistics import solve_increasing
@@ -299,7 +308,8 @@ def fit_compute_cost_model(
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record_setup_key(record), []).append(record)
-    hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work, fitted_setups = [], [], [], [], [], []
+    forward_features, backward_features, per_core = [], [], []
+    forward_work, backward_work, optimizer_parameters, optimizer_work, fitted_setups = [], [], [], [], []
     measured_hops: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     for key, group in groups.items():
         settings = group[0].manifest.real_settings
@@ -312,26 +322,33 @@ def fit_compute_cost_model(
             backward_s = tuple(timing.block_backward.median_s for timing in timings)
         measured_hops[key] = (tuple(forward_s), tuple(backward_s))
         fitted_setups.append(setup_fingerprint(settings.model, settings.pipeline))
-        hop_features.extend(stage_features(settings.model, settings.pipeline, shared_cores))
+        forward_features.extend(hop_features(settings.model, settings.pipeline, "forward"))
+        backward_features.extend(hop_features(settings.model, settings.pipeline, "backward"))
+        per_core.extend([processes_per_core(settings.pipeline, shared_cores)] * settings.pipeline.num_stages)
         forward_work.extend(forward_s)  # type: ignore[arg-type]
         backward_work.extend(backward_s)  # type: ignore[arg-type]
         parameters = stage_parameters(settings.model, settings.pipeline)
         for stage, work_s in optimizer_work_per_stage(group, num_warmup_iterations=num_warmup_iterations).items():
             optimizer_parameters.append(parameters[stage])
             optimizer_work.append(work_s)
-    forward, forward_residual = fit_hop_cost(hop_features, forward_work)
-    backward, backward_residual = fit_hop_cost(hop_features, backward_work)
+    if len(forward_work) != len(forward_features):
+        raise InputError(
+            f"the run records' forward/backward spans cover {len(forward_work)} (setup, stage) pairs where their pipelines have "
+            f"{len(forward_features)} stages; every run must record every stage's hops"
+        )
+    hops = fit_physical_hop_costs(forward_features, forward_work, backward_features, backward_work, per_core)
     optimizer_fixed_s, optimizer_per_parameter_s = fit_linear_non_negative(optimizer_parameters, optimizer_work)
     hops_only = ComputeCostModel(
-        forward=forward,
-        backward=backward,
+        forward=hops.forward,
+        backward=hops.backward,
+        slowdown_per_extra_process_per_core=hops.slowdown_per_extra_process_per_core,
         optimizer_fixed_s=optimizer_fixed_s,
         optimizer_seconds_per_parameter=optimizer_per_parameter_s,
         iteration_overhead_s=0.0,
         shared_cores=shared_cores,
         num_configurations=len(groups),
         fitted_setups=tuple(sorted(fitted_setups)),
-        hop_relative_residual=float(np.median([forward_residual, backward_residual])),
+        hop_relative_residual=float(np.median([hops.forward_relative_residual, hops.backward_relative_residual])),
     )
     if speed_factors is None:
         speed_factors = run_speed_factors(groups.get(calibrated_key, []), num_warmup_iterations=num_warmup_iterations)
