@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -35,12 +36,13 @@ from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .statistics import solve_increasing
 from .methods import MethodConfigBase, method_names_where, method_traits
-from .run_record import RunRecord
+from .run_record import RunRecord, configured_join_delay_s, record_failure_mode
 
 DEFAULT_WARMUP_ITERATIONS = 3
 
 RECOVERY_SPAN_FIELDS: dict[str, str] = {
     "recovery.join": "join_s",
+    "recovery.rendezvous": "rendezvous_s",
     "recovery.transfer": "transfer_s",
     "recovery.load": "load_s",
     "recovery.rebuild": "rebuild_s",
@@ -50,7 +52,7 @@ RECOVERY_SPAN_FIELDS: dict[str, str] = {
 # Steps containing any of these spans are not steady-state iterations: they include a recovery,
 # checkpoint I/O or an evaluation on top of the training work.
 UNSTEADY_SPAN_KINDS: frozenset[str] = frozenset(
-    {"save", "load", "snapshot", "flush", "eval", *RECOVERY_SPAN_FIELDS}
+    {"save", "load", "snapshot", "flush", "eval", "recovery.wait", *RECOVERY_SPAN_FIELDS}
 )
 
 
@@ -568,15 +570,26 @@ def recovery_events(
     return events
 
 
-def fit_recovery_times(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, RecoveryTimes]:
+def fit_recovery_times(
+    records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, failure_mode: Literal["soft", "hard"] | None = None
+) -> dict[str, RecoveryTimes]:
     """Median time of each recovery part per method, and of the time no span records
     (`recovery_events`). One sample is one recovery event (one step of one run with recovery
-    spans). Parts a method never records stay 0."""
+    spans). Parts a method never records stay 0. With `failure_mode`, only the runs whose failures
+    struck that way (`record_failure_mode`): a hard failure's replacement process starts, joins and
+    meets the survivors at a rendezvous, which a soft failure's reset in place never does, so the
+    two are fitted apart. A hard failure's process start is its join less the run's configured
+    join delay (`configured_join_delay_s`), where the record says it."""
     frames = []
     for record in records:
+        mode = record_failure_mode(record)
+        if failure_mode is not None and mode != failure_mode:
+            continue
         events = recovery_events(record, num_warmup_iterations=num_warmup_iterations)
         if not events.empty:
-            frames.append(events.assign(method=record.manifest.method))
+            delay_s = configured_join_delay_s(record) if mode == "hard" else None
+            process_start_s = np.maximum(events["join_s"] - delay_s, 0.0) if delay_s is not None else math.nan
+            frames.append(events.assign(method=record.manifest.method, process_start_s=process_start_s))
     if not frames:
         return {}
     table = pd.concat(frames)
@@ -584,8 +597,10 @@ def fit_recovery_times(records: Sequence[RunRecord], *, num_warmup_iterations: i
     for method, rows in table.groupby("method"):
         parts = {field: float(np.median(rows[field])) for field in RECOVERY_SPAN_FIELDS.values()}
         unrecorded = rows["unrecorded_s"].dropna()
+        process_start = rows["process_start_s"].dropna()
         result[str(method)] = RecoveryTimes(
             **parts,
+            process_start_s=float(np.median(process_start)) if not process_start.empty else 0.0,
             unrecorded_s=float(np.median(unrecorded)) if not unrecorded.empty else 0.0,
             num_samples=int(len(rows)),
         )

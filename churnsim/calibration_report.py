@@ -90,7 +90,7 @@ def print_calibration(calibration) -> None:
         out.print(line)
     recovery = Table(
         "method", "join", "transfer", "load", "rebuild", "restart", "n",
-        title="recovery component times (median of n events; restart: the step's time no span records)",
+        title="recovery component times (soft failures; median of n events; restart: the step's time no span records)",
     )
     recovery.columns[0].min_width = max((len(method) for method in calibration.recovery), default=0)  # names whole on 80 columns
     for method, times in sorted(calibration.recovery.items()):
@@ -98,6 +98,15 @@ def print_calibration(calibration) -> None:
             method, *(_seconds(value) for value in (times.join_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)), str(times.num_samples)
         )
     out.print(recovery)
+    if calibration.hard_failure_recovery:
+        hard = Table(
+            "method", "join", "process start", "rendezvous", "transfer", "load", "rebuild", "restart", "n",
+            title="hard-failure recovery times (median of n events; process start: the join less the configured join delay)",
+        )
+        for method, times in sorted(calibration.hard_failure_recovery.items()):
+            parts = (times.join_s, times.process_start_s, times.rendezvous_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)
+            hard.add_row(method, *(_seconds(value) for value in parts), str(times.num_samples))
+        out.print(hard)
     convergence = calibration.convergence
     curve = convergence.baseline
     setbacks = Table("method", "position", "setback iterations [95 % CI]", "samples", title="convergence setbacks (measured where samples > 0)")

@@ -5,7 +5,10 @@ For each run record:
 1. **Scenario.** A real run: the record's `real_settings` (model, pipeline, method, iterations) with
    the calibration applied in mode `full` (`apply_calibration`), no churn, `restart_s` 0 (a local
    run keeps its processes: no rendezvous) except where the calibration measured a method's restart
-   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). Any
+   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). A run
+   of hard failures (`record_failure_mode`) is charged the calibration's hard-failure recovery
+   instead: its configured join delay plus the measured process start, and the measured rendezvous
+   (`charge_own_failure_mode`). Any
    model and pipeline of the calibrated machine (same device and core count,
    `check_same_machine`): the calibrated setup takes its measured times, any other the
    calibration's compute cost model (calibration.compute_cost). A simulated run: its
@@ -74,7 +77,8 @@ from churnsim.calibration.compute_cost import setup_description, setup_fingerpri
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
-from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
+from churnsim.calibration.apply import recovery_for_failure_mode
+from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, configured_join_delay_s, read_run_record, record_failure_mode
 from churnsim.calibration.scenario import Scenario, TargetSpec
 from churnsim.calibration.statistics import median_with_ci95
 from churnsim.calibration.speed_uncertainty import log_speed_spread, scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
@@ -430,15 +434,40 @@ class _RealComparison:
     notes: list[str]
 
 
+def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: Calibration) -> tuple[Scenario, list[str]]:
+    """The replay with the recovery of the run's own failure mode (`record_failure_mode`): a hard
+    failure's replacement process start, join and rendezvous as the calibration measured them under
+    hard failures, from the run's configured join delay (calibration.apply.recovery_for_failure_mode);
+    and a note where the calibration measured no hard failure to charge."""
+    mode = record_failure_mode(record)
+    if mode != "hard" or not record.failures.failures:
+        return scenario, []
+    notes = []
+    if not calibration.hard_failure_recovery:
+        notes.append(
+            f"run {record.manifest.run_id!r} had hard failures, which calibration {calibration.name!r} did not measure: its recoveries are "
+            "charged at soft-failure prices (no process start or rendezvous); calibrate with hard-failure runs"
+        )
+    cap = record.manifest.scenario.recovery.max_replacements if record.manifest.scenario is not None else None
+    if cap is not None and len(record.failures.failures) >= cap:
+        notes.append(
+            f"run {record.manifest.run_id!r} had {len(record.failures.failures)} hard failures, as many as its launcher replaces "
+            f"(recovery.max_replacements {cap}): a real run ends there, the simulator's replay does not"
+        )
+    recovery = recovery_for_failure_mode(scenario.recovery, calibration, "hard", configured_join_delay_s(record))
+    return scenario.model_copy(update={"recovery": recovery}), notes
+
+
 def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord | None) -> _RealComparison:
     check_same_machine(record, calibration)
-    scenario = replay_scenario(record, calibration)
+    scenario, mode_notes = charge_own_failure_mode(replay_scenario(record, calibration), record, calibration)
     twin_target = target_of_twin(twin) if twin is not None else None
     target_loss = twin_target.loss if twin_target is not None else real_target_loss(record.metrics)
     measured = measured_real(record, target_loss)
     predicted, wall_run, notes = _predict_real(
         record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=1.0
     )
+    notes = [*mode_notes, *notes]
     if twin_target is not None:
         notes.append(f"time to target: the loss no-failure twin {twin_target.run_id!r} reached after {twin_target.progress_iterations} iterations")
     # Load normalisation: the run's own steady step against the predicted healthy one tells how much
