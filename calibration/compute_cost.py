@@ -254,12 +254,41 @@ def compute_carry_note(scenario: Scenario) -> str | None:
     )
 
 
-def setup_description(model: ModelSpec, pipeline: PipelineSpec) -> str:
-    """A setup in short, for tables and notes (it leaves out fields `setup_key` compares)."""
-    return (
+SHORT_SETUP_FIELDS: dict[str, frozenset[str]] = {
+    "model": frozenset({"num_layers", "hidden_size", "sequence_length"}),
+    "pipeline": frozenset({"num_stages", "num_microbatches", "microbatch_size", "schedule"}),
+}
+"""The fields `setup_description` always shows."""
+
+
+def setup_differences(model: ModelSpec, pipeline: PipelineSpec, calibrated_model: ModelSpec, calibrated_pipeline: PipelineSpec) -> tuple[tuple[str, object, object], ...]:
+    """Every field (`model.<field>`, `pipeline.<field>`) in which a setup differs from a calibrated
+    one, with its value and the calibrated value; the model's display name is not compared."""
+    differences = []
+    for part, spec, calibrated in (("model", model, calibrated_model), ("pipeline", pipeline, calibrated_pipeline)):
+        values, calibrated_values = spec.model_dump(exclude={"name"}), calibrated.model_dump(exclude={"name"})
+        for field, value in values.items():
+            if value != calibrated_values.get(field):
+                differences.append((f"{part}.{field}", value, calibrated_values.get(field)))
+    return tuple(differences)
+
+
+def setup_description(model: ModelSpec, pipeline: PipelineSpec, calibrated: tuple[ModelSpec, PipelineSpec] | None = None) -> str:
+    """A setup in short, for tables and notes: its stages, microbatches, schedule, layers, width and
+    sequence length; with `calibrated` (the calibrated model and pipeline), also every other field in
+    which it differs from them, so that no two setups a calibration tells apart read the same."""
+    short = (
         f"{pipeline.num_stages} stages × {pipeline.num_microbatches} microbatches of {pipeline.microbatch_size}, "
-        f"{pipeline.schedule}, {model.num_layers} layers d{model.hidden_size}"
+        f"{pipeline.schedule}, {model.num_layers} layers d{model.hidden_size} seq {model.sequence_length}"
     )
+    if calibrated is None:
+        return short
+    others = [
+        f"{name.split('.', 1)[1]} {value}"
+        for name, value, _ in setup_differences(model, pipeline, *calibrated)
+        if name.split(".", 1)[1] not in SHORT_SETUP_FIELDS[name.split(".", 1)[0]]
+    ]
+    return short + (f" ({', '.join(others)})" if others else "")
 
 
 def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...]:

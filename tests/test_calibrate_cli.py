@@ -231,7 +231,7 @@ def test_validate_predicts_setups_the_calibration_did_not_run_from_its_compute_m
     table = pd.read_csv(out / "validation.csv")
     assert not table["calibrated_setup"].any()
     shape_setup = setup_description(MODEL, SHAPES[0])
-    assert set(table["setup"]) == {"2 stages × 3 microbatches of 2, gpipe, 4 layers d64", "4 stages × 3 microbatches of 3, gpipe, 4 layers d64", shape_setup}
+    assert set(table["setup"]) == {"2 stages × 3 microbatches of 2, gpipe, 4 layers d64 seq 64", "4 stages × 3 microbatches of 3, gpipe, 4 layers d64 seq 64", shape_setup}
     wall_clock = table[table["quantity"] == "total_wall_clock_s"]
     assert set(wall_clock["run_id"]) == {"two-stages-none-s9", "none-s9", "checkfree-s9", "shape-setup-none-s9"}
     assert (wall_clock["relative_error"].abs() < 0.03).all(), wall_clock

@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 
 from churnsim.calibration.calibration_file import Calibration
-from churnsim.calibration.compute_cost import setup_description, setup_fingerprint, setup_key
+from churnsim.calibration.compute_cost import setup_description, setup_differences, setup_fingerprint, setup_key
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
@@ -445,8 +445,8 @@ def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: 
     notes = []
     if not calibration.hard_failure_recovery:
         notes.append(
-            f"run {record.manifest.run_id!r} had hard failures, which calibration {calibration.name!r} did not measure: its recoveries are "
-            "charged at soft-failure prices (no process start or rendezvous); calibrate with hard-failure runs"
+            f"runs with hard failures are charged at soft-failure prices (no process start or rendezvous): calibration "
+            f"{calibration.name!r} measured no hard failure; calibrate with hard-failure runs"
         )
     cap = record.manifest.scenario.recovery.max_replacements if record.manifest.scenario is not None else None
     if cap is not None and len(record.failures.failures) >= cap:
@@ -547,9 +547,15 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
             failure_probability_of(manifest.scenario) if manifest.scenario is not None else manifest.real_settings.failure_rate_per_stage_hour
         )
         settings = manifest.real_settings
-        setup = setup_description(settings.model, settings.pipeline)
+        setup = setup_description(settings.model, settings.pipeline, (calibration.model, calibration.pipeline))
         calibrated_setup = setup_key(settings.model, settings.pipeline) == setup_key(calibration.model, calibration.pipeline)
         if not calibrated_setup:
+            differences = setup_differences(settings.model, settings.pipeline, calibration.model, calibration.pipeline)
+            notes = [
+                *notes,
+                f"runs of {setup} differ from the calibrated setup in "
+                + ", ".join(f"{name} {value} (calibrated {calibrated})" for name, value, calibrated in differences),
+            ]
             compute_model = calibration.compute_model
             if compute_model is not None and setup_fingerprint(settings.model, settings.pipeline) in compute_model.fitted_setups:
                 how = f"a setup calibration {calibration.name!r} ran among its compute model's shapes but not as its calibrated setup"

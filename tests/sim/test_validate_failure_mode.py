@@ -4,66 +4,16 @@ real-run records of the built-in calibration's setup, no torch."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
+from real_run_records import CALIBRATION, FAILURES, JOIN_DELAY_S, PROCESS_START_S, RENDEZVOUS_S, SOFT_JOIN_S, TRANSFER_S
+from real_run_records import real_record as _record
 
 from churnsim.calibration.apply import apply_calibration, recovery_for_failure_mode
-from churnsim.calibration.builtin import load_builtin_calibration
-from churnsim.calibration.failures import ScheduledFailure
 from churnsim.calibration.fit_timing import fit_recovery_times
-from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import cpu_tiny
-from churnsim.calibration.run_record import RealRunSettings, RunManifest, make_run_record, record_failure_mode
+from churnsim.calibration.run_record import record_failure_mode
 from churnsim.calibration.scenario import RecoverySpec, TrainingSpec
 from churnsim.sim.checks.validate import validate_record
-
-CALIBRATION = load_builtin_calibration("cpu-tiny")[0]
-STEADY_S = 0.075
-JOIN_DELAY_S = 0.05
-PROCESS_START_S = 0.012
-RENDEZVOUS_S = 0.011
-SOFT_JOIN_S = 0.001
-TRANSFER_S = 0.002
-FAILURES = ((10, 1), (25, 2))
-NUM_STEPS = 40
-
-
-def _record(run_id: str, *, hard: bool, say_mode: bool = True, failures=FAILURES, process_start_s: float = PROCESS_START_S):
-    """A checkfree run of the calibrated setup: steady steps of STEADY_S, and per failure its
-    recovery spans (hard: the replacement's join from the kill, then every rank's rendezvous; soft:
-    the reset in place) and a transfer, the step lasting that much longer."""
-    num_stages = CALIBRATION.pipeline.num_stages
-    failed = dict(failures)
-    spans, metrics, failure_rows, wall_s = [], [], [], 0.0
-    for step in range(NUM_STEPS):
-        start = wall_s
-        if step in failed:
-            stage = failed[step]
-            failure_rows.append(ScheduledFailure(time_s=wall_s, iteration=step, stage=stage, kind="stage_failure"))
-            join_s = JOIN_DELAY_S + process_start_s if hard else SOFT_JOIN_S
-            spans.append(dict(rank=stage, stage=stage, iteration=step, kind="recovery.join", microbatch=None, start_s=start, end_s=start + join_s))
-            start += join_s
-            if hard:
-                for rank in range(num_stages):
-                    spans.append(dict(rank=rank, stage=rank, iteration=step, kind="recovery.rendezvous", microbatch=None, start_s=start, end_s=start + RENDEZVOUS_S))
-                start += RENDEZVOUS_S
-            spans.append(dict(rank=stage, stage=stage, iteration=step, kind="recovery.transfer", microbatch=None, start_s=start, end_s=start + TRANSFER_S))
-            start += TRANSFER_S
-        for stage in range(num_stages):
-            spans.append(dict(rank=stage, stage=stage, iteration=step, kind="forward", microbatch=0, start_s=start, end_s=start + 0.01))
-            spans.append(dict(rank=stage, stage=stage, iteration=step, kind="backward", microbatch=0, start_s=start + 0.01, end_s=start + 0.03))
-        wall_s = start + STEADY_S
-        loss = 5.0 / math.sqrt(step + 1)
-        metrics.append(dict(step=step, iteration=step, wall_time_s=wall_s, train_loss=loss, eval_loss=loss if step == NUM_STEPS - 1 else math.nan))
-    settings = RealRunSettings(
-        model=CALIBRATION.model, pipeline=CALIBRATION.pipeline, method=method_from_name("checkfree"), num_iterations=NUM_STEPS,
-        learning_rate=1e-3, eval_every_iterations=NUM_STEPS, device="cpu",
-        failure_mode=("hard" if hard else "soft") if say_mode else None, join_delay_s=JOIN_DELAY_S if hard and say_mode else None,
-    )  # fmt: skip
-    manifest = RunManifest(run_id=run_id, source="real", method="checkfree", seed=0, real_settings=settings)
-    return make_run_record(manifest, metrics, spans, failure_rows)
-
 
 HARD_TABLE = fit_recovery_times([_record("fit-hard", hard=True)], failure_mode="hard")
 WITH_HARD = CALIBRATION.model_copy(update={"hard_failure_recovery": HARD_TABLE})
@@ -133,3 +83,13 @@ def test_a_calibration_without_hard_failures_charges_soft_prices_and_says_so():
     soft_s, _ = _predicted_wall_s(_record("held-out", hard=False), CALIBRATION)
     assert hard_s == pytest.approx(soft_s, rel=1e-9)
     assert any("charged at soft-failure prices" in note and "calibrate with hard-failure runs" in note for note in notes)
+
+
+@pytest.mark.parametrize("cap", [2, 64])
+def test_a_run_that_reached_its_launcher_s_replacement_cap_is_said_to_have(cap):
+    scenario = cpu_tiny()
+    scenario = scenario.model_copy(update={"recovery": scenario.recovery.model_copy(update={"max_replacements": cap})})
+    _, notes = _predicted_wall_s(_record("capped", hard=True, scenario=scenario), WITH_HARD)
+    said = [note for note in notes if "recovery.max_replacements" in note]
+    assert said == ([f"run 'capped' had {len(FAILURES)} hard failures, as many as its launcher replaces (recovery.max_replacements 2): "
+                     "a real run ends there, the simulator's replay does not"] if cap <= len(FAILURES) else [])  # fmt: skip
