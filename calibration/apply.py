@@ -129,6 +129,9 @@ def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> E
             "compute model describes runs whose edge stages hold the embedding and head (edge_stages)"
         )
     carried_from = f"{setup_description(calibration.model, calibration.pipeline)} of calibration {calibration.name!r}"
+    outside = compute_model.outside_fitted_shapes(scenario.model)
+    if outside is not None:  # the speeds of FLOPs, bytes and operations were told apart on other shapes
+        carried_from += f", with {outside} of its compute model's fit"
     carried = compute_model.compute_for(scenario.model, scenario.pipeline)
     endless = first_endless_duration(carried.model_dump())
     if endless is not None:  # the user wrote none of these times: name where they came from

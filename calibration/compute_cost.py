@@ -184,6 +184,12 @@ class ComputeCostModel(StrictModel):
     carries the coefficients to; calibrations made before this field existed list none."""
     hop_relative_residual: float = Field(ge=0)
     """Median |relative residual| of the hop fit over the (run, stage, direction) medians."""
+    fitted_hidden_sizes: tuple[int, ...] = ()
+    """The widths of the setups the fit measured: FLOPs grow with the width squared and bytes with the
+    width, so only runs of more than one width tell the two speeds apart, and a width outside them
+    is extrapolated (`outside_fitted_shapes`). Empty in calibrations made before it was kept."""
+    fitted_sequence_lengths: tuple[int, ...] = ()
+    """The sequence lengths of the setups the fit measured (attention's terms grow with it)."""
 
     @model_validator(mode="after")
     def _one_kind_of_hop_cost(self) -> "ComputeCostModel":
@@ -195,6 +201,19 @@ class ComputeCostModel(StrictModel):
     def physical(self) -> bool:
         """Whether this is the physical model (module docstring), not the earlier per-shape fit."""
         return isinstance(self.forward, PhysicalHopCost)
+
+    def outside_fitted_shapes(self, model: ModelSpec) -> str | None:
+        """How a model's width or sequence length lies outside those the fit measured, in words; None
+        when inside (or not recorded)."""
+        outside = []
+        for label, value, fitted in (
+            ("hidden size", model.hidden_size, self.fitted_hidden_sizes),
+            ("sequence length", model.sequence_length, self.fitted_sequence_lengths),
+        ):
+            if fitted and not min(fitted) <= value <= max(fitted):
+                measured = f"{min(fitted)}" if min(fitted) == max(fitted) else f"{min(fitted)}–{max(fitted)}"
+                outside.append(f"{label} {value} outside the measured {measured}")
+        return " and ".join(outside) or None
 
     def optimizer_step_s(self, parameters: float) -> float:
         return self.optimizer_fixed_s + self.optimizer_seconds_per_parameter * parameters

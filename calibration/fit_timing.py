@@ -350,6 +350,8 @@ def fit_compute_cost_model(
         shared_cores=shared_cores,
         num_configurations=len(groups),
         fitted_setups=tuple(sorted(fitted_setups)),
+        fitted_hidden_sizes=tuple(sorted({group[0].manifest.real_settings.model.hidden_size for group in groups.values()})),  # type: ignore[union-attr]
+        fitted_sequence_lengths=tuple(sorted({group[0].manifest.real_settings.model.sequence_length for group in groups.values()})),  # type: ignore[union-attr]
         hop_relative_residual=float(np.median([hops.forward_relative_residual, hops.backward_relative_residual])),
     )
     if speed_factors is None:

@@ -203,6 +203,7 @@ def test_calibration_fits_the_machine_s_compute_model_on_four_setups(calibrated)
     assert compute_model is not None and compute_model.num_configurations == 4 and compute_model.shared_cores is None
     assert set(compute_model.fitted_setups) == {setup_fingerprint(MODEL, pipeline) for pipeline in (CALIBRATED_PIPELINE, *SHAPES)}
     assert compute_model.physical and compute_model.slowdown_per_extra_process_per_core == 0.0  # a device per stage
+    assert compute_model.fitted_hidden_sizes == (64,) and compute_model.fitted_sequence_lengths == (64,)
     # These four setups vary stages and tokens, not width or sequence: FLOPs, bytes and operations
     # grow together in them, so the fit cannot tell the speeds apart (tests/calibration/
     # test_compute_cost.py recovers them from a suite that varies width); it must still give every

@@ -561,7 +561,9 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
                 how = f"a setup calibration {calibration.name!r} ran among its compute model's shapes but not as its calibrated setup"
             else:
                 how = f"a setup calibration {calibration.name!r} did not run"
-            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model"]
+            outside = compute_model.outside_fitted_shapes(settings.model) if compute_model is not None else None
+            extrapolated = f" ({outside} of its fit: extrapolated)" if outside is not None else ""
+            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model{extrapolated}"]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]

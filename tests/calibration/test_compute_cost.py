@@ -223,3 +223,28 @@ def test_calibrate_prints_the_physical_coefficients_and_the_shared_core_slowdown
     printed = " ".join(capsys.readouterr().out.split())
     assert "20 s/GFLOP" not in printed and "0.02 s/GFLOP" in printed and "0.2 s/GB element-wise" in printed
     assert "× (1 + 0.15 per stage process beyond one per core)" in printed
+
+
+def test_a_width_or_sequence_outside_the_fitted_ones_is_named_as_extrapolated():
+    fitted = TRUE_MODEL.model_copy(update={"fitted_hidden_sizes": (32, 64), "fitted_sequence_lengths": (64,)})
+    assert fitted.outside_fitted_shapes(_setup(width=48, heads=3)[0]) is None
+    assert fitted.outside_fitted_shapes(_setup(width=128, heads=8)[0]) == "hidden size 128 outside the measured 32–64"
+    assert fitted.outside_fitted_shapes(_setup(width=128, heads=8, sequence=128)[0]) == (
+        "hidden size 128 outside the measured 32–64 and sequence length 128 outside the measured 64"
+    )
+    assert TRUE_MODEL.outside_fitted_shapes(_setup(width=128, heads=8)[0]) is None  # not recorded: nothing to say
+
+
+def test_a_scenario_carried_beyond_the_fitted_widths_says_so_in_its_compute_s_origin():
+    from churnsim.calibration.apply import calibrated_compute
+    from churnsim.calibration.builtin import load_builtin_calibration
+    from churnsim.calibration.presets import cpu_tiny
+
+    calibration, _ = load_builtin_calibration("cpu-tiny")
+    compute_model = calibration.compute_model.model_copy(update={"fitted_hidden_sizes": (64,), "fitted_sequence_lengths": (64,)})
+    calibration = calibration.model_copy(update={"compute_model": compute_model})
+    scenario = cpu_tiny()
+    wide = scenario.model_copy(update={"model": scenario.model.model_copy(update={"hidden_size": 128, "num_heads": 8})})
+    assert calibrated_compute(wide, calibration).carried_from.endswith(", with hidden size 128 outside the measured 64 of its compute model's fit")
+    deep = scenario.model_copy(update={"model": scenario.model.model_copy(update={"num_layers": 8})})
+    assert "outside the measured" not in calibrated_compute(deep, calibration).carried_from

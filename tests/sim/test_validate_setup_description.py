@@ -63,3 +63,11 @@ def test_the_validator_names_the_sequence_length_and_every_other_difference_of_a
     on_calibrated = validate_record(real_record("calibrated", hard=False, failures=()), CALIBRATION)
     assert set(on_calibrated.rows["setup"]) == {"4 stages × 4 microbatches of 8, 1f1b, 4 layers d64 seq 64"}
     assert not any("differ from the calibrated setup" in note for note in on_calibrated.notes)
+
+
+def test_a_run_outside_the_compute_model_s_fitted_shapes_is_said_to_be_extrapolated():
+    compute_model = CALIBRATION.compute_model.model_copy(update={"fitted_hidden_sizes": (64,), "fitted_sequence_lengths": (64,)})
+    calibration = CALIBRATION.model_copy(update={"compute_model": compute_model})
+    model = CALIBRATION.model.model_copy(update={"sequence_length": 128})
+    notes = validate_record(real_record("seq-128", hard=False, failures=(), model=model), calibration).notes
+    assert any(note.endswith("are predicted through its compute model (sequence length 128 outside the measured 64 of its fit: extrapolated)") for note in notes), notes
