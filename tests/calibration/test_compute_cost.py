@@ -170,6 +170,22 @@ def test_a_fit_on_noisy_work_predicts_a_wider_model_than_it_saw(seed):
             assert np.asarray(predicted) == pytest.approx(np.asarray(true), rel=0.05)
 
 
+def test_the_earlier_per_shape_features_fitted_to_the_same_work_miss_the_wider_model():
+    # The same suite's exact forward work, fitted on the earlier model's features (elements, and
+    # parameters on shared cores, not bytes, operations and a slowdown per process): its width × 2
+    # is far slower than the machine, the symptom, where the physical fit is exact.
+    from churnsim.calibration.compute_cost import _relative_nnls
+
+    rows, work = [], []
+    for model, pipeline in SUITE:
+        rows += legacy_stage_features(model, pipeline, CORES)
+        work += TRUE_MODEL.hop_work_s(model, pipeline)[0]
+    coefficients, _ = _relative_nnls(np.column_stack([np.ones(len(work)), np.asarray(rows)]), np.asarray(work))
+    wide = np.column_stack([np.ones(WIDER[1].num_stages), np.asarray(legacy_stage_features(*WIDER, CORES))]) @ coefficients
+    assert np.all(wide / np.asarray(TRUE_MODEL.hop_work_s(*WIDER)[0]) > 1.15)
+    assert np.asarray(_fitted_model(SUITE).hop_work_s(*WIDER)[0]) == pytest.approx(np.asarray(TRUE_MODEL.hop_work_s(*WIDER)[0]), rel=1e-3)
+
+
 def test_the_fit_refuses_work_it_cannot_use_with_one_line():
     forward_features, forward_s, backward_features, backward_s, per_core = _rows(SUITE[:1])
     with pytest.raises(InputError, match="positive per-stage work"):
