@@ -16,7 +16,7 @@ charges it at the machine's speeds:
 - `elementwise_bytes`: the bytes the element-wise operations read and write (RMSNorm, RoPE, SwiGLU's
   activation and product, residual adds, the attention's softmax over sequence × heads scores per
   token, the embedding's lookup, the loss over the logits), at `model.activation_bytes_per_element`
-  (`ELEMENTS_PER_TOKEN_...` below; counted from the trainer's LLaMA-style block, real/model.py);
+  (`block_elements_per_token`; counted from the trainer's LLaMA-style block, real/model.py);
   backward twice the forward's (each operation's gradient reads its input and output gradient);
 - `operations`: the framework operations a hop dispatches (`OPERATIONS_PER_BLOCK` per block, and the
   embedding's and head's), each with a fixed cost whatever its size (dispatch, Python, allocation);
@@ -35,14 +35,18 @@ what sharing costs beyond that, a process's cache and branch state refilled afte
 its core, grows with how many processes share a core, not with a shape. It is charged as one
 dimensionless slowdown per process beyond one per core (`processes_per_core`), multiplying all the
 hop's work, fitted with the speeds. Where the processes never outnumbered the cores it is 0
-(nothing measured it). Calibrations made before this model (`HopCost`, which charged a fitted
+(nothing measured it). Approximation: the slowdown is one number for every shape and direction,
+and the optimizer step is not slowed by it. Calibrations made before this model (`HopCost`, which charged a fitted
 per-parameter cost on shared cores) still load and predict as they did; `churnsim calibrate`
 writes the physical model.
 
 The coefficients are fitted by non-negative least squares on relative errors over every (run,
 stage) median of every configuration measured (the slowdown by a bounded search around them,
 `fit_physical_hop_costs`); only a suite that varies width, depth, sequence length and stage count
-tells FLOPs from bytes from operations, and `num_configurations` says how many shapes the fit saw.
+tells FLOPs from bytes from operations (at one width both grow alike with tokens and layers, and
+only the edge stages' embedding and head tell them apart), so the fit keeps the widths and sequence
+lengths it measured and a carry outside them says it is extrapolated (`outside_fitted_shapes`);
+`num_configurations` says how many shapes the fit saw.
 The optimizer step is fitted against the stage's parameters (fixed + per parameter).
 
 What a step takes beyond the iteration the simulator computes from these (the overhead) is fitted
