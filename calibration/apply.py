@@ -23,12 +23,16 @@ Two modes:
                 of its latency) is the measured fixed cost of a checkpoint write
                 (`checkpoint_write_latency_s`: serialisation, checksums, fsync, rename happen
                 whatever the tier), set rather than added, so a second calibration replaces it
-    recovery    join_delay_s = the measured `recovery.join` time (a real run's replacement coming up:
+    recovery    of the scenario's `training.failure_mode` (`recovery_for_failure_mode`). Soft:
+                join_delay_s = the measured `recovery.join` time (a real run's replacement coming up:
                 fresh state on the failed stage), sample-weighted over the methods that measured
                 it; restart_s_by_method = each measured method's `unrecorded_s`, what its recovery
                 steps took beyond a steady step and their recorded parts (the processes' own
                 restart: process group, optimizer and checkpoint engine rebuilt); restart_s stays
-                for methods the calibration did not measure. Transfer, load and rebuild times are
+                for methods the calibration did not measure. Hard, where the calibration measured
+                hard failures: join_delay_s = the configured join delay + the measured process start
+                (a replacement process built from nothing), restart = the measured rendezvous +
+                `unrecorded_s`. Transfer, load and rebuild times are
                 not copied: the simulator derives them from bytes, the link and the tiers, which the
                 calibration sets. Under redundant computation the simulator's restart is the
                 replacement's, off the training path: the stall of a failover is not charged
@@ -46,11 +50,11 @@ from __future__ import annotations
 from typing import Literal
 
 from .base import LONGEST_DURATION_S, first_endless_duration, validate_model
-from .calibration_file import Calibration
+from .calibration_file import Calibration, RecoveryTimes
 from .convergence import MethodSetbacks
 from .errors import InputError
 from .compute_cost import setup_description
-from .scenario import ExplicitCompute, Scenario, UniformNetwork, seconds_by_method
+from .scenario import ExplicitCompute, RecoverySpec, Scenario, UniformNetwork, seconds_by_method
 from .speed_uncertainty import run_speed_log_sd
 
 ApplyMode = Literal["full", "setbacks"]
@@ -125,6 +129,9 @@ def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> E
             "compute model describes runs whose edge stages hold the embedding and head (edge_stages)"
         )
     carried_from = f"{setup_description(calibration.model, calibration.pipeline)} of calibration {calibration.name!r}"
+    outside = compute_model.outside_fitted_shapes(scenario.model)
+    if outside is not None:  # the speeds of FLOPs, bytes and operations were told apart on other shapes
+        carried_from += f", with {outside} of its compute model's fit"
     carried = compute_model.compute_for(scenario.model, scenario.pipeline)
     endless = first_endless_duration(carried.model_dump())
     if endless is not None:  # the user wrote none of these times: name where they came from
@@ -135,12 +142,44 @@ def _calibrated_compute_times(scenario: Scenario, calibration: Calibration) -> E
     return carried.model_copy(update={"carried_from": carried_from})
 
 
-def _measured_join_s(calibration: Calibration) -> float | None:
-    measured = [(times.join_s, times.num_samples) for times in calibration.recovery.values() if times.join_s > 0 and times.num_samples > 0]
-    if not measured:
+def _sample_weighted(values: list[tuple[float, int]]) -> float | None:
+    if not values:
         return None
-    total = sum(count for _, count in measured)
-    return sum(value * count for value, count in measured) / total
+    total = sum(count for _, count in values)
+    return sum(value * count for value, count in values) / total
+
+
+def _measured_join_s(table: dict[str, RecoveryTimes]) -> float | None:
+    return _sample_weighted([(times.join_s, times.num_samples) for times in table.values() if times.join_s > 0 and times.num_samples > 0])
+
+
+def recovery_for_failure_mode(
+    recovery: RecoverySpec, calibration: Calibration, failure_mode: Literal["soft", "hard"], join_delay_s: float | None = None
+) -> RecoverySpec:
+    """`recovery` with the calibration's measured recovery of `failure_mode` (module docstring).
+
+    Soft failures: the join is the measured reset in place, each measured method's restart its
+    `unrecorded_s`. Hard failures, where the calibration measured them (`hard_failure_recovery`):
+    the join is `join_delay_s` (the run's configured delay from a kill to its replacement's start)
+    plus the measured process start, or the measured join whole where no run said its delay; each measured method's restart is its rendezvous plus its
+    `unrecorded_s`. A method without hard-failure measurements keeps its soft restart, and without
+    any hard measurement the soft parts are charged (the validator says so). `join_delay_s` None:
+    the delay is not known, and the measured join is charged whole."""
+    hard = calibration.hard_failure_recovery if failure_mode == "hard" else {}
+    table = {**calibration.recovery, **hard}
+    measured_restarts = {method: times.rendezvous_s + times.unrecorded_s for method, times in table.items() if times.num_samples > 0}
+    join_s = _measured_join_s(calibration.recovery)
+    if hard:
+        starts = [(times.process_start_s, times.num_samples) for times in hard.values() if times.process_start_s > 0 and times.num_samples > 0]
+        process_start_s = _sample_weighted(starts)
+        known = join_delay_s is not None and process_start_s is not None
+        join_s = join_delay_s + process_start_s if known else _measured_join_s(hard)  # type: ignore[operator]
+    return recovery.model_copy(
+        update={
+            "restart_s_by_method": {**recovery.restart_s_by_method, **measured_restarts},
+            **({"join_delay_s": join_s} if join_s is not None else {}),
+        }
+    )
 
 
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
@@ -164,14 +203,9 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
         else tier.model_copy(update={"fixed_cost_s": calibration.checkpoint_write_latency_s})
         for tier in scenario.storage
     )
-    join_s = _measured_join_s(calibration)
-    measured_restarts = {method: times.unrecorded_s for method, times in calibration.recovery.items() if times.num_samples > 0}
-    recovery = scenario.recovery.model_copy(
-        update={
-            "restart_s_by_method": {**scenario.recovery.restart_s_by_method, **measured_restarts},
-            **({"join_delay_s": join_s} if join_s is not None else {}),
-        }
-    )
+    training = scenario.training
+    configured_delay_s = training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s
+    recovery = recovery_for_failure_mode(scenario.recovery, calibration, training.failure_mode, configured_delay_s)
     return {
         "compute": compute.model_dump(),
         "network": network.model_dump(),

@@ -43,9 +43,20 @@ class TierBandwidth(StrictModel):
 
 
 class RecoveryTimes(StrictModel):
-    """Median seconds of each recovery part for one method (0 where the method has no such part)."""
+    """Median seconds of each recovery part for one method and failure mode (0 where the method has no
+    such part), from the run records' recovery spans (calibration.fit_timing.recovery_events)."""
 
     join_s: float = Field(0.0, ge=0)
+    """`recovery.join`: soft failures, the failed stage's state reset in place; hard failures, from the
+    launcher seeing the death to the replacement process ready (the configured join delay, the
+    process start, the model build)."""
+    process_start_s: float = Field(0.0, ge=0)
+    """Hard failures: the join less the run's configured join delay (the process start and model
+    build), where the run record says its delay; 0 for soft failures and in older calibrations."""
+    rendezvous_s: float = Field(0.0, ge=0)
+    """`recovery.rendezvous`: hard failures, the barrier and process-group formation once the
+    replacement is up; 0 for soft failures and in older calibrations (which counted it in
+    `unrecorded_s`)."""
     transfer_s: float = Field(0.0, ge=0)
     load_s: float = Field(0.0, ge=0)
     rebuild_s: float = Field(0.0, ge=0)
@@ -58,7 +69,7 @@ class RecoveryTimes(StrictModel):
 
     @property
     def total_s(self) -> float:
-        return self.join_s + self.transfer_s + self.load_s + self.rebuild_s + self.unrecorded_s
+        return self.join_s + self.rendezvous_s + self.transfer_s + self.load_s + self.rebuild_s + self.unrecorded_s
 
 
 class Provenance(StrictModel):
@@ -119,6 +130,12 @@ class Calibration(FiniteNumbersModel):
     link: LinkProfile
     storage: tuple[TierBandwidth, ...] = ()
     recovery: dict[str, RecoveryTimes] = Field(default_factory=dict)
+    """Per method, its recovery parts under soft failures (the stage re-initialised in its own
+    process). Calibrations made before `hard_failure_recovery` pooled every run's here."""
+    hard_failure_recovery: dict[str, RecoveryTimes] = Field(default_factory=dict)
+    """Per method, its recovery parts under hard failures (the process killed, a replacement started,
+    a rendezvous): what a run of `training.failure_mode = "hard"` is charged (calibration.apply).
+    Empty where no calibration run had hard failures."""
     convergence: ConvergenceSpec
 
 

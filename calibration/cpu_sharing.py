@@ -34,9 +34,10 @@ from .tables import STEP_SYNC_SPAN
 
 COMPUTE_SPAN_KINDS: frozenset[str] = frozenset({"forward", "backward", "optimizer", "eval", "redundant_forward"})
 """Span kinds during which a stage process computes."""
-WAITING_SPAN_KINDS: frozenset[str] = frozenset({"receive", "send_wait", STEP_SYNC_SPAN, "recovery.join"})
+WAITING_SPAN_KINDS: frozenset[str] = frozenset({"receive", "send_wait", STEP_SYNC_SPAN, "recovery.join", "recovery.wait", "recovery.rendezvous"})
 """Span kinds during which a stage process is blocked (a message, a send's completion, the step
-boundary's all-reduce, a replacement); outside these and between its first and last span a process is taken to use a core."""
+boundary's all-reduce, a replacement, a survivor waiting for it, the rendezvous that re-forms the
+group); outside these and between its first and last span a process is taken to use a core."""
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:

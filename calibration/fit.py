@@ -180,7 +180,8 @@ def build_calibration(
         activation_bytes=activation_bytes,
         link=fit_link_profile(link_points),
         storage=tuple(tier_bandwidths),
-        recovery=fit_recovery_times(fit_records),
+        recovery=fit_recovery_times(fit_records, failure_mode="soft"),
+        hard_failure_recovery=fit_recovery_times(fit_records, failure_mode="hard"),
         convergence=ConvergenceSpec(
             baseline=curve,
             setbacks=setbacks,

@@ -15,23 +15,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from .cpu_sharing import cores_of_hardware, with_core_seconds, work_outside_spans
 from .calibration_file import LinkProfile, MeasuredDuration, RecoveryTimes, StageTimings, TierBandwidth
-from .compute_cost import ComputeCostModel, fit_hop_cost, fit_linear_non_negative, setup_fingerprint, setup_key, stage_features, stage_parameters
+from .compute_cost import (
+    ComputeCostModel,
+    fit_linear_non_negative,
+    fit_physical_hop_costs,
+    hop_features,
+    processes_per_core,
+    setup_fingerprint,
+    setup_key,
+    stage_parameters,
+)
 from .errors import InputError
 from .scenario import ExplicitCompute, ModelSpec, PipelineSpec
 from .statistics import solve_increasing
 from .methods import MethodConfigBase, method_names_where, method_traits
-from .run_record import RunRecord
+from .run_record import RunRecord, configured_join_delay_s, record_failure_mode
 
 DEFAULT_WARMUP_ITERATIONS = 3
 
 RECOVERY_SPAN_FIELDS: dict[str, str] = {
     "recovery.join": "join_s",
+    "recovery.rendezvous": "rendezvous_s",
     "recovery.transfer": "transfer_s",
     "recovery.load": "load_s",
     "recovery.rebuild": "rebuild_s",
@@ -41,7 +52,7 @@ RECOVERY_SPAN_FIELDS: dict[str, str] = {
 # Steps containing any of these spans are not steady-state iterations: they include a recovery,
 # checkpoint I/O or an evaluation on top of the training work.
 UNSTEADY_SPAN_KINDS: frozenset[str] = frozenset(
-    {"save", "load", "snapshot", "flush", "eval", *RECOVERY_SPAN_FIELDS}
+    {"save", "load", "snapshot", "flush", "eval", "recovery.wait", *RECOVERY_SPAN_FIELDS}
 )
 
 
@@ -299,7 +310,8 @@ def fit_compute_cost_model(
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record_setup_key(record), []).append(record)
-    hop_features, forward_work, backward_work, optimizer_parameters, optimizer_work, fitted_setups = [], [], [], [], [], []
+    forward_features, backward_features, per_core = [], [], []
+    forward_work, backward_work, optimizer_parameters, optimizer_work, fitted_setups = [], [], [], [], []
     measured_hops: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     for key, group in groups.items():
         settings = group[0].manifest.real_settings
@@ -312,26 +324,35 @@ def fit_compute_cost_model(
             backward_s = tuple(timing.block_backward.median_s for timing in timings)
         measured_hops[key] = (tuple(forward_s), tuple(backward_s))
         fitted_setups.append(setup_fingerprint(settings.model, settings.pipeline))
-        hop_features.extend(stage_features(settings.model, settings.pipeline, shared_cores))
+        forward_features.extend(hop_features(settings.model, settings.pipeline, "forward"))
+        backward_features.extend(hop_features(settings.model, settings.pipeline, "backward"))
+        per_core.extend([processes_per_core(settings.pipeline, shared_cores)] * settings.pipeline.num_stages)
         forward_work.extend(forward_s)  # type: ignore[arg-type]
         backward_work.extend(backward_s)  # type: ignore[arg-type]
         parameters = stage_parameters(settings.model, settings.pipeline)
         for stage, work_s in optimizer_work_per_stage(group, num_warmup_iterations=num_warmup_iterations).items():
             optimizer_parameters.append(parameters[stage])
             optimizer_work.append(work_s)
-    forward, forward_residual = fit_hop_cost(hop_features, forward_work)
-    backward, backward_residual = fit_hop_cost(hop_features, backward_work)
+    if len(forward_work) != len(forward_features):
+        raise InputError(
+            f"the run records' forward/backward spans cover {len(forward_work)} (setup, stage) pairs where their pipelines have "
+            f"{len(forward_features)} stages; every run must record every stage's hops"
+        )
+    hops = fit_physical_hop_costs(forward_features, forward_work, backward_features, backward_work, per_core)
     optimizer_fixed_s, optimizer_per_parameter_s = fit_linear_non_negative(optimizer_parameters, optimizer_work)
     hops_only = ComputeCostModel(
-        forward=forward,
-        backward=backward,
+        forward=hops.forward,
+        backward=hops.backward,
+        slowdown_per_extra_process_per_core=hops.slowdown_per_extra_process_per_core,
         optimizer_fixed_s=optimizer_fixed_s,
         optimizer_seconds_per_parameter=optimizer_per_parameter_s,
         iteration_overhead_s=0.0,
         shared_cores=shared_cores,
         num_configurations=len(groups),
         fitted_setups=tuple(sorted(fitted_setups)),
-        hop_relative_residual=float(np.median([forward_residual, backward_residual])),
+        fitted_hidden_sizes=tuple(sorted({group[0].manifest.real_settings.model.hidden_size for group in groups.values()})),  # type: ignore[union-attr]
+        fitted_sequence_lengths=tuple(sorted({group[0].manifest.real_settings.model.sequence_length for group in groups.values()})),  # type: ignore[union-attr]
+        hop_relative_residual=float(np.median([hops.forward_relative_residual, hops.backward_relative_residual])),
     )
     if speed_factors is None:
         speed_factors = run_speed_factors(groups.get(calibrated_key, []), num_warmup_iterations=num_warmup_iterations)
@@ -551,15 +572,26 @@ def recovery_events(
     return events
 
 
-def fit_recovery_times(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> dict[str, RecoveryTimes]:
+def fit_recovery_times(
+    records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS, failure_mode: Literal["soft", "hard"] | None = None
+) -> dict[str, RecoveryTimes]:
     """Median time of each recovery part per method, and of the time no span records
     (`recovery_events`). One sample is one recovery event (one step of one run with recovery
-    spans). Parts a method never records stay 0."""
+    spans). Parts a method never records stay 0. With `failure_mode`, only the runs whose failures
+    struck that way (`record_failure_mode`): a hard failure's replacement process starts, joins and
+    meets the survivors at a rendezvous, which a soft failure's reset in place never does, so the
+    two are fitted apart. A hard failure's process start is its join less the run's configured
+    join delay (`configured_join_delay_s`), where the record says it."""
     frames = []
     for record in records:
+        mode = record_failure_mode(record)
+        if failure_mode is not None and mode != failure_mode:
+            continue
         events = recovery_events(record, num_warmup_iterations=num_warmup_iterations)
         if not events.empty:
-            frames.append(events.assign(method=record.manifest.method))
+            delay_s = configured_join_delay_s(record) if mode == "hard" else None
+            process_start_s = np.maximum(events["join_s"] - delay_s, 0.0) if delay_s is not None else math.nan
+            frames.append(events.assign(method=record.manifest.method, process_start_s=process_start_s))
     if not frames:
         return {}
     table = pd.concat(frames)
@@ -567,8 +599,10 @@ def fit_recovery_times(records: Sequence[RunRecord], *, num_warmup_iterations: i
     for method, rows in table.groupby("method"):
         parts = {field: float(np.median(rows[field])) for field in RECOVERY_SPAN_FIELDS.values()}
         unrecorded = rows["unrecorded_s"].dropna()
+        process_start = rows["process_start_s"].dropna()
         result[str(method)] = RecoveryTimes(
             **parts,
+            process_start_s=float(np.median(process_start)) if not process_start.empty else 0.0,
             unrecorded_s=float(np.median(unrecorded)) if not unrecorded.empty else 0.0,
             num_samples=int(len(rows)),
         )

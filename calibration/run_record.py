@@ -58,6 +58,12 @@ class RealRunSettings(StrictModel):
     checkpoint_directory: str | None = None
     failure_rate_per_stage_hour: float | None = None
     """Set when failures were sampled from an hourly per-stage probability instead of a file."""
+    failure_mode: Literal["soft", "hard"] | None = None
+    """How its failures struck (`training.failure_mode`); None in records that do not say, whose mode
+    `record_failure_mode` reads from their scenario or spans."""
+    join_delay_s: float | None = Field(None, ge=0)
+    """Hard failures: the configured seconds from a kill to its replacement's start; None where the
+    record does not say (`configured_join_delay_s` then reads its scenario)."""
 
 
 class RunManifest(StrictModel):
@@ -99,6 +105,37 @@ def _frame(rows: Any, columns: tuple[str, ...], what: str, optional: tuple[str, 
     if missing:
         raise ValueError(f"{what} table lacks columns {missing}")
     return frame.loc[:, _columns_kept(frame, columns, optional)].reset_index(drop=True)
+
+
+HARD_FAILURE_SPAN_KINDS: frozenset[str] = frozenset({"recovery.rendezvous", "recovery.wait"})
+"""Spans only a hard failure records: a replacement process's rendezvous with the survivors, and a
+survivor waiting for it."""
+
+
+def record_failure_mode(record: "RunRecord") -> Literal["soft", "hard"]:
+    """How a run's failures struck: its settings' `failure_mode`, else its scenario's
+    `training.failure_mode`, else hard where its spans hold a rendezvous or a wait for a replacement
+    (`HARD_FAILURE_SPAN_KINDS`), soft otherwise."""
+    settings = record.manifest.real_settings
+    if settings is not None and settings.failure_mode is not None:
+        return settings.failure_mode
+    if record.manifest.scenario is not None and record.manifest.source == "real":
+        return record.manifest.scenario.training.failure_mode
+    kinds = record.spans["kind"] if "kind" in record.spans.columns else pd.Series(dtype=object)
+    return "hard" if kinds.isin(HARD_FAILURE_SPAN_KINDS).any() else "soft"
+
+
+def configured_join_delay_s(record: "RunRecord") -> float | None:
+    """A hard-failure run's configured delay from a kill to its replacement's start: its settings'
+    `join_delay_s`, else its scenario's `training.join_delay_s` or `recovery.join_delay_s`; None
+    where the record holds neither."""
+    settings = record.manifest.real_settings
+    if settings is not None and settings.join_delay_s is not None:
+        return settings.join_delay_s
+    scenario = record.manifest.scenario
+    if scenario is None or record.manifest.source != "real":
+        return None
+    return scenario.training.join_delay_s if scenario.training.join_delay_s is not None else scenario.recovery.join_delay_s
 
 
 def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: FailureSchedule | Any) -> RunRecord:

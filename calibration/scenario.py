@@ -365,6 +365,12 @@ class RecoverySpec(StrictModel):
             raise ValueError(f"restart times must be finite and >= 0 seconds, got {negative}")
         return value
 
+    max_replacements: int = Field(64, ge=0)
+    """Hard failures in a real run (`training.failure_mode = "hard"`): the most stage processes the
+    launcher replaces in one run; a run whose processes die more often ends there, as a replacement
+    that keeps dying would otherwise never stop. The simulator does not cap its replacements: a run
+    predicted past this many failures is one a real launcher would have stopped."""
+
     def restart_s_for(self, method: str) -> float:
         """The restart after a replacement joins, for the method named `method`."""
         return self.restart_s_by_method.get(method, self.restart_s)

@@ -177,7 +177,9 @@ VALIDATION_COLUMNS: tuple[str, ...] = (
     "load_normalised_relative_error",  # (load_normalised_predicted − measured) / measured
     "predicted_ci95_low",  # predicted at the machine's 2.5 % speed (calibration/speed_uncertainty.py); NaN without a spread
     "predicted_ci95_high",  # ... and at its 97.5 % speed: a run of an exact model falls inside 95 % of the time
-    "setup",  # the run's model and pipeline in short, e.g. "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64"
+    # the run's model and pipeline in short, e.g. "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64 seq 64", then in
+    # parentheses every other field in which it differs from the calibrated setup, e.g. "(num_heads 8)"
+    "setup",
     "calibrated_setup",  # whether the calibration measured this setup itself (else its compute model scaled to it)
 )
 VALIDATION_INTERVAL_COLUMNS: tuple[str, ...] = ("predicted_ci95_low", "predicted_ci95_high")

@@ -21,6 +21,7 @@ def print_calibration(calibration) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from churnsim.calibration.compute_cost import PhysicalHopCost
     from churnsim.calibration.speed_uncertainty import run_speed_log_sd, speed_interval_factors
 
     out = Console()
@@ -60,6 +61,11 @@ def print_calibration(calibration) -> None:
     compute = calibration.compute_model
 
     def _hop_cost_text(hop) -> str:
+        if isinstance(hop, PhysicalHopCost):
+            return (
+                f"{_seconds(hop.fixed_s)} + {_seconds(hop.seconds_per_operation)} per operation + {hop.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP"
+                f" + {hop.seconds_per_byte * 1e9:.3g} s/GB element-wise + {_seconds(hop.seconds_per_message)} per message"
+            )
         shared = hop.seconds_per_shared_core_parameter
         return (
             f"{_seconds(hop.fixed_s)} + {hop.seconds_per_matmul_flop * 1e9:.3g} s/GFLOP + {_seconds(hop.seconds_per_neighbour)} per neighbouring stage"
@@ -71,7 +77,12 @@ def print_calibration(calibration) -> None:
         lines.append(
             f"compute model ({compute.num_configurations} setups, {cores}, median residual {100 * compute.hop_relative_residual:.1f} %): "
             f"forward hop {_hop_cost_text(compute.forward)}, backward hop {_hop_cost_text(compute.backward)}; "
-            f"overhead of other setups {_seconds(compute.iteration_overhead_s)} + {_seconds(compute.overhead_per_stage_microbatch_s)} per stage × microbatch"
+            + (
+                f"× (1 + {compute.slowdown_per_extra_process_per_core:.3g} per stage process beyond one per core); "
+                if compute.slowdown_per_extra_process_per_core > 0
+                else ""
+            )
+            + f"overhead of other setups {_seconds(compute.iteration_overhead_s)} + {_seconds(compute.overhead_per_stage_microbatch_s)} per stage × microbatch"
             # Calibrations made before the stages × microbatches fit scaled it per microbatch.
             + (f" + {_seconds(compute.overhead_per_microbatch_s)} per microbatch" if compute.overhead_per_microbatch_s else "")
         )
@@ -79,7 +90,7 @@ def print_calibration(calibration) -> None:
         out.print(line)
     recovery = Table(
         "method", "join", "transfer", "load", "rebuild", "restart", "n",
-        title="recovery component times (median of n events; restart: the step's time no span records)",
+        title="recovery component times (soft failures; median of n events; restart: the step's time no span records)",
     )
     recovery.columns[0].min_width = max((len(method) for method in calibration.recovery), default=0)  # names whole on 80 columns
     for method, times in sorted(calibration.recovery.items()):
@@ -87,6 +98,15 @@ def print_calibration(calibration) -> None:
             method, *(_seconds(value) for value in (times.join_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)), str(times.num_samples)
         )
     out.print(recovery)
+    if calibration.hard_failure_recovery:
+        hard = Table(
+            "method", "join", "process start", "rendezvous", "transfer", "load", "rebuild", "restart", "n",
+            title="hard-failure recovery times (median of n events; process start: the join less the configured join delay)",
+        )
+        for method, times in sorted(calibration.hard_failure_recovery.items()):
+            parts = (times.join_s, times.process_start_s, times.rendezvous_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)
+            hard.add_row(method, *(_seconds(value) for value in parts), str(times.num_samples))
+        out.print(hard)
     convergence = calibration.convergence
     curve = convergence.baseline
     setbacks = Table("method", "position", "setback iterations [95 % CI]", "samples", title="convergence setbacks (measured where samples > 0)")

@@ -5,7 +5,10 @@ For each run record:
 1. **Scenario.** A real run: the record's `real_settings` (model, pipeline, method, iterations) with
    the calibration applied in mode `full` (`apply_calibration`), no churn, `restart_s` 0 (a local
    run keeps its processes: no rendezvous) except where the calibration measured a method's restart
-   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). Any
+   (`RecoveryTimes.unrecorded_s`: what its recovery steps took beyond their recorded parts). A run
+   of hard failures (`record_failure_mode`) is charged the calibration's hard-failure recovery
+   instead: its configured join delay plus the measured process start, and the measured rendezvous
+   (`charge_own_failure_mode`). Any
    model and pipeline of the calibrated machine (same device and core count,
    `check_same_machine`): the calibrated setup takes its measured times, any other the
    calibration's compute cost model (calibration.compute_cost). A simulated run: its
@@ -70,11 +73,12 @@ import numpy as np
 import pandas as pd
 
 from churnsim.calibration.calibration_file import Calibration
-from churnsim.calibration.compute_cost import setup_description, setup_fingerprint, setup_key
+from churnsim.calibration.compute_cost import setup_description, setup_differences, setup_fingerprint, setup_key
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
-from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, read_run_record
+from churnsim.calibration.apply import recovery_for_failure_mode
+from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, configured_join_delay_s, read_run_record, record_failure_mode
 from churnsim.calibration.scenario import Scenario, TargetSpec
 from churnsim.calibration.statistics import median_with_ci95
 from churnsim.calibration.speed_uncertainty import log_speed_spread, scenario_run_speed_log_sd, speed_interval_factors, with_compute_scaled
@@ -430,15 +434,40 @@ class _RealComparison:
     notes: list[str]
 
 
+def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: Calibration) -> tuple[Scenario, list[str]]:
+    """The replay with the recovery of the run's own failure mode (`record_failure_mode`): a hard
+    failure's replacement process start, join and rendezvous as the calibration measured them under
+    hard failures, from the run's configured join delay (calibration.apply.recovery_for_failure_mode);
+    and a note where the calibration measured no hard failure to charge."""
+    mode = record_failure_mode(record)
+    if mode != "hard" or not record.failures.failures:
+        return scenario, []
+    notes = []
+    if not calibration.hard_failure_recovery:
+        notes.append(
+            f"runs with hard failures are charged at soft-failure prices (no process start or rendezvous): calibration "
+            f"{calibration.name!r} measured no hard failure; calibrate with hard-failure runs"
+        )
+    cap = record.manifest.scenario.recovery.max_replacements if record.manifest.scenario is not None else None
+    if cap is not None and len(record.failures.failures) >= cap:
+        notes.append(
+            f"run {record.manifest.run_id!r} had {len(record.failures.failures)} hard failures, as many as its launcher replaces "
+            f"(recovery.max_replacements {cap}): a real run ends there, the simulator's replay does not"
+        )
+    recovery = recovery_for_failure_mode(scenario.recovery, calibration, "hard", configured_join_delay_s(record))
+    return scenario.model_copy(update={"recovery": recovery}), notes
+
+
 def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord | None) -> _RealComparison:
     check_same_machine(record, calibration)
-    scenario = replay_scenario(record, calibration)
+    scenario, mode_notes = charge_own_failure_mode(replay_scenario(record, calibration), record, calibration)
     twin_target = target_of_twin(twin) if twin is not None else None
     target_loss = twin_target.loss if twin_target is not None else real_target_loss(record.metrics)
     measured = measured_real(record, target_loss)
     predicted, wall_run, notes = _predict_real(
         record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=1.0
     )
+    notes = [*mode_notes, *notes]
     if twin_target is not None:
         notes.append(f"time to target: the loss no-failure twin {twin_target.run_id!r} reached after {twin_target.progress_iterations} iterations")
     # Load normalisation: the run's own steady step against the predicted healthy one tells how much
@@ -518,15 +547,23 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
             failure_probability_of(manifest.scenario) if manifest.scenario is not None else manifest.real_settings.failure_rate_per_stage_hour
         )
         settings = manifest.real_settings
-        setup = setup_description(settings.model, settings.pipeline)
+        setup = setup_description(settings.model, settings.pipeline, (calibration.model, calibration.pipeline))
         calibrated_setup = setup_key(settings.model, settings.pipeline) == setup_key(calibration.model, calibration.pipeline)
         if not calibrated_setup:
+            differences = setup_differences(settings.model, settings.pipeline, calibration.model, calibration.pipeline)
+            notes = [
+                *notes,
+                f"runs of {setup} differ from the calibrated setup in "
+                + ", ".join(f"{name} {value} (calibrated {calibrated})" for name, value, calibrated in differences),
+            ]
             compute_model = calibration.compute_model
             if compute_model is not None and setup_fingerprint(settings.model, settings.pipeline) in compute_model.fitted_setups:
                 how = f"a setup calibration {calibration.name!r} ran among its compute model's shapes but not as its calibrated setup"
             else:
                 how = f"a setup calibration {calibration.name!r} did not run"
-            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model"]
+            outside = compute_model.outside_fitted_shapes(settings.model) if compute_model is not None else None
+            extrapolated = f" ({outside} of its fit: extrapolated)" if outside is not None else ""
+            notes = [*notes, f"runs of {setup}, {how}, are predicted through its compute model{extrapolated}"]
     else:
         measured, predicted, target_loss, notes = _validate_simulated(record, calibration)
         probability = failure_probability_of(manifest.scenario)  # type: ignore[arg-type]

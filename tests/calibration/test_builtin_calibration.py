@@ -93,10 +93,10 @@ def test_cpu_tiny_with_another_setup_takes_the_calibrated_compute_model():
     assert len(six.compute.block_forward_s) == 6
     assert six.name == "cpu-tiny[pipeline.num_stages=6,model.num_layers=6]"
     # Every output of the carried setup says where its compute comes from; given times are not carried.
-    assert six.compute.carried_from == "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64 of calibration 'cpu-tiny'"
+    assert six.compute.carried_from == "4 stages × 4 microbatches of 8, 1f1b, 4 layers d64 seq 64 of calibration 'cpu-tiny'"
     carried = compute_carry_note(six)
     assert carried is not None and carried in scenario_notes(six)
-    assert carried.startswith("compute of 6 stages × 4 microbatches of 8, 1f1b, 6 layers d64 is carried by the compute model from 4 stages")
+    assert carried.startswith("compute of 6 stages × 4 microbatches of 8, 1f1b, 6 layers d64 seq 64 is carried by the compute model from 4 stages")
     assert preset("cpu-tiny").compute.carried_from == "" and compute_carry_note(preset("cpu-tiny")) is None
     explicit = preset("cpu-tiny", {"pipeline.num_stages": 6, "model.num_layers": 6, "compute.optimizer_step_s": 0.5})
     assert explicit.compute.optimizer_step_s == 0.5

@@ -1,0 +1,95 @@
+"""Recovery costs per failure mode: the fit reads a hard failure's join, process start and rendezvous
+apart from a soft failure's reset in place, and the validator charges a run its own mode. Synthetic
+real-run records of the built-in calibration's setup, no torch."""
+
+from __future__ import annotations
+
+import pytest
+from real_run_records import CALIBRATION, FAILURES, JOIN_DELAY_S, PROCESS_START_S, RENDEZVOUS_S, SOFT_JOIN_S, TRANSFER_S
+from real_run_records import real_record as _record
+
+from churnsim.calibration.apply import apply_calibration, recovery_for_failure_mode
+from churnsim.calibration.fit_timing import fit_recovery_times
+from churnsim.calibration.presets import cpu_tiny
+from churnsim.calibration.run_record import record_failure_mode
+from churnsim.calibration.scenario import RecoverySpec, TrainingSpec
+from churnsim.sim.checks.validate import validate_record
+
+HARD_TABLE = fit_recovery_times([_record("fit-hard", hard=True)], failure_mode="hard")
+WITH_HARD = CALIBRATION.model_copy(update={"hard_failure_recovery": HARD_TABLE})
+
+
+def test_a_run_s_failure_mode_is_read_from_its_settings_else_from_its_spans():
+    assert record_failure_mode(_record("a", hard=True)) == "hard"
+    assert record_failure_mode(_record("b", hard=True, say_mode=False)) == "hard"  # the rendezvous says so
+    assert record_failure_mode(_record("c", hard=False, say_mode=False)) == "soft"
+    assert record_failure_mode(_record("d", hard=False)) == "soft"
+
+
+def test_the_fit_reads_hard_failures_join_process_start_and_rendezvous_apart_from_soft_ones():
+    records = [_record("hard", hard=True), _record("soft", hard=False)]
+    hard = fit_recovery_times(records, failure_mode="hard")["checkfree"]
+    soft = fit_recovery_times(records, failure_mode="soft")["checkfree"]
+    assert hard.num_samples == soft.num_samples == len(FAILURES)
+    assert hard.join_s == pytest.approx(JOIN_DELAY_S + PROCESS_START_S)
+    assert hard.process_start_s == pytest.approx(PROCESS_START_S)
+    assert hard.rendezvous_s == pytest.approx(RENDEZVOUS_S)
+    assert soft.join_s == pytest.approx(SOFT_JOIN_S) and soft.rendezvous_s == 0.0 and soft.process_start_s == 0.0
+    for times in (hard, soft):
+        assert times.transfer_s == pytest.approx(TRANSFER_S) and times.unrecorded_s == pytest.approx(0.0, abs=1e-9)
+    # A record that does not say its join delay has no process start to give: only the whole join.
+    unsaid = fit_recovery_times([_record("unsaid", hard=True, say_mode=False)], failure_mode="hard")["checkfree"]
+    assert unsaid.process_start_s == 0.0 and unsaid.join_s == pytest.approx(JOIN_DELAY_S + PROCESS_START_S)
+
+
+def test_a_hard_failure_scenario_is_charged_its_join_delay_the_process_start_and_the_rendezvous():
+    soft = recovery_for_failure_mode(RecoverySpec(join_delay_s=30.0, restart_s=6.6), WITH_HARD, "soft", 30.0)
+    hard = recovery_for_failure_mode(RecoverySpec(join_delay_s=30.0, restart_s=6.6), WITH_HARD, "hard", 30.0)
+    assert hard.join_delay_s == pytest.approx(30.0 + PROCESS_START_S)
+    assert hard.restart_s_for("checkfree") == pytest.approx(RENDEZVOUS_S)
+    assert soft.join_delay_s < 0.01 and soft.restart_s_for("checkfree") == pytest.approx(CALIBRATION.recovery["checkfree"].unrecorded_s)
+    # Methods measured only under soft failures keep their soft restart.
+    assert hard.restart_s_for("checkpoint") == soft.restart_s_for("checkpoint")
+    scenario = cpu_tiny()
+    scenario = scenario.model_copy(update={"training": TrainingSpec(failure_mode="hard", join_delay_s=2.0)})
+    assert apply_calibration(scenario, WITH_HARD, mode="full").recovery.join_delay_s == pytest.approx(2.0 + PROCESS_START_S)
+
+
+def _predicted_wall_s(record, calibration):
+    validation = validate_record(record, calibration)
+    rows = validation.rows.set_index("quantity")
+    return float(rows.loc["total_wall_clock_s", "predicted"]), validation.notes
+
+
+def test_hard_failure_spans_in_a_run_record_change_its_prediction_by_what_they_cost():
+    soft_s, _ = _predicted_wall_s(_record("held-out", hard=False), WITH_HARD)
+    hard_s, notes = _predicted_wall_s(_record("held-out", hard=True), WITH_HARD)
+    spans_only_s, _ = _predicted_wall_s(_record("held-out", hard=True, say_mode=False), WITH_HARD)
+    # Per failure: the join from the run's configured delay plus the measured process start, against
+    # the soft reset; the rendezvous (+ its unrecorded rest) against the soft restart.
+    soft_recovery, hard_recovery = CALIBRATION.recovery, HARD_TABLE["checkfree"]
+    soft_join_s = recovery_for_failure_mode(RecoverySpec(), CALIBRATION, "soft").join_delay_s
+    per_failure_s = (JOIN_DELAY_S + hard_recovery.process_start_s - soft_join_s) + (
+        hard_recovery.rendezvous_s + hard_recovery.unrecorded_s - soft_recovery["checkfree"].unrecorded_s
+    )
+    assert hard_s - soft_s == pytest.approx(len(FAILURES) * per_failure_s, rel=0.1)
+    # Without its join delay the record is charged the measured join whole: the same here.
+    assert spans_only_s == pytest.approx(hard_s, rel=1e-3)
+    assert not any("soft-failure prices" in note for note in notes)
+
+
+def test_a_calibration_without_hard_failures_charges_soft_prices_and_says_so():
+    hard_s, notes = _predicted_wall_s(_record("held-out", hard=True), CALIBRATION)
+    soft_s, _ = _predicted_wall_s(_record("held-out", hard=False), CALIBRATION)
+    assert hard_s == pytest.approx(soft_s, rel=1e-9)
+    assert any("charged at soft-failure prices" in note and "calibrate with hard-failure runs" in note for note in notes)
+
+
+@pytest.mark.parametrize("cap", [2, 64])
+def test_a_run_that_reached_its_launcher_s_replacement_cap_is_said_to_have(cap):
+    scenario = cpu_tiny()
+    scenario = scenario.model_copy(update={"recovery": scenario.recovery.model_copy(update={"max_replacements": cap})})
+    _, notes = _predicted_wall_s(_record("capped", hard=True, scenario=scenario), WITH_HARD)
+    said = [note for note in notes if "recovery.max_replacements" in note]
+    assert said == ([f"run 'capped' had {len(FAILURES)} hard failures, as many as its launcher replaces (recovery.max_replacements 2): "
+                     "a real run ends there, the simulator's replay does not"] if cap <= len(FAILURES) else [])  # fmt: skip
