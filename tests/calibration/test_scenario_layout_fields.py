@@ -114,7 +114,8 @@ def test_every_checkfree_preset_states_its_layout():
     for name in PRESETS:
         if name.startswith("checkfree-"):
             scenario = preset(name)
-            expected = "separate_node" if "-embedding-node-" in name else "edge_stages"
+            emulator = "-embedding-node-" in name or name.startswith("checkfree-emulator-")
+            expected = "separate_node" if emulator else "edge_stages"
             assert scenario.pipeline.embedding_placement == expected, name
             if expected == "separate_node":
                 # The authors' emulator: the (de)embedding node in Australia, node S, the last site.
