@@ -182,8 +182,10 @@ def check_record(record: RunRecord, directory: str | Path) -> None:
     manifest = record.manifest
     if manifest.real_settings is None and manifest.scenario is None:
         raise InputError(f"{directory / MANIFEST_FILE}: field 'real_settings' (real runs) or 'scenario' (simulated runs) is required to replay the run")
-    num_stages = (manifest.real_settings or manifest.scenario).pipeline.num_stages  # type: ignore[union-attr]
-    record.failures.validate_for(num_stages, str(directory / "failures.csv"))
+    pipeline = (manifest.real_settings or manifest.scenario).pipeline  # type: ignore[union-attr]
+    record.failures.validate_for(
+        pipeline.num_stages, str(directory / "failures.csv"), data_parallel_degree=pipeline.data_parallel_degree
+    )
 
 
 def load_record(directory: str | Path) -> RunRecord:
