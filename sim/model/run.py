@@ -13,6 +13,13 @@ Failures: a stage whose node is lost is *down* until its replacement joins
 (`scenario.recovery.join_delay_s` later); a failure of a stage that is down is recorded as
 `already_down` and has no effect. Failures that strike while a recovery runs interrupt it and are
 handed to the policy, which merges them into the recovery in progress.
+Data parallelism (D = `pipeline.data_parallel_degree` > 1): a failure event is the loss of one node
+(stage, replica), and a replica layer (`sim/model/replicas.py`) sees it before the policy. A node
+whose stage keeps a replica heals from it in the background (join delay, then a copy over the
+all-reduce link), the iteration in flight lost if training; meanwhile the complete replica pipelines
+train with the batch model's share of progress per iteration, or training pauses (booked to
+`replica_heal_s`). Only a stage loss (no replica left) reaches the policy, as the same event would
+at D = 1. With D = 1 the layer is absent and every loss is a stage loss, as before.
 Coinciding instants: a failure arriving at instant t is handled before anything else that ends at
 t, so a transfer, flush, restart or replacement ending exactly then has not happened when it
 strikes (an iteration ending exactly then is still credited: `_CREDIT_TOLERANCE`). Trace replays

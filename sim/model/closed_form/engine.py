@@ -31,6 +31,11 @@ cheap, with the same floating-point operations:
   interrupted part, and the method's recovery is called again with the new failures, exactly as the
   event model re-enters it: the remaining wait is recomputed, never replayed event by event.
 
+- Data parallelism: the replica layer (`sim/model/replicas.py`) is the event model's, called at each
+  arrival; a heal's end is a background completion (`schedule`), which while training re-times the
+  chunk as a state change does; the fast paths (whole chunks, cycles) run only while no node is
+  missing.
+
 Each recovery method has a closed-form twin (`ClosedFormPolicy`, registered per policy class in
 `sim/model/closed_form/__init__.py`) that drives the policy object's own state (checkpointers, restart
 recoveries, rebuild sets) and mirrors its generators line by line; a policy without a twin (one a
