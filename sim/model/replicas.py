@@ -98,6 +98,8 @@ class ReplicaGroup:
         self.paused = False
         """No replica pipeline trains (k = 0, or `wait` with a node missing)."""
         self._token = 0
+        self._stage_lost_s: dict[int, float] = {}
+        """When each stage was last lost: its other nodes lost at that same instant are part of that loss."""
         self._copy_s: dict[int, float] = {}
         self._shares: dict[int, float] = {}
 
@@ -157,13 +159,17 @@ class ReplicaGroup:
         current = missing.get(node)
         if current is not None and now < current.join_s:
             return ALREADY_DOWN, [], []
+        if self._stage_lost_s.get(stage) == now:
+            # Another node of a stage lost at this very instant (replicas failing together are
+            # sampled as one event per replica): part of that one stage loss, even with no join delay.
+            return ALREADY_DOWN, [], []
         if self.fail_together:
-            return STAGE_LOSS, [], self._abandon(stage)
+            return STAGE_LOSS, [], self._abandon(stage, now)
         plan = plan_node_losses(
             self.method_config, (node,), missing=missing.keys(), num_stages=self.num_stages, data_parallel_degree=self.degree, optimizer_sharded=self.sharded
         )
         if plan.lost_stages:
-            return STAGE_LOSS, [], self._abandon(stage)
+            return STAGE_LOSS, [], self._abandon(stage, now)
         scheduled = []
         copy_s = self.copy_s(stage)
         for heal in plan.heals:
@@ -189,7 +195,9 @@ class ReplicaGroup:
         self._refresh()
         return HEAL, scheduled, []
 
-    def _abandon(self, stage: int) -> list[tuple[tuple[int, int], Heal]]:
+    def _abandon(self, stage: int, now: float) -> list[tuple[tuple[int, int], Heal]]:
+        """A stage loss at `now`: its unfinished heals are abandoned."""
+        self._stage_lost_s[stage] = now
         abandoned = [(node, heal) for node, heal in self.missing.items() if node[0] == stage]
         for node, _ in abandoned:
             del self.missing[node]

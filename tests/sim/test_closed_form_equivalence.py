@@ -466,8 +466,10 @@ def data_parallel_cases(draw) -> tuple[Scenario, tuple]:
         stage = draw(st.integers(0, num_stages - 1))
         replica = draw(st.integers(0, degree - 1))
         events.append(FailureEvent(time_s=time_s, stage=stage, replica=replica, kind="poisson"))
-        follow = draw(st.sampled_from(("none", "none", "other_replica", "same_instant", "same_node")))
-        if follow == "other_replica":  # within a heal's window, often: a stage loss
+        follow = draw(st.sampled_from(("none", "none", "other_replica", "same_instant", "same_node", "whole_stage")))
+        if follow == "whole_stage":  # every replica at once, as the sampler draws replicas failing together
+            events += [FailureEvent(time_s=time_s, stage=stage, replica=other, kind="poisson") for other in range(degree) if other != replica]
+        elif follow == "other_replica":  # within a heal's window, often: a stage loss
             gap_s = draw(st.floats(0.0, 2.0 * scenario.recovery.join_delay_s + 1.0))
             events.append(FailureEvent(time_s=time_s + gap_s, stage=stage, replica=(replica + 1) % degree, kind="poisson"))
         elif follow == "same_instant":
