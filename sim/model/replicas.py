@@ -24,15 +24,15 @@ While nodes are missing, `training_replicas` replica pipelines train (`pipeline.
 under `continue` each iteration carries k/D of the global batch and is worth `batch_share` of a full
 one by the convergence model's batch model (`ConvergenceSpec.iteration_worth`, McCandlish et al.'s
 S(B) = S_min (1 + B_noise / B)); a spec that names no batch counts the share as k/D, the small-batch
-limit of the same model. The trainer runs each iteration in the healthy iteration time and credits it
-as `batch_share` of one, i.e. one credited iteration takes T / batch_share (a slower effective
-iteration). With k = 0, or under `wait` while anything is missing, training pauses until heals end.
+limit of the same model. The trainer runs each iteration in its pipeline state's iteration time T and
+credits it as `batch_share` of one, i.e. one credited iteration takes T / batch_share (a slower
+effective iteration). With k = 0, or under `wait` while anything is missing, training pauses until heals end.
 
 Approximations: the all-reduce over fewer replicas is not re-timed (the iteration time stays); a
 heal's copy has the link to itself (heals from one source do not share its bandwidth, nor does the
-gradient all-reduce slow it); the checkpointed shard's staleness costs nothing; a node lost, or a
-copy, lands the iteration in flight as lost work, as any failure does; the iterations counted for a
-method's periodic work are credited iterations, so its interval stretches while the batch is short.
+gradient all-reduce slow it); the checkpointed shard's staleness costs nothing; a node loss that heals costs the iteration in flight
+(lost work), as any failure does; the iterations counted for a method's periodic work are credited
+iterations, so its interval stretches while the batch is short.
 
 Cost: the group keeps only the missing nodes (a dict), never anything over S × D.
 """
