@@ -26,6 +26,7 @@ TIME_CATEGORIES: tuple[str, ...] = (
     "recovery_downtime_s",  # training stopped: join delay, restart, weight transfers, checkpoint loads
     "degraded_slowdown_s",  # extra time of iterations run with one node doing two stages
     "convergence_setback_s",  # iterations a rebuilt stage costs the model's progress
+    "replica_heal_s",  # data parallelism: paused for a lost replica's heal, or trained with a smaller batch meanwhile
 )
 
 # runs.csv: one row per (scenario, method, replication).
