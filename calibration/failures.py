@@ -21,6 +21,9 @@ from .base import SCHEMA_VERSION, atomic_write_text
 from .errors import InputError
 
 FAILURE_COLUMNS: tuple[str, ...] = ("time_s", "iteration", "stage", "kind")
+NODE_FAILURE_COLUMNS: tuple[str, ...] = ("time_s", "iteration", "stage", "replica", "kind")
+"""The header of a data-parallel run's schedule: each row names a node (stage, data-parallel replica).
+Written only when some failure names its replica; a schedule without the column is replica 0's."""
 _VERSION_LINE = f"# churnsim failure schedule, schema_version {SCHEMA_VERSION}"
 
 
@@ -30,6 +33,8 @@ class ScheduledFailure:
     iteration: int | None = None
     stage: int
     kind: str = "failure"
+    replica: int | None = None
+    """The data-parallel replica of the lost node; None: not named (replica 0, a one-pipeline run)."""
 
     def __post_init__(self) -> None:
         if self.time_s is None and self.iteration is None:
@@ -40,6 +45,8 @@ class ScheduledFailure:
             raise InputError(f"failure iteration {self.iteration} must be >= 0")
         if self.stage < 0:
             raise InputError(f"failure stage {self.stage} must be >= 0")
+        if self.replica is not None and self.replica < 0:
+            raise InputError(f"failure replica {self.replica} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,13 +66,15 @@ class FailureSchedule:
         stream = io.StringIO()
         stream.write(_VERSION_LINE + "\n")
         writer = csv.writer(stream, lineterminator="\n")
-        writer.writerow(FAILURE_COLUMNS)
+        nodes = any(failure.replica is not None for failure in self.failures)
+        writer.writerow(NODE_FAILURE_COLUMNS if nodes else FAILURE_COLUMNS)
         for failure in self.failures:
             writer.writerow(
                 [
                     "" if failure.time_s is None else repr(float(failure.time_s)),
                     "" if failure.iteration is None else failure.iteration,
                     failure.stage,
+                    *([failure.replica or 0] if nodes else []),
                     failure.kind,
                 ]
             )
@@ -81,23 +90,28 @@ class FailureSchedule:
             raise InputError(f"{source}: schema_version {version} is not supported; this churnsim reads version {SCHEMA_VERSION}")
         reader = csv.reader(lines[1:])
         header = next(reader, None)
-        if header is None or tuple(column.strip() for column in header) != FAILURE_COLUMNS:
-            raise InputError(f"{source}: line 2 must be the header {','.join(FAILURE_COLUMNS)}, got {header}")
+        columns = tuple(column.strip() for column in header) if header is not None else None
+        if columns not in (FAILURE_COLUMNS, NODE_FAILURE_COLUMNS):
+            raise InputError(
+                f"{source}: line 2 must be the header {','.join(FAILURE_COLUMNS)} (or {','.join(NODE_FAILURE_COLUMNS)}), got {header}"
+            )
         failures = []
         for line_number, row in enumerate(reader, start=3):
             if not row or all(not cell.strip() for cell in row):
                 continue
-            if len(row) != len(FAILURE_COLUMNS):
-                raise InputError(f"{source}: line {line_number} has {len(row)} fields, expected {len(FAILURE_COLUMNS)}")
-            time_text, iteration_text, stage_text, kind = (cell.strip() for cell in row)
+            if len(row) != len(columns):
+                raise InputError(f"{source}: line {line_number} has {len(row)} fields, expected {len(columns)}")
+            cells = dict(zip(columns, (cell.strip() for cell in row)))
+            time_text, iteration_text, stage_text, kind = cells["time_s"], cells["iteration"], cells["stage"], cells["kind"]
             try:
                 time_s = float(time_text) if time_text else None
                 iteration = int(iteration_text) if iteration_text else None
                 stage = int(stage_text)
+                replica = int(cells["replica"]) if "replica" in cells else None
             except ValueError:
-                raise InputError(f"{source}: line {line_number}: time_s, iteration and stage must be numbers, got {row}") from None
+                raise InputError(f"{source}: line {line_number}: time_s, iteration, stage and replica must be numbers, got {row}") from None
             try:
-                failures.append(ScheduledFailure(time_s=time_s, iteration=iteration, stage=stage, kind=kind or "failure"))
+                failures.append(ScheduledFailure(time_s=time_s, iteration=iteration, stage=stage, kind=kind or "failure", replica=replica))
             except InputError as error:
                 raise InputError(f"{source}: line {line_number}: {error}") from None
         return cls(failures=tuple(failures))
