@@ -813,7 +813,7 @@ def _train(
     journal_directory: str | None = None,
 ) -> RankResult:
     report = None
-    if progress_path is not None and communicator.rank == config.num_stages - 1:  # the stage with the loss
+    if progress_path is not None and communicator.rank == config.num_stages - 1:  # the stage with the loss (replica 0)
 
         def report(row: dict[str, Any]) -> None:
             temporary = f"{progress_path}.tmp"
@@ -969,7 +969,7 @@ def launch_local(
 
             results = run_distributed(
                 _train_hard if hard else _train,
-                config.num_stages,
+                config.num_stages * config.data_parallel_degree,  # one process per (stage, replica)
                 config,
                 worker_run_dir,
                 progress_path,

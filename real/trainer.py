@@ -29,6 +29,19 @@ the lost stages (`recover`, as for soft failures). Every iteration boundary carr
 (the failures due and "a newer generation exists"), so all ranks switch groups at the same step.
 Each stage journals its rows (real/journal.py) so that a killed process's record survives it.
 
+Data parallelism (`data_parallel_degree` D > 1, soft failures only): one process per node (stage,
+replica) of the S × D grid. Each replica pipeline trains on its shard of the global batch of the
+iteration (the batch depends on (seed, iteration); replica r takes the r-th slice); after the
+backward pass each stage averages its gradients, and the head its loss, over its replicas (one
+all-reduce per stage, span `allreduce` with its bytes), so the optimizer step keeps the replicas
+bit-identical. Failures strike nodes: before each step one all-reduce over the whole grid tells every
+rank which nodes fail (`FailureEvent.replica`; a schedule names (step, stage, replica)), and
+`_apply_node_failures` does what `real/replica_heal.py` decides: lost nodes are wiped, a node whose
+stage keeps a replica copies that replica's state (span `recovery.heal`), a stage with no replica
+left goes to the method's `recover` in every replica pipeline. Every replica waits at that boundary
+until the heals are done (the run record says so). Only replica 0 evaluates (the replicas hold the
+same weights).
+
 Gradient clipping: `per_stage` (default) clips each stage's gradient norm on its own, as the
 CheckFree reference code does; `global` clips by the norm of the whole model's gradient, which costs
 one all-reduce of a scalar per iteration; `none` disables clipping.
@@ -62,7 +75,7 @@ from churnsim.calibration.tables import STEP_SYNC_SPAN
 from .checkpoint.format import DEFAULT_RUN_ID
 from .cpu_placement import pin_stage_process
 from .data import TokenData, split_microbatches
-from .distributed import Communicator, GroupBroken
+from .distributed import Communicator, GroupBroken, data_parallel_communicators
 from .methods import MethodContext, StageRuntime, build_method
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
 from .pipeline import PipelineStage
@@ -99,8 +112,13 @@ class TrainingConfig:
     seed: int
     schedule: str = "1f1b"
     method: MethodConfig = dataclasses.field(default_factory=NoneConfig)
-    failures: tuple[tuple[int, int], ...] = ()
-    """(step, stage) pairs: stage fails before the first microbatch of that step."""
+    failures: tuple[tuple[int, ...], ...] = ()
+    """(step, stage) pairs: stage fails before the first microbatch of that step; with data
+    parallelism (step, stage, replica) names one node (a pair: replica 0)."""
+    data_parallel_degree: int = 1
+    """D: replicas of the whole pipeline, one process per (stage, replica), each training on its own
+    shard of every global batch; a stage's gradients are averaged over its replicas before the
+    optimizer step (module docstring of real/replica_heal.py for a lost replica)."""
     failure_path: FailurePathSpec | None = None
     """Failures by time from a churn model (module docstring); None: only `failures`."""
     learning_rate: float = 3e-4
@@ -160,17 +178,40 @@ class TrainingConfig:
             raise InputError(f"join_delay_s must be a finite number >= 0, got {self.join_delay_s}")
         if self.remote_checkpoint_bytes_per_s is not None and not self.remote_checkpoint_bytes_per_s > 0:
             raise InputError(f"remote_checkpoint_bytes_per_s must be > 0, got {self.remote_checkpoint_bytes_per_s}")
-        for step, stage in self.failures:
-            if step < 0 or not 0 <= stage < self.num_stages:
+        if self.data_parallel_degree < 1:
+            raise InputError(f"data_parallel_degree must be >= 1, got {self.data_parallel_degree}")
+        if self.data_parallel_degree > 1 and self.failure_mode == "hard":
+            raise InputError(
+                f"failure_mode 'hard' with data_parallel_degree {self.data_parallel_degree}: the launcher replaces killed "
+                "processes of one pipeline only; use failure_mode 'soft' (--set training.failure_mode=soft) or one replica"
+            )
+        if self.data_parallel_degree > 1 and self.resume:
+            raise InputError(
+                f"resume with data_parallel_degree {self.data_parallel_degree}: continuing a data-parallel run from its "
+                "checkpoints is not supported yet; start the run again"
+            )
+        for failure in self.failures:
+            if len(failure) not in (2, 3):
+                raise InputError(f"failure {tuple(failure)}: give (step, stage) or (step, stage, replica)")
+            step, stage, replica = (*failure, 0)[:3]
+            if step < 0 or not 0 <= stage < self.num_stages or not 0 <= replica < self.data_parallel_degree:
                 raise InputError(
-                    f"failure (step {step}, stage {stage}) is outside steps >= 0 and stages 0..{self.num_stages - 1}"
+                    f"failure (step {step}, stage {stage}, replica {replica}) is outside steps >= 0, stages "
+                    f"0..{self.num_stages - 1} and replicas 0..{self.data_parallel_degree - 1}"
                 )
 
     def failures_by_step(self) -> dict[int, frozenset[int]]:
         grouped: dict[int, set[int]] = {}
-        for step, stage in self.failures:
+        for step, stage, *_ in self.failures:
             grouped.setdefault(step, set()).add(stage)
         return {step: frozenset(stages) for step, stages in grouped.items()}
+
+    def node_failures_by_step(self) -> dict[int, frozenset[tuple[int, int]]]:
+        """Per step, the (stage, replica) nodes that fail before it."""
+        grouped: dict[int, set[tuple[int, int]]] = {}
+        for step, stage, *rest in self.failures:
+            grouped.setdefault(step, set()).add((stage, rest[0] if rest else 0))
+        return {step: frozenset(nodes) for step, nodes in grouped.items()}
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checkpoint_key"}
@@ -210,6 +251,7 @@ class RankResult:
 
     rank: int
     stage: int
+    replica: int = 0
     iteration_rows: list[dict[str, Any]] = field(default_factory=list)
     """Per step: step, iteration, end_s, train_loss (head stage), eval_loss (head stage), blocked_s."""
     spans: list[dict[str, Any]] = field(default_factory=list)
@@ -249,14 +291,26 @@ class _Stage:
     """Everything one stage process trains with: model, optimizer, method, pipeline, data, record."""
 
     def __init__(
-        self, config: TrainingConfig, communicator: Communicator, run_dir: Path | None, *, run_started_ns: int | None = None
+        self,
+        config: TrainingConfig,
+        communicator: Communicator,
+        run_dir: Path | None,
+        *,
+        run_started_ns: int | None = None,
+        stage_group: Communicator | None = None,
+        world: Communicator | None = None,
     ) -> None:
         self.config = config
         self.communicator = communicator
+        """This replica's pipeline (peers named by stage; the whole group without data parallelism)."""
+        self.stage_group = stage_group
+        """Data parallelism: this stage's replicas (peers named by replica); None with one replica."""
         stage = self.stage = communicator.rank
+        self.replica = stage_group.rank if stage_group is not None else 0
+        self.global_rank = self.replica * config.num_stages + stage
         self.last = config.num_stages - 1
         device = self.device = communicator.device
-        pin_stage_process(stage, config.num_stages, config.num_threads, config.pin_stages_to_cores)
+        pin_stage_process(self.global_rank, config.num_stages * config.data_parallel_degree, config.num_threads, config.pin_stages_to_cores)
         set_determinism(config, stage)
         module = self.module = StageModule(config.model, stage, config.num_stages, seed=config.seed).to(device)
 
@@ -276,7 +330,7 @@ class _Stage:
         self.eval_batches: list[Any] | None = None
         if stage in (0, self.last):
             self._load_data()
-        self.spans = SpanRecorder(rank=stage, stage=stage, device=device)
+        self.spans = SpanRecorder(rank=self.global_rank, stage=stage, device=device)
         self.runtime = StageRuntime(module=module, optimizer=make_optimizer(1.0))
         self.context = MethodContext(
             stage=stage,
@@ -298,12 +352,14 @@ class _Stage:
             run_started_ns=run_started_ns,
             remote_checkpoint_dir=config.remote_checkpoint_dir,
             remote_bytes_per_s=config.remote_checkpoint_bytes_per_s,
+            replica=self.replica,
+            gather_over_replicas=world.all_gather_objects if world is not None and stage_group is not None else None,
         )
         self.method = build_method(config.method, self.context)
         self.hosted: dict[int, StageRuntime] = {}
         """Stages this process runs besides its own while their processes are down (degraded)."""
         self.pipeline = self._build_pipeline(None)
-        self.result = RankResult(rank=stage, stage=stage)
+        self.result = RankResult(rank=self.global_rank, stage=stage, replica=self.replica)
         self.journal: Any = None
         """The stage's RankJournal (real/journal.py) when its rows are kept on disk as they come."""
 
@@ -354,12 +410,18 @@ class _Stage:
         config, pipeline, method, runtime = self.config, self.pipeline, self.method, self.runtime
         inputs = targets = None
         if self.data is not None:
+            # The global batch depends only on (seed, iteration); replica r trains on its r-th shard.
+            per_replica = config.num_microbatches * config.microbatch_size
             tokens, next_tokens = self.data.train_batch(
-                seed=config.seed, iteration=iteration, num_sequences=config.num_microbatches * config.microbatch_size
+                seed=config.seed, iteration=iteration, num_sequences=per_replica * config.data_parallel_degree
             )
+            shard = slice(self.replica * per_replica, (self.replica + 1) * per_replica)
+            tokens, next_tokens = tokens[shard], next_tokens[shard]
             inputs = split_microbatches(tokens, config.num_microbatches) if pipeline.placement[0] == self.stage else None
             targets = split_microbatches(next_tokens, config.num_microbatches) if pipeline.runs_head else None
         train_loss = pipeline.run_iteration(step, inputs=inputs, targets=targets)
+        if self.stage_group is not None:
+            train_loss = self._average_over_replicas(step, train_loss)
         if train_loss is not None and not math.isfinite(train_loss):
             raise NonFiniteLoss(
                 f"the training loss is {train_loss} at iteration {iteration} (step {step}), stage {self.last} (the last, "
@@ -386,8 +448,9 @@ class _Stage:
             )  # fmt: skip
         method.after_optimizer_step(iteration)
         eval_loss = None
-        if (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
-            iteration + 1 == config.num_iterations
+        # Replicas hold the same weights: replica 0 alone evaluates them.
+        if self.replica == 0 and (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
+            self.replica == 0 and iteration + 1 == config.num_iterations
         ):
             eval_batches = self.eval_batches
             eval_loss = pipeline.evaluate(
@@ -409,6 +472,26 @@ class _Stage:
         return row
 
 
+    def _average_over_replicas(self, step: int, train_loss: float | None) -> float | None:
+        """Average this stage's gradients (and, on the head, the training loss) over its replicas: one
+        all-reduce on the stage's group. Every replica ends with the same bits, so after the same
+        optimizer step the replicas stay identical."""
+        assert self.stage_group is not None
+        gradients = [p.grad for p in self.runtime.module.parameters() if p.grad is not None]
+        pieces = [gradient.reshape(-1) for gradient in gradients]
+        if train_loss is not None:
+            pieces.append(torch.tensor([train_loss], dtype=torch.float32, device=self.device))
+        flat = torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
+        with self.spans.span("allreduce", step, nbytes=flat.numel() * flat.element_size()):
+            self.stage_group.all_reduce_sum(flat)
+        flat.div_(self.config.data_parallel_degree)
+        offset = 0
+        for gradient in gradients:
+            gradient.copy_(flat[offset : offset + gradient.numel()].view_as(gradient))
+            offset += gradient.numel()
+        return float(flat[-1]) if train_loss is not None else None
+
+
 def train_stage(
     config: TrainingConfig,
     communicator: Communicator | None,
@@ -417,6 +500,7 @@ def train_stage(
     on_iteration_done: Callable[[dict[str, Any]], None] | None = None,
     membership: Any = None,
     journal_directory: str | None = None,
+    after_run: Callable[[Any], None] | None = None,
 ) -> RankResult:
     """Run the whole training loop for this rank's stage (rank == stage); collective across ranks.
 
@@ -425,6 +509,11 @@ def train_stage(
     from launch.py's supervisor), which forms the process group itself (`communicator` is unused).
     `journal_directory`: this attempt's journal folder in the run directory (real/journal.py); every
     row is written there as soon as its step ends, so a killed launcher's run keeps them.
+    `after_run(parts)` (soft failures) sees this rank's trained state once the last iteration is
+    done (its `runtime`, `method`, `stage`, `replica`), e.g. to compare replicas.
+
+    Data parallelism (`config.data_parallel_degree` D > 1): `communicator` is the whole S × D grid,
+    rank = replica × S + stage; the rank trains stage `rank % S` of replica `rank // S`.
     """
     if config.failure_mode == "hard":
         if membership is None:
@@ -434,25 +523,29 @@ def train_stage(
             )
         return _HardFailureTrainer(config, membership, run_dir, on_iteration_done, journal_directory).run()
     assert communicator is not None
-    if communicator.world_size != config.num_stages:
+    world = communicator
+    stage_group = None
+    if config.data_parallel_degree > 1:
+        communicator, stage_group = data_parallel_communicators(world, config.num_stages, config.data_parallel_degree)
+    elif communicator.world_size != config.num_stages:
         raise InputError(
             f"world size {communicator.world_size} differs from num_stages {config.num_stages}: "
             "start one process per stage"
         )
-    parts = _Stage(config, communicator, run_dir)
+    parts = _Stage(config, communicator, run_dir, stage_group=stage_group, world=world)
     stage, spans, method, result = parts.stage, parts.spans, parts.method, parts.result
-    due_failures = _DueFailures(config, communicator, spans, result)
+    due_failures = _DueFailures(config, world, spans, result)
     journal = None
     if journal_directory is not None:
-        from .journal import RankJournal, stage_journal_path
+        from .journal import RankJournal, node_journal_path
 
         journal = RankJournal(
-            stage_journal_path(journal_directory, stage),
+            node_journal_path(journal_directory, stage, parts.replica),
             {"iteration": result.iteration_rows, "span": spans.rows, "failure": result.failures, "recovery": result.recoveries},
         )
         parts.journal = journal
 
-    communicator.barrier()
+    world.barrier()
     spans.restart_clock()
     step, iteration = 0, 0
     try:
@@ -466,9 +559,14 @@ def train_stage(
                 result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
         while iteration < config.num_iterations:
             spans.step = step
-            failed = due_failures.stages_failing_before(step)
-            if failed:
-                iteration = _apply_failures(config, failed, step, iteration, parts)
+            if stage_group is None:
+                failed = due_failures.stages_failing_before(step)
+                if failed:
+                    iteration = _apply_failures(config, failed, step, iteration, parts)
+            else:
+                lost = due_failures.nodes_failing_before(step)
+                if lost:
+                    iteration = _apply_node_failures(config, lost, step, iteration, parts, world)
             row = parts.run_iteration(step, iteration)
             if journal is not None:
                 journal.flush()  # the step's rows outlive a kill of the launcher from here on
@@ -476,6 +574,8 @@ def train_stage(
                 on_iteration_done(row)
             step += 1
             iteration += 1
+        if after_run is not None:
+            after_run(parts)
     finally:
         if journal is not None:
             journal.flush()
@@ -511,6 +611,80 @@ def _apply_failures(config: TrainingConfig, failed: frozenset[int], step: int, i
         row["recovery_s"] = costs.pop("recovery_s")
         parts.result.recoveries.append(row | {"failure_mode": config.failure_mode} | costs)
     return outcome.resume_iteration if outcome.resume_iteration is not None else iteration
+
+
+def _apply_node_failures(
+    config: TrainingConfig, lost: frozenset[tuple[int, int]], step: int, iteration: int, parts: _Stage, world: Communicator
+) -> int:
+    """Data parallelism, soft failures: the nodes `lost` at this boundary (the same set on every rank).
+    Lost nodes are wiped; those of stages with a surviving replica heal by a copy from it
+    (real/replica_heal.py); stages with no surviving replica go to the method's own recovery, in
+    every replica pipeline at once. Every replica waits at this boundary until all of it is done.
+    Returns the iteration to run (a rollback's, the same in every replica)."""
+    from .replica_heal import heal_replicas, node_loss_actions
+
+    method, runtime, spans = parts.method, parts.runtime, parts.spans
+    assert parts.stage_group is not None
+    started = time.perf_counter()
+    actions = node_loss_actions(
+        config.method, lost, num_stages=config.num_stages, data_parallel_degree=config.data_parallel_degree,
+        destroys_state=method.destroys_state_on_failure,
+    )  # fmt: skip
+    if (parts.stage, parts.replica) in actions.wiped:
+        with spans.span("recovery.join", step):
+            method.forget_node_state()
+            # The same fresh weights in every replica: what a lost stage's recovery does not set
+            # (a copied edge's embedding or head) starts alike everywhere, so the replicas stay equal.
+            runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, parts.stage, step))
+            runtime.optimizer = parts.make_optimizer(1.0)
+            runtime.lr_scale = 1.0
+    own_heals = [heal for heal in actions.heals if heal.stage == parts.stage]
+    heal_started_s = spans.now_s()
+    heal = heal_replicas(parts.stage_group, runtime, parts.make_optimizer, method, own_heals)
+    if heal.seconds > 0:
+        spans.add("recovery.heal", step, None, heal_started_s, spans.now_s(), nbytes=heal.bytes_received or heal.bytes_sent)
+    resume_iteration = iteration
+    if actions.lost_stages:
+        measure = _RecoveryMeasure(parts)
+        outcome = method.recover(actions.lost_stages, iteration)
+        parts.check_finite_weights(f"after the recovery at step {step} (iteration {iteration})")
+        costs = measure.gather()  # over this replica's pipeline
+        if outcome.resume_iteration is not None:
+            resume_iteration = outcome.resume_iteration
+        if parts.stage == 0:
+            row = outcome.as_row(step=step, iteration=iteration)
+            row["recovery_s"] = costs.pop("recovery_s")
+            extra = {"failure_mode": config.failure_mode, "replica": parts.replica, "handled_as": "stage_loss"}
+            parts.result.recoveries.append(row | extra | costs)
+    elif own_heals and (parts.stage, parts.replica) in {(each.stage, each.replica) for each in own_heals}:
+        parts.check_finite_weights(f"after the heal at step {step} (iteration {iteration})")
+    # One exchange over every rank: the heals' costs for the record, and a check that every replica
+    # continues from the same iteration (replicas that disagree would train apart).
+    gathered = world.all_gather_objects(
+        {"heal_s": heal.seconds, "heal_bytes": heal.bytes_received, "resume_iteration": resume_iteration}
+    )
+    resumes = sorted({each["resume_iteration"] for each in gathered})
+    if len(resumes) > 1:
+        raise RuntimeError(
+            f"step {step}: the replicas' recoveries continue from different iterations {resumes}; their checkpoints "
+            "differ, so the replicas would train apart"
+        )
+    if world.rank == 0 and actions.heals:
+        parts.result.recoveries.append(
+            {
+                "step": step, "iteration": iteration, "failure_mode": config.failure_mode, "handled_as": "replica_heal",
+                "failed_stages": [], "resume_iteration": None, "lr_scale": 1.0,
+                "failed_nodes": sorted(list(node) for node in lost),
+                "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in actions.heals],
+                "rebuilt_from": {f"{h.stage}/{h.replica}": f"replica {h.source_replica} (exact copy)" for h in actions.heals},
+                "notes": ["every replica waits at the iteration boundary while the heal copies (pipeline.while_replica_missing = wait)"],
+                "heal_s": max(each["heal_s"] for each in gathered),
+                "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),
+                "recovery_s": time.perf_counter() - started,
+                "replicas_waited": True,
+            }
+        )  # fmt: skip
+    return resume_iteration
 
 
 RECOVERY_SPAN_KINDS = {"recovery.transfer": "transfer_s", "recovery.load": "load_s", "recovery.rebuild": "rebuild_s"}
@@ -558,7 +732,9 @@ class _DueFailures:
 
     def __init__(self, config: TrainingConfig, communicator: Communicator, spans: SpanRecorder, result: RankResult) -> None:
         self.num_stages = config.num_stages
+        self.data_parallel_degree = config.data_parallel_degree
         self.by_step = config.failures_by_step()
+        self.nodes_by_step = config.node_failures_by_step()
         self.communicator = communicator
         self.spans = spans
         self.result = result
@@ -582,6 +758,28 @@ class _DueFailures:
         with self.spans.span(STEP_SYNC_SPAN, step):
             due = self.communicator.all_reduce_sum(due)
         return scheduled | frozenset(int(stage) for stage in torch.nonzero(due).flatten().tolist())
+
+    def nodes_failing_before(self, step: int) -> frozenset[tuple[int, int]]:
+        """Data parallelism: the (stage, replica) nodes that fail before `step`, the same on every rank
+        of the whole grid (`communicator` is the world: rank 0 is stage 0 of replica 0, which walks the
+        failure path and records the rows; one all-reduce of S × D flags, node (s, r) at r × S + s)."""
+        num_stages = self.num_stages
+        recorder = self.communicator.rank == 0
+        now_s = self.spans.now_s()
+        due = torch.zeros(num_stages * self.data_parallel_degree, dtype=torch.int64, device=self.communicator.device)
+        if recorder:
+            for stage, replica in sorted(self.nodes_by_step.get(step, frozenset())):
+                due[replica * num_stages + stage] = 1
+                self.result.failures.append({"time_s": now_s, "iteration": step, "stage": stage, "replica": replica, "kind": FAILURE_KIND})
+            if self.cursor is not None:
+                for event in self.cursor.take_due(now_s):
+                    due[event.replica * num_stages + event.stage] = 1
+                    self.result.failures.append(
+                        {"time_s": now_s, "iteration": step, "stage": event.stage, "replica": event.replica, "kind": event.kind}
+                    )
+        with self.spans.span(STEP_SYNC_SPAN, step):
+            due = self.communicator.all_reduce_sum(due)
+        return frozenset(divmod(int(index), num_stages)[::-1] for index in torch.nonzero(due).flatten().tolist())
 
     def at_boundary(self, step: int, *, decided_through: int, newer_generation: bool) -> tuple[frozenset[int], bool]:
         """Hard failures: one all-reduce at every boundary, of the failures due (scheduled for this

@@ -112,7 +112,9 @@ class CheckpointDirectories:
             root = self._temporary
         else:
             root = Path(context.run_dir)
-        stage_directory = f"stage-{context.stage}"
+        # Data parallelism: every replica keeps its own copy of its stage's checkpoints (replica 0
+        # where a one-pipeline run keeps them); no sharding over the replicas.
+        stage_directory = f"stage-{context.stage}" + (f"-replica-{context.replica}" if context.replica else "")
         if context.remote_checkpoint_dir is not None:
             # Another file system, shared by runs: each run below its own id.
             self.remote = Path(context.remote_checkpoint_dir) / context.run_id / stage_directory
@@ -264,10 +266,15 @@ class CheckpointKeeper:
             notes.extend(f"stage {stage}: checkpoint skipped: {line}" for line in lines)
             if count > len(lines):
                 notes.append(f"stage {stage}: {count - len(lines)} more checkpoint file(s) skipped")
+        across_replicas = self.context.gather_over_replicas
         while True:
             tags = self.available_tags(surviving_node_loss=surviving_node_loss) - refused
             gathered = communicator.all_gather_objects(sorted(tags))
-            tag = max(set.intersection(*(set(each) for each in gathered)))
+            common = set.intersection(*(set(each) for each in gathered))
+            if across_replicas is not None:
+                # Data parallelism: every replica pipeline rolls back to the same tag, or they train apart.
+                common = set.intersection(*(set(each) for each in across_replicas(sorted(common))))
+            tag = max(common)
             problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
             if problem is not None:
                 refused.add(tag)
@@ -278,7 +285,10 @@ class CheckpointKeeper:
                 for stage, text in zip(communicator.group_stages, problems)
                 if text
             )
-            if not any(problems):
+            retry = any(problems)
+            if across_replicas is not None:
+                retry = any(across_replicas(retry))  # every replica tries again, or none
+            if not retry:
                 return tag, notes
 
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
@@ -298,7 +308,7 @@ class CheckpointKeeper:
         notes = [f"rollback all: every stage restored to iteration {tag}, {iteration - tag} iteration(s) replayed", *skipped]
         if tag == 0:
             notes.append("no checkpoint held by every stage yet: all stages restart from the initial weights at iteration 0")
-            if context.stage == context.communicator.group_stages[0]:  # one line for the group
+            if context.stage == context.communicator.group_stages[0] and context.replica == 0:  # one line for the group
                 warn(f"restart from scratch: {notes[-1]} (the failure struck before iteration {iteration})")
         return RecoveryOutcome(
             failed_stages=failed_stages,

@@ -127,6 +127,12 @@ class NeighbourRebuildMethod(RecoveryMethod):
         if self.edge_keeper is not None:
             self.edge_keeper.close()
 
+    def heal_state(self) -> dict[str, Any]:
+        return {"last_gradient_norm": self.last_gradient_norm}
+
+    def adopt_heal_state(self, state: dict[str, Any]) -> None:
+        self.last_gradient_norm = float(state["last_gradient_norm"])
+
     def replicated_metadata(self) -> Any:
         return {"edge_keeper": self.edge_keeper.replicated_metadata() if self.edge_keeper is not None else None}
 
@@ -299,6 +305,13 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
     def forget_node_state(self) -> None:
         super().forget_node_state()
         self.replicas.clear()
+
+    def heal_state(self) -> dict[str, Any]:
+        return super().heal_state() | {f"replica.{part}": flat for part, flat in self.replicas.items()}
+
+    def adopt_heal_state(self, state: dict[str, Any]) -> None:
+        super().adopt_heal_state(state)
+        self.replicas = {key.split(".", 1)[1]: value for key, value in state.items() if key.startswith("replica.")}
 
     def after_optimizer_step(self, iteration: int) -> None:
         super().after_optimizer_step(iteration)
