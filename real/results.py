@@ -258,7 +258,8 @@ def write_record(
             )
             + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")
             for row in result.recoveries
-        ),
+        )
+        + data_parallel_notes(config, scenario),
         summary={
             "num_steps": int(len(result.metrics)),
             "final_train_loss": _finite_or_none(result.metrics["train_loss"].iloc[-1]),
@@ -278,6 +279,20 @@ def write_record(
     )
     record = make_run_record(manifest, result.metrics.loc[:, list(METRICS_COLUMNS)], result.spans, failures)
     return write_run_record(record, run_dir, extra_entries=extra_entries)
+
+
+def data_parallel_notes(config: TrainingConfig, scenario: Any) -> tuple[str, ...]:
+    """What a reader of a data-parallel real run must know that its settings do not say."""
+    if config.data_parallel_degree == 1:
+        return ()
+    notes = [
+        "data parallelism: every replica waits at the iteration boundary while a lost replica heals "
+        "(pipeline.while_replica_missing = wait); each replica keeps its own copy of its stage's checkpoints"
+    ]
+    asked = getattr(getattr(scenario, "pipeline", None), "while_replica_missing", "wait")
+    if asked != "wait":
+        notes.append(f"the scenario asks pipeline.while_replica_missing = {asked}; a real run waits (the simulator does what the scenario asks)")
+    return tuple(notes)
 
 
 def write_recoveries(result: RunResult, path: str | Path) -> Path:

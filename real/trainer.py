@@ -676,7 +676,7 @@ def _apply_node_failures(
                 "failed_stages": [], "resume_iteration": None, "lr_scale": 1.0,
                 "failed_nodes": sorted(list(node) for node in lost),
                 "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in actions.heals],
-                "rebuilt_from": {f"{h.stage}/{h.replica}": f"replica {h.source_replica} (exact copy)" for h in actions.heals},
+                "rebuilt_from": {f"{h.stage} replica {h.replica}": f"replica {h.source_replica} (exact copy)" for h in actions.heals},
                 "notes": ["every replica waits at the iteration boundary while the heal copies (pipeline.while_replica_missing = wait)"],
                 "heal_s": max(each["heal_s"] for each in gathered),
                 "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),

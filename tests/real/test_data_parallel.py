@@ -297,6 +297,11 @@ def test_the_failure_table_of_a_data_parallel_run_is_the_sampled_node_path(tmp_p
         assert event.time_s <= injected.time_s
     assert record.manifest.real_settings.pipeline.data_parallel_degree == 2
     assert record.manifest.real_settings.pipeline.while_replica_missing == "wait"
+    assert any("every replica waits" in note for note in record.manifest.notes)
+    reduces = record.spans[record.spans["kind"] == "allreduce"]  # what calibration learns the all-reduce from
+    assert set(reduces["replica"]) == {0, 1} and (reduces["bytes"] > 0).all()
+    if scenario.pipeline.while_replica_missing != "wait":
+        assert any("a real run waits" in note for note in record.manifest.notes)
 
 
 def test_the_failure_table_names_replicas_only_when_a_run_has_them_and_old_tables_still_read():
