@@ -651,6 +651,7 @@ def _apply_node_failures(
         costs = measure.gather()  # over this replica's pipeline
         if outcome.resume_iteration is not None:
             resume_iteration = outcome.resume_iteration
+        _check_replicas_agree(parts, f"after the recovery of stages {sorted(actions.lost_stages)} at step {step}")
         if parts.stage == 0:
             row = outcome.as_row(step=step, iteration=iteration)
             row["recovery_s"] = costs.pop("recovery_s")
@@ -685,6 +686,24 @@ def _apply_node_failures(
             }
         )  # fmt: skip
     return resume_iteration
+
+
+def _check_replicas_agree(parts: _Stage, when: str) -> None:
+    """Data parallelism: every replica of this stage holds the same weights (a digest of their bytes,
+    one all-gather on the stage's group); replicas that differ would train apart, so the run fails."""
+    import hashlib
+
+    assert parts.stage_group is not None
+    digest = hashlib.sha256()
+    for name, tensor in parts.runtime.module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digests = parts.stage_group.all_gather_objects(digest.hexdigest())
+    if len(set(digests)) > 1:
+        raise RuntimeError(
+            f"stage {parts.stage}: its replicas hold different weights {when} (method {parts.config.method.name}: each "
+            "replica pipeline recovered from different checkpoints); the replicas would train apart"
+        )
 
 
 RECOVERY_SPAN_KINDS = {"recovery.transfer": "transfer_s", "recovery.load": "load_s", "recovery.rebuild": "rebuild_s"}

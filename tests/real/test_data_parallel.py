@@ -314,3 +314,24 @@ def test_the_failure_table_names_replicas_only_when_a_run_has_them_and_old_table
     stages = FailureSchedule(failures=(ScheduledFailure(time_s=1.5, iteration=3, stage=1, kind="poisson"),))
     assert stages.to_csv().splitlines()[1] == ",".join(FAILURE_COLUMNS)  # a one-pipeline table is unchanged
     assert FailureSchedule.from_csv(stages.to_csv()).failures[0].replica is None
+
+
+def _agree_on_rank(world: Communicator, same: bool):
+    from types import SimpleNamespace
+
+    from churnsim.real.trainer import _check_replicas_agree
+
+    pipeline, stage_group = data_parallel_communicators(world, 1, 2)
+    module = StageModule(CONFIG, 0, 1, seed=3 if same else 3 + world.rank)
+    parts = SimpleNamespace(stage_group=stage_group, runtime=SimpleNamespace(module=module), stage=0, config=SimpleNamespace(method=method_from_name("checkpoint")))
+    try:
+        _check_replicas_agree(parts, "in the test")
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_replicas_that_recovered_differently_fail_the_run_and_equal_ones_pass():
+    assert run_distributed(_agree_on_rank, 2, True, timeout_s=60) == [None, None]
+    errors = run_distributed(_agree_on_rank, 2, False, timeout_s=60)
+    assert all(error is not None and "replicas hold different weights" in error for error in errors)
