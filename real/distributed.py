@@ -169,6 +169,9 @@ class Communicator:
     group: Any = None
     """The process group the collectives run over (a replica's pipeline, a stage's replicas); None:
     the default group."""
+    collective_tag_offset: int = 0
+    """Hard failures: added to the tags of this communicator's point-to-point collectives, so that
+    communicators over the same default group (the grid, a pipeline, a stage's replicas) never share one."""
     bytes_sent: int = 0
     """Bytes this rank sent point to point (tensors and objects), since it started."""
     bytes_received: int = 0
@@ -188,6 +191,14 @@ class Communicator:
         self._collective_sequence = 0  # every member starts the new group's collectives at 0
         if self._waiter is not None:
             # Waits abandoned in the old group end with it; the new group gets threads of its own.
+            self._waiter.shutdown(wait=False, cancel_futures=True)
+            self._waiter = None
+
+    def restart(self) -> None:
+        """Hard failures, data parallelism: the default group was re-formed with every rank in place
+        (`peer_ranks` still hold); collectives start again at sequence 0, waits of the old group end with it."""
+        self._collective_sequence = 0
+        if self._waiter is not None:
             self._waiter.shutdown(wait=False, cancel_futures=True)
             self._waiter = None
 
@@ -281,7 +292,7 @@ class Communicator:
     def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Hard failures: every rank's `tensor` (same shape and dtype everywhere), in rank order, over
         point-to-point messages (not counted as transferred bytes: they are the protocol's own)."""
-        tag = _COLLECTIVE_TAG_BASE + self._collective_sequence
+        tag = _COLLECTIVE_TAG_BASE + self.collective_tag_offset + self._collective_sequence
         self._collective_sequence = (self._collective_sequence + 1) % _COLLECTIVE_SEQUENCES
         staged = self._to_wire(tensor)
         sends = [
@@ -391,12 +402,18 @@ def init_process_group(
     return Communicator(rank=rank, world_size=world_size, device=torch_device, timeout_s=timeout_s, wire_device=wire_device)
 
 
-def data_parallel_communicators(world: Communicator, num_stages: int, data_parallel_degree: int) -> tuple[Communicator, Communicator]:
+def data_parallel_communicators(
+    world: Communicator, num_stages: int, data_parallel_degree: int, *, make_groups: bool = True
+) -> tuple[Communicator, Communicator]:
     """(this rank's replica pipeline, this rank's stage group) in an S × D grid, rank = replica × S + stage.
 
     The pipeline communicator names its peers by stage (the methods and the pipeline run on it as on a
     one-pipeline run); the stage group names them by replica (gradient all-reduce, heals). Collective:
-    every rank creates every group, in the same order, as torch.distributed.new_group requires."""
+    every rank creates every group, in the same order, as torch.distributed.new_group requires.
+
+    `make_groups=False` (hard failures): no process groups; the collectives run point to point over
+    the default group, whichever generation of it is current (`world.interrupted` polled while waiting),
+    with tags of their own."""
     if world.world_size != num_stages * data_parallel_degree:
         raise InputError(
             f"world size {world.world_size} differs from {num_stages} stages × {data_parallel_degree} replicas: "
@@ -405,12 +422,17 @@ def data_parallel_communicators(world: Communicator, num_stages: int, data_paral
     replica, stage = divmod(world.rank, num_stages)
     pipelines = [tuple(r * num_stages + s for s in range(num_stages)) for r in range(data_parallel_degree)]
     stages = [tuple(r * num_stages + s for r in range(data_parallel_degree)) for s in range(num_stages)]
-    pipeline_groups = [dist.new_group(list(ranks)) for ranks in pipelines]
-    stage_groups = [dist.new_group(list(ranks)) for ranks in stages]
-    common = {"device": world.device, "timeout_s": world.timeout_s, "wire_device": world.wire_device}
-    pipeline = Communicator(rank=stage, world_size=num_stages, peer_ranks=pipelines[replica], group=pipeline_groups[replica], **common)
+    common = {"device": world.device, "timeout_s": world.timeout_s, "wire_device": world.wire_device, "interrupted": world.interrupted}
+    if make_groups:
+        pipeline_group = [dist.new_group(list(ranks)) for ranks in pipelines][replica]
+        stage_group_of = [dist.new_group(list(ranks)) for ranks in stages][stage]
+    else:
+        pipeline_group = stage_group_of = None
+    pipeline = Communicator(
+        rank=stage, world_size=num_stages, peer_ranks=pipelines[replica], group=pipeline_group, collective_tag_offset=1 << 20, **common
+    )
     stage_group = Communicator(
-        rank=replica, world_size=data_parallel_degree, peer_ranks=stages[stage], group=stage_groups[stage], **common
+        rank=replica, world_size=data_parallel_degree, peer_ranks=stages[stage], group=stage_group_of, collective_tag_offset=2 << 20, **common
     )
     return pipeline, stage_group
 

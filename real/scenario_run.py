@@ -19,8 +19,8 @@ replica pipeline on its own shard of the global batch, each stage's gradients av
 replicas. Failures strike nodes; a lost node heals by an exact copy from a surviving replica of its
 stage while every replica waits at the iteration boundary (whatever `pipeline.while_replica_missing`
 says: a real run always waits), and only a stage with no surviving replica goes to the method's own
-recovery (real/replica_heal.py). Soft failures only: hard failures need one pipeline. Each replica
-keeps its own copy of its stage's checkpoints (`checkpoint_sharding = "data_parallel"` is not
+recovery (real/replica_heal.py); under hard failures a killed node's replacement process does the
+same once the grid has re-formed. Each replica keeps its own copy of its stage's checkpoints (`checkpoint_sharding = "data_parallel"` is not
 carried out: no replica writes only a shard).
 """
 

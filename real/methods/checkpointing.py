@@ -102,6 +102,11 @@ class EngineSpans:
             self.spans.add(kind, None, None, start_s - origin_s, end_s - origin_s)
 
 
+def node_directory_name(stage: int, replica: int) -> str:
+    """The folder of node (stage, replica) in each checkpoint level: replica 0's is its stage's."""
+    return f"stage-{stage}" + (f"-replica-{replica}" if replica else "")
+
+
 class CheckpointDirectories:
     """Where stage s keeps its checkpoints; a temporary root when the run has no directory."""
 
@@ -114,7 +119,7 @@ class CheckpointDirectories:
             root = Path(context.run_dir)
         # Data parallelism: every replica keeps its own copy of its stage's checkpoints (replica 0
         # where a one-pipeline run keeps them); no sharding over the replicas.
-        stage_directory = f"stage-{context.stage}" + (f"-replica-{context.replica}" if context.replica else "")
+        stage_directory = node_directory_name(context.stage, context.replica)
         if context.remote_checkpoint_dir is not None:
             # Another file system, shared by runs: each run below its own id.
             self.remote = Path(context.remote_checkpoint_dir) / context.run_id / stage_directory

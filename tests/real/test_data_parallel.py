@@ -335,3 +335,89 @@ def test_replicas_that_recovered_differently_fail_the_run_and_equal_ones_pass():
     assert run_distributed(_agree_on_rank, 2, True, timeout_s=60) == [None, None]
     errors = run_distributed(_agree_on_rank, 2, False, timeout_s=60)
     assert all(error is not None and "replicas hold different weights" in error for error in errors)
+
+
+# -- hard failures: a node's process is killed and replaced ----------------------------------------
+
+
+def _train_hard_and_keep_state(membership, config: TrainingConfig, run_dir):
+    kept = {}
+
+    def keep(parts) -> None:
+        kept["state"] = _copies(capture_stage_state(parts.runtime.module, parts.runtime.optimizer))
+        kept["node"] = [parts.stage, parts.replica]
+
+    result = train_stage(config, None, membership=membership, run_dir=run_dir, after_run=keep)
+    return {"result": result, **kept}
+
+
+def _hard_run(config: TrainingConfig, run_dir, join_delay_s: float = 0.2):
+    """A hard-failure run through the launcher's supervisor; checkpoints in `run_dir`, where a
+    replacement process finds its predecessor's."""
+    from churnsim.real.launch import HardFailureOptions
+    from churnsim.real.results import merge_rank_results
+
+    options = HardFailureOptions(join_delay_s=join_delay_s, num_stages=config.num_stages)
+    outputs = run_distributed(
+        _train_hard_and_keep_state, config.num_stages * config.data_parallel_degree, config, run_dir, timeout_s=60, hard_failures=options
+    )
+    return outputs, merge_rank_results(config, [each["result"] for each in outputs])
+
+
+def test_a_killed_replica_s_replacement_process_heals_from_the_survivor_bit_exactly(tmp_path):
+    config = _config(failure_mode="hard", join_delay_s=0.2, failures=((2, 1, 1),), num_iterations=4)
+    outputs, result = _hard_run(config, tmp_path)
+    assert [(row.stage, row.replica, row.iteration) for row in result.failures.itertuples()] == [(1, 1, 2)]
+    (heal,) = result.recoveries
+    assert (heal["handled_as"], heal["failure_mode"]) == ("replica_heal", "hard")
+    assert heal["heals"] == [{"stage": 1, "replica": 1, "source_replica": 0}]
+    assert heal["heal_bytes"] > 0 and heal["join_s"] >= 0.2
+    joins = result.spans[result.spans["kind"] == "recovery.join"]
+    assert list(zip(joins["stage"], joins["replica"])) == [(1, 1)]  # a new process joined for that node
+    assert result.metrics["iteration"].tolist() == [0, 1, 2, 3]
+    assert all(math.isfinite(loss) for loss in result.metrics["train_loss"])
+    _replicas_identical(outputs, 2, 2)
+
+
+def test_a_stage_whose_every_replica_is_killed_is_recovered_by_the_method_in_every_replica_pipeline(tmp_path):
+    config = _config(
+        method=method_from_name("checkpoint", interval_iterations=1), failure_mode="hard", join_delay_s=0.2,
+        failures=((2, 0, 0), (2, 0, 1)), num_iterations=4,
+    )  # fmt: skip
+    outputs, result = _hard_run(config, tmp_path)
+    rows = [row for row in result.recoveries if row.get("handled_as") == "stage_loss"]
+    assert sorted(row["replica"] for row in rows) == [0, 1]
+    assert all(row["failure_mode"] == "hard" and row["resume_iteration"] == 2 for row in rows)
+    assert all(math.isfinite(loss) for loss in result.metrics["train_loss"])
+    _replicas_identical(outputs, 2, 2)
+
+
+def test_a_replica_process_killed_from_outside_mid_run_is_replaced_and_healed(tmp_path):
+    """An operator's SIGKILL of node (1, 1)'s process at any moment: the grid re-forms once the
+    replacement is up and it copies replica 0 of its stage; training ends with finite loss."""
+    import json
+    import os
+    import signal
+
+    from churnsim.real.run_directory import WORKERS_FILE
+    from churnsim.real.trainer import EXTERNAL_KILL_KIND
+
+    run_dir = tmp_path / "run"
+    killed = []
+
+    def kill_at_step_three(row: dict) -> None:
+        if killed or row["step"] < 3:
+            return
+        pid = json.loads((run_dir / WORKERS_FILE).read_text())["workers"].get("3")  # slot 3 = stage 1 of replica 1
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    config = _config(failure_mode="hard", join_delay_s=0.2, num_iterations=12)
+    result = launch_local(config, run_dir=run_dir, on_progress=kill_at_step_three, progress_interval_s=0.02)
+    assert len(killed) == 1
+    assert [(row.stage, row.replica, row.kind) for row in result.failures.itertuples()] == [(1, 1, EXTERNAL_KILL_KIND)]
+    heals = [row for row in result.recoveries if row.get("handled_as") == "replica_heal"]
+    assert len(heals) == 1 and {"stage": 1, "replica": 1, "source_replica": 0} in heals[0]["heals"]
+    assert result.metrics["iteration"].iloc[-1] == 11
+    assert all(math.isfinite(loss) for loss in result.metrics["train_loss"])
