@@ -421,3 +421,22 @@ def test_a_replica_process_killed_from_outside_mid_run_is_replaced_and_healed(tm
     assert len(heals) == 1 and {"stage": 1, "replica": 1, "source_replica": 0} in heals[0]["heals"]
     assert result.metrics["iteration"].iloc[-1] == 11
     assert all(math.isfinite(loss) for loss in result.metrics["train_loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method_name", "num_stages"), list(_methods_grid()))
+def test_every_method_trains_a_2_replica_grid_through_hard_kills(method_name, num_stages, tmp_path):
+    """As the soft test above with processes killed and replaced: a replica of the last stage at
+    step 1 (healed), both replicas of stage 1 at step 2 (the method's recovery)."""
+    last = num_stages - 1
+    config = _config(
+        method=method_from_name(method_name), num_stages=num_stages, num_iterations=4, failure_mode="hard", join_delay_s=0.1,
+        failures=((1, last, 1), (2, 1, 0), (2, 1, 1)),
+    )  # fmt: skip
+    outputs, result = _hard_run(config, tmp_path, join_delay_s=0.1)
+    assert len(result.failures) == 3
+    assert result.metrics["iteration"].iloc[-1] == 3
+    assert all(math.isfinite(loss) for loss in result.metrics["train_loss"])
+    handled = sorted(row.get("handled_as") for row in result.recoveries)
+    assert handled == ([] if method_name == "none" else ["replica_heal", "stage_loss", "stage_loss"])
+    _replicas_identical(outputs, num_stages, 2)
