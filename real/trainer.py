@@ -469,7 +469,6 @@ class _Stage:
         self.result.iteration_rows.append(row)
         return row
 
-
     def _average_over_replicas(self, step: int, train_loss: float | None) -> float | None:
         """Average this stage's gradients (and, on the head, the training loss) over its replicas: one
         all-reduce on the stage's group. Every replica ends with the same bits, so after the same
