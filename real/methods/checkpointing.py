@@ -322,14 +322,18 @@ class CheckpointKeeper:
             notes=tuple(notes),
         )
 
-    def restore_newest(self, *, surviving_node_loss: bool = True) -> int:
+    def restore_newest(self, *, surviving_node_loss: bool = True, allowed: set[int] | None = None) -> int:
         """Load this stage's newest checkpoint it can still read (tag 0: the initial weights); returns the tag.
+        `allowed`: only those tags (the ones every replica of the stage holds; 0 is always allowed).
 
         Local to this rank, after this stage's node died (so by default only levels that survive node
         loss are read): the stage-local rollback of `rollback = "stage"` and CheckFree's edge checkpoints.
         A damaged checkpoint is skipped for the next older one."""
         self.engine.wait_before_optimizer_step()  # no background copy may read what we overwrite
-        for tag in sorted(self.available_tags(surviving_node_loss=surviving_node_loss), reverse=True):
+        tags = self.available_tags(surviving_node_loss=surviving_node_loss)
+        if allowed is not None:
+            tags &= allowed | {0}
+        for tag in sorted(tags, reverse=True):
             problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
             if problem is None:
                 if tag == 0:
@@ -358,9 +362,7 @@ class CheckpointKeeper:
 
     def _rollback_stage(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         context = self.context
-        tag = None
-        if context.stage in failed_stages:
-            tag = self.restore_newest()
+        tag = restore_newest_agreed(context, self, lost=context.stage in failed_stages)
         tags = context.communicator.all_gather_objects(tag)
         rebuilt_from, notes = {}, []
         for stage in sorted(failed_stages):
@@ -368,6 +370,23 @@ class CheckpointKeeper:
             rebuilt_from[stage] = f"checkpoint(iteration {stage_tag})" if stage_tag > 0 else INITIAL_WEIGHTS
             notes.append(f"rollback stage: stage {stage} is {iteration - stage_tag} iteration(s) stale, the others kept")
         return RecoveryOutcome(failed_stages=failed_stages, rebuilt_from=rebuilt_from, notes=tuple(notes))
+
+
+def restore_newest_agreed(context: MethodContext, keeper: CheckpointKeeper | None, *, lost: bool) -> int | None:
+    """A stage-local rollback, called on every rank of the pipeline: a lost stage (`lost`) reloads its
+    newest checkpoint that survived (`CheckpointKeeper.restore_newest`); returns its tag, None elsewhere.
+
+    Data parallelism: every replica pipeline runs this at once, and the replicas of a lost stage must
+    reload the same tag (their levels may hold different ones, e.g. asynchronous saves that became
+    durable at different moments): one all-gather over the grid picks the newest tag all of them hold."""
+    allowed = None
+    if context.gather_over_replicas is not None:
+        mine = [context.stage, sorted(keeper.available_tags(surviving_node_loss=True))] if lost and keeper is not None else None
+        held = [set(entry[1]) for entry in context.gather_over_replicas(mine) if entry is not None and entry[0] == context.stage]
+        allowed = set.intersection(*held) if held else None
+    if not lost or keeper is None:
+        return None
+    return keeper.restore_newest(allowed=allowed)
 
 
 class CheckpointingMethod(RecoveryMethod):

@@ -39,7 +39,7 @@ from churnsim.calibration.pipeline_schedule import swapped_block_order
 from churnsim.calibration.rebuild_plan import RebuildPlan, edge_checkpoint_stages, plan_rebuild
 
 from .base import METHOD_TAG_BASE, MethodContext, RecoveryMethod, RecoveryOutcome
-from .checkpointing import CheckpointDirectories, CheckpointKeeper, synchronous_engine
+from .checkpointing import CheckpointDirectories, CheckpointKeeper, restore_newest_agreed, synchronous_engine
 
 
 def gradient_weight(gradient_norm: float, weighting: str) -> float:
@@ -173,10 +173,9 @@ class NeighbourRebuildMethod(RecoveryMethod):
         restored = sorted(stage for stage, plan in plans.items() if plan.blocks_from == "edge_checkpoint")
         if not restored:
             return {}, []
-        tag = None
         if self.context.stage in restored:
             assert self.edge_keeper is not None, "an edge stage with edge checkpoints holds a keeper"
-            tag = self.edge_keeper.restore_newest()
+        tag = restore_newest_agreed(self.context, self.edge_keeper, lost=self.context.stage in restored)
         tags = self.context.communicator.all_gather_objects(tag)
         rebuilt_from, notes = {}, []
         for stage in restored:

@@ -440,3 +440,17 @@ def test_every_method_trains_a_2_replica_grid_through_hard_kills(method_name, nu
     handled = sorted(row.get("handled_as") for row in result.recoveries)
     assert handled == ([] if method_name == "none" else ["replica_heal", "stage_loss", "stage_loss"])
     _replicas_identical(outputs, num_stages, 2)
+
+
+def test_replicas_of_a_lost_stage_reload_the_same_asynchronous_snapshot():
+    """`async_checkpoint` with a stage-local rollback: each replica's lost stage reloads a snapshot
+    that every replica holds durably (their background writers may be at different tags)."""
+    config = _config(
+        method=method_from_name("async_checkpoint", interval_iterations=1, rollback="stage"), failures=((3, 1, 0), (3, 1, 1)),
+        num_iterations=5,
+    )  # fmt: skip
+    outputs = run_distributed(_train_and_keep_state, 4, config, timeout_s=60)
+    rows = [row for each in outputs for row in each["result"].recoveries if row.get("handled_as") == "stage_loss"]
+    assert sorted(row["replica"] for row in rows) == [0, 1]
+    assert rows[0]["rebuilt_from"] == rows[1]["rebuilt_from"]
+    _replicas_identical(outputs, 2, 2)
