@@ -55,27 +55,29 @@ class SpanRecorder:
         end_s: float,
         cpu_start_s: float = math.nan,
         cpu_end_s: float = math.nan,
+        nbytes: int | None = None,
     ) -> None:
-        self.rows.append(
-            {
-                "rank": self.rank,
-                "stage": self.stage,
-                "iteration": self.step if iteration is None else iteration,
-                "kind": kind,
-                "microbatch": -1 if microbatch is None else microbatch,
-                "start_s": start_s,
-                "end_s": end_s,
-                "cpu_start_s": cpu_start_s,
-                "cpu_end_s": cpu_end_s,
-            }
-        )
+        row = {
+            "rank": self.rank,
+            "stage": self.stage,
+            "iteration": self.step if iteration is None else iteration,
+            "kind": kind,
+            "microbatch": -1 if microbatch is None else microbatch,
+            "start_s": start_s,
+            "end_s": end_s,
+            "cpu_start_s": cpu_start_s,
+            "cpu_end_s": cpu_end_s,
+        }
+        if nbytes is not None:
+            row["bytes"] = nbytes  # what the span moved (a data-parallel all-reduce, a heal's copy)
+        self.rows.append(row)
 
     @contextmanager
-    def span(self, kind: str, iteration: int | None = None, microbatch: int | None = None) -> Iterator[None]:
+    def span(self, kind: str, iteration: int | None = None, microbatch: int | None = None, nbytes: int | None = None) -> Iterator[None]:
         start_s = self.now_s()
         cpu_start_s = time.process_time()
         try:
             yield
         finally:
             end_s = self.now_s()
-            self.add(kind, iteration, microbatch, start_s, end_s, cpu_start_s, time.process_time())
+            self.add(kind, iteration, microbatch, start_s, end_s, cpu_start_s, time.process_time(), nbytes)
