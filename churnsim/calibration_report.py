@@ -174,10 +174,20 @@ def print_validation(report) -> None:
     out = Console(width=max(Console().width, 120))
     out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")
     out.print(f"validated (held out): {', '.join(report.validated_run_ids)}")
-    table = Table("run", "method", "quantity", "measured", "predicted", "error", title="predicted against measured")
+    table = Table(
+        "run", "method", "quantity", "measured", "predicted", "error", "load-normalised error", "machine slowdown since calibrating",
+        title="predicted against measured (absolute error; load-normalised: compute rescaled by the run's own steady step)",
+    )
+
+    def percent(value: float) -> str:
+        return f"{100 * value:+.1f} %" if math.isfinite(value) else "—"
+
     for row in report.table.itertuples(index=False):
-        error = "—" if not math.isfinite(row.relative_error) else f"{100 * row.relative_error:+.1f} %"
-        table.add_row(row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", error)
+        slowdown = getattr(row, "machine_slowdown_at_validation", math.nan)
+        table.add_row(
+            row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", percent(row.relative_error),
+            percent(row.load_normalised_relative_error), f"{slowdown:.2f}×" if math.isfinite(slowdown) else "not measured",
+        )  # fmt: skip
     out.print(table)
     summary = Table("method", "runs", "median |error| of total wall-clock", "its 95 % interval", "load-normalised", title="wall-clock error per method")
     for row in median_absolute_error(report.table).itertuples(index=False):
