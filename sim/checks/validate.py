@@ -149,7 +149,7 @@ class SpeedProbeComparison:
     why it was not measured."""
 
     slowdown: float | None
-    """1.10: the probe ran 10 % slower than at calibration; None: not measured."""
+    """1.10: the probe ran 10 % slower than at calibration; None: the probe did not run."""
     reason_not_measured: str = ""
     """Where `slowdown` is None: why, in words a user can act on."""
 
