@@ -72,7 +72,7 @@ METHODS = ("checkpoint", "async_checkpoint", "redundant", "checkfree", "checkfre
 MIN_STAGES = {"checkfree_plus": 4}
 RUN_TRAINING_S = 10.0
 MIN_ITERATIONS = 20
-MAX_ITERATIONS = 80
+MAX_ITERATIONS = 60
 RUN_TIME_LIMIT_FLOOR_S = 60.0
 RUN_TIME_LIMIT_FACTOR = 6.0
 """A run is stopped after max(floor, factor × its predicted no-failure time): at high rates a slow
