@@ -232,7 +232,6 @@ def summarize(table, setups: list[HeldOutSetup]) -> dict[str, object]:
                 "runs": len(run_ids),
                 "median_absolute_wall_clock_error": float(absolute.reindex(run_ids).median()),
                 "median_absolute_load_normalised_error": float(normalised.reindex(run_ids).median()),
-                "median_signed_load_normalised_error": float(wall["load_normalised_relative_error"].reindex(run_ids).median()),
                 "median_steady_step_over_prediction": float(steady_ratio.reindex(run_ids).median()),
             }
         by_factor[factor] = figures
@@ -269,14 +268,25 @@ def main() -> None:
     parser.add_argument("--calibration", type=Path, help="validate against this calibration instead of making one with calibrate --quick")
     parser.add_argument("--budget-minutes", type=float, default=16.0, help="start no held-out run after this many minutes of them")
     parser.add_argument("--draw-only", action="store_true", help="print the drawn setups and stop")
+    parser.add_argument("--resummarize", action="store_true", help="the committed result's figures again from its validation table (no run)")
     add_report_option(parser)
     arguments = parser.parse_args()
+    import pandas as pd
+
+    if arguments.resummarize:
+        result = json.loads(RESULTS_FILE.read_text(encoding="utf-8"))
+        setups = draw_setups(result["seed"], result["runs_drawn"])
+        kept = {key: value for key, value in result.items() if key not in ("runs", "validation_notes", "factor_levels")}
+        kept.update(summarize(pd.read_csv(TABLE_FILE), setups))
+        RESULTS_FILE.write_text(json.dumps(kept | {"validation_notes": result["validation_notes"], "runs": result["runs"]}, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {RESULTS_FILE}")
+        report_if_asked(arguments, "held-out-validation", RESULTS_FILE)
+        return
     setups = draw_setups(arguments.seed, arguments.runs)
     if arguments.draw_only:
         for setup in setups:
             print(setup.run_id, f"seed {setup.seed}")
         return
-    import pandas as pd
 
     from churnsim.calibration.calibration_file import load_calibration
     from churnsim.real.calibration_suite import set_run_id
@@ -326,7 +336,6 @@ def main() -> None:
         "seed": arguments.seed,
         "runs_drawn": len(setups),
         "runs_finished": len(finished),
-        "factor_levels": {factor: list(levels) for factor, levels in FACTOR_LEVELS.items()},
         **summarize(table, setups),
         "calibrate_s": calibrate_s,
         "total_s": time.perf_counter() - started,
