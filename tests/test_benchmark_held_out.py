@@ -62,3 +62,23 @@ def test_each_drawn_setup_is_a_scenario_real_runs_take(held_out):
 def test_too_few_runs_to_draw_every_level_is_refused(held_out):
     with pytest.raises(ValueError, match="draw at least 3"):
         held_out.draw_setups(0, 2)
+
+
+def test_the_figures_are_the_medians_over_every_run_and_per_level(held_out):
+    setups = held_out.draw_setups(48, 6)
+    errors = [0.01, -0.02, 0.05, -0.20, 0.03, 0.04]
+    rows = []
+    for setup, error in zip(setups, errors):
+        rows.append(dict(run_id=setup.run_id, quantity="total_wall_clock_s", measured=10.0, predicted=10.0 * (1 + 2 * error),
+                         relative_error=2 * error, load_normalised_relative_error=error, machine_slowdown_at_validation=1.2))
+        rows.append(dict(run_id=setup.run_id, quantity="steady_iteration_s", measured=0.11, predicted=0.1,
+                         relative_error=-0.1, load_normalised_relative_error=float("nan"), machine_slowdown_at_validation=1.2))
+    summary = held_out.summarize(pd.DataFrame(rows), setups)
+    assert summary["pooled"]["load-normalised wall-clock"]["absolute"] == pytest.approx(0.035)  # median of |errors|
+    assert summary["pooled"]["wall-clock"]["absolute"] == pytest.approx(0.07) and summary["pooled"]["wall-clock"]["runs"] == 6
+    assert summary["target_verdicts"]["load-normalised wall-clock"].startswith("missed")
+    assert summary["machine_slowdown_at_validation"] == 1.2
+    hard = [abs(error) for setup, error in zip(setups, errors) if setup.failure_mode == "hard"]
+    figures = summary["by_factor"]["failure_mode"]["hard"]
+    assert figures["runs"] == len(hard) and figures["median_absolute_load_normalised_error"] == pytest.approx(float(pd.Series(hard).median()))
+    assert figures["median_steady_step_over_prediction"] == pytest.approx(1.1)
