@@ -139,6 +139,14 @@ def print_calibration(calibration) -> None:
         f"hardware {', '.join(f'{key}={value}' for key, value in sorted(provenance.hardware.items()))}"
     )
     out.print(f"fitted on runs: {', '.join(provenance.fit_run_ids)}")
+    reference = calibration.speed_reference
+    if reference is None:
+        out.print("speed reference: none (validate cannot tell the machine's drift since calibrating from the model's error)")
+    else:
+        out.print(
+            f"speed reference: the probe took {1000 * reference.probe_s:.1f} ms (median of {reference.num_repeats} passes, "
+            f"interquartile range {1000 * reference.interquartile_range_s:.1f} ms) at {reference.measured_utc}"
+        )
 
 
 def print_lab_setbacks(rows) -> None:

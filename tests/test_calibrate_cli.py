@@ -356,9 +356,10 @@ def _with_reference(calibration_path: Path, copy: Path, **reference) -> Path:
     return copy
 
 
-def test_the_speed_reference_round_trips_in_the_calibration_file(tmp_path):
+def test_the_speed_reference_round_trips_in_the_calibration_file(tmp_path, capsys):
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.calibration_file import save_calibration
+    from churnsim.calibration_report import print_calibration
     from churnsim.real.speed_probe import PROBE_WORKLOAD, measure_speed_reference
 
     reference = measure_speed_reference(num_repeats=3)
@@ -366,6 +367,8 @@ def test_the_speed_reference_round_trips_in_the_calibration_file(tmp_path):
     path = tmp_path / "with-reference.json"
     save_calibration(resolve_calibration("cpu-tiny").model_copy(update={"speed_reference": reference}), str(path))
     assert load_calibration(str(path)).speed_reference == reference
+    print_calibration(load_calibration(str(path)))
+    assert "speed reference: the probe took" in " ".join(capsys.readouterr().out.split())
 
 
 def test_validate_reports_absolute_and_load_normalised_error_and_the_probe_s_slowdown(calibrated, tmp_path):
