@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import add_report_option, report_if_asked  # noqa: E402
+from report import add_report_option, report_if_asked, write_report  # noqa: E402
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS_FILE = REPOSITORY / "benchmarks" / "results" / "held-out-validation.json"
@@ -253,11 +253,25 @@ def summarize(table, setups: list[HeldOutSetup]) -> dict[str, object]:
         "targets": TARGETS,
         "pooled": pooled,
         "target_verdicts": verdicts,
+        "median_signed_error": {
+            "wall_clock": float(wall["relative_error"].median()),
+            "load_normalised": float(wall["load_normalised_relative_error"].median()),
+        },
         "time_to_target_median_absolute_error": _median_figures(time_to_target.to_numpy()),
         "steady_step_over_prediction": {"median": float(steady_ratio.median()), "range": [float(steady_ratio.min()), float(steady_ratio.max())]},
         "machine_slowdown_at_validation": float(slowdown.iloc[0]) if len(slowdown) else None,
         "by_factor": by_factor,
     }
+
+
+def _without_paths(arguments: list[str]) -> list[str]:
+    """The command's arguments with the working directory and calibration file named by their flag
+    (an absolute path of the machine it ran on says nothing to a reader of the result)."""
+    shown = list(arguments)
+    for index, argument in enumerate(shown[:-1]):
+        if argument in ("--out", "--calibration"):
+            shown[index + 1] = "DIR" if argument == "--out" else "FILE"
+    return shown
 
 
 def main() -> None:
@@ -280,7 +294,10 @@ def main() -> None:
         kept.update(summarize(pd.read_csv(TABLE_FILE), setups))
         RESULTS_FILE.write_text(json.dumps(kept | {"validation_notes": result["validation_notes"], "runs": result["runs"]}, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {RESULTS_FILE}")
-        report_if_asked(arguments, "held-out-validation", RESULTS_FILE)
+        if arguments.report:
+            # The measurement's own command, not this one: the runs are the same, only the figures are recomputed.
+            command = f"{result['command']}   # figures recomputed from its validation table by --resummarize"
+            print(f"wrote {write_report('held-out-validation', RESULTS_FILE, command=command)}")
         return
     setups = draw_setups(arguments.seed, arguments.runs)
     if arguments.draw_only:
@@ -332,7 +349,7 @@ def main() -> None:
     table = pd.read_csv(validation / "validation.csv")
     notes = json.loads((validation / "manifest.json").read_text())["notes"]
     result = {
-        "command": "python benchmarks/held_out_validation.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/held_out_validation.py " + " ".join(_without_paths(sys.argv[1:])),
         "seed": arguments.seed,
         "runs_drawn": len(setups),
         "runs_finished": len(finished),
@@ -340,6 +357,8 @@ def main() -> None:
         "calibrate_s": calibrate_s,
         "total_s": time.perf_counter() - started,
         "machine": {"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()},
+        # Other work on the machine while the runs ran; a report written later shows the load at its own time.
+        "load_average_after_runs_1_5_15_min": [round(value, 2) for value in os.getloadavg()],
         "validation_notes": notes,
         "runs": [dataclasses.asdict(setup) | run for setup, run in zip(setups, runs)],
     }
