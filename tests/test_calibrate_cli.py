@@ -449,3 +449,18 @@ def test_refreshing_refuses_in_one_line(tmp_path, assert_one_line_error, argumen
                             capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
     assert_one_line_error(result, fragment)
     assert (tmp_path / "c.json").read_text() == "{}"
+
+
+def test_refreshing_a_calibration_of_another_machine_is_refused_and_leaves_it_as_it_was(calibrated, tmp_path, assert_one_line_error):
+    from churnsim.calibration.calibration_file import save_calibration
+
+    root, calibration = calibrated
+    probed = load_calibration(str(_with_reference(calibration, tmp_path / "probed.json")))
+    hardware = probed.provenance.hardware | {"processor": "another-processor"}
+    elsewhere = tmp_path / "elsewhere.json"
+    save_calibration(probed.model_copy(update={"provenance": probed.provenance.model_copy(update={"hardware": hardware})}), str(elsewhere))
+    before = elsewhere.read_bytes()
+    result = subprocess.run([sys.executable, "-m", "churnsim", "calibrate", "--refresh-speed-reference", "--out", str(elsewhere)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert_one_line_error(result, "was made on another machine", "another-processor there", "refresh it there")
+    assert elsewhere.read_bytes() == before
