@@ -115,6 +115,16 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "|relative error| of the total wall-clock and the runs' steady step over each prediction.",
         "python benchmarks/calibrate_on_the_setup.py --passes 2 --setups 3-stages,gpipe"),
     Benchmark(
+        "held-out-validation", "held_out_validation.py",
+        "Validation on setups nobody tuned to: one `churnsim calibrate --quick`, then held-out real runs whose setups are "
+        "drawn at random with a seed from stated ranges (width ×0.5 to ×2, layers per stage, sequence length, stages, "
+        "microbatches, schedule, soft or hard failures, failure rates up to 960 per node-hour, a method each), each "
+        "validated against that one calibration (`churnsim validate`). The median |relative error| of the total "
+        "wall-clock, absolute and load-normalised, with a 95 % bootstrap interval, quartiles and range, the same per "
+        "level of every factor, and the machine's slowdown since calibrating from the speed probe.",
+        "python benchmarks/held_out_validation.py",
+        "median |load-normalised wall-clock error| at most 3 %, median |wall-clock error| at most 10 %"),
+    Benchmark(
         "carry-by-shape", "carry_by_shape.py",
         "How well the compute model carries a calibration to other pipeline shapes on shared cores: no-failure "
         "real runs of six shapes (stages × layers per stage), interleaved each round; per shape its steady step "
