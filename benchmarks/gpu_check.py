@@ -2,7 +2,7 @@
 
 A manual check for whenever a GPU machine is at hand (CI has none; CI runs its CPU dry run,
 `--device cpu`, gloo and tiny sizes). Each part is independent, so one failure does not hide the
-others, and each is reported as one JSON line:
+others; each reports its figures (a JSON line on stdout as it ends, all of them in one JSON file):
 
 1. environment:     torch, CUDA and NCCL versions, the GPUs.
 2. point_to_point:  one process per GPU (two on CPU), each sending a tensor to the next around a
@@ -24,7 +24,7 @@ Every command runs with a timeout taken from one budget (`--budget-s`, 480 s by 
 that the budget no longer allows is reported as skipped.
 
 Usage: python benchmarks/gpu_check.py [--device cuda|cpu] [--work-dir DIR] [--out FILE] [--no-report]
-Writes DIR/gpu-check.jsonl (or --out) and, on CUDA unless --no-report, the dated report
+Writes WORK_DIR/gpu-check.json (or --out) and, on CUDA unless --no-report, the dated report
 benchmarks/reports/<date>-gpu-check.md.
 """
 
@@ -65,13 +65,27 @@ METHODS = ("none", "checkpoint", "async_checkpoint", "redundant", "checkfree", "
 """The headline methods; the rebuild ablations (copy, uniform, random) with --methods, time allowing."""
 HELD_OUT_SEED = 7
 
-RESULTS: list[dict] = []
+RESULTS: dict[str, dict] = {}
+"""part -> its figures; `held_out` -> method -> the run's figures."""
 
 
-def report(part: str, **values: object) -> None:
-    row = {"part": part, **values}
-    RESULTS.append(row)
-    print(json.dumps(row), flush=True)
+def report(part: str, key: str | None = None, **values: object) -> None:
+    if key is None:
+        RESULTS.setdefault(part, {}).update(values)
+    else:
+        RESULTS.setdefault(part, {})[key] = values
+    print(json.dumps({"part": part, **({"key": key} if key else {}), **values}), flush=True)
+
+
+def failed_parts(results: dict) -> list[str]:
+    """Parts (and held-out runs) that raised or whose command exited non-zero."""
+    failed = ["held_out"] if "error" in results.get("held_out", {}) else []
+    for part, values in results.items():
+        entries = values.items() if part == "held_out" else [("", values)]
+        for key, entry in entries:
+            if isinstance(entry, dict) and ("error" in entry or entry.get("exit_code") not in (None, 0)):
+                failed.append(f"{part} {key}".strip())
+    return failed
 
 
 class Budget:
@@ -198,11 +212,13 @@ def part_point_to_point(device: str, budget: Budget) -> None:
     while not answers.empty():
         ranks.append(answers.get())
     ranks.sort(key=lambda answer: answer["rank"])
+    per_rank = {key: [answer[key] for answer in ranks] for key in ("bytes_per_s", "forward_span_s", "forward_host_s", "receive_span_s")}
     report("point_to_point", world_size=world_size, tensor_bytes=RING_TENSOR_BYTES[device],
            exit_codes=[process.exitcode for process in processes],
            all_received=len(ranks) == world_size and all(answer["received_ok"] for answer in ranks),
-           backend=sorted({answer["backend"] for answer in ranks}),
-           min_bytes_per_s=min((answer["bytes_per_s"] for answer in ranks), default=None), ranks=ranks)  # fmt: skip
+           backend=sorted({answer["backend"] for answer in ranks}), wire_device=sorted({answer["wire_device"] for answer in ranks}),
+           span_timing=sorted({answer["span_timing"] for answer in ranks}),
+           spans_ordered=len(ranks) == world_size and all(answer["spans_ordered"] for answer in ranks), **per_rank)  # fmt: skip
 
 
 # -- 3. to 5. calibrate, held-out runs, validate ------------------------------------------------------------
@@ -294,7 +310,7 @@ def part_held_out(device: str, scenario: dict, work: Path, methods: list[str], b
     runs.mkdir()
     twin_path = write_scenario(scenario, work / "held-out-none.json", seed=HELD_OUT_SEED)
     twin = real_run(twin_path, "none", runs / "none", cwd=work, budget=budget)
-    report("held_out", **twin)
+    report("held_out", "none", **twin)
     if twin["exit_code"] != 0 or not twin.get("training_s"):
         raise RuntimeError("the no-failure twin failed; no kill schedule to place")
     kills = [(round(fraction * twin["training_s"], 3), stage) for stage, fraction in KILLS]
@@ -309,9 +325,9 @@ def part_held_out(device: str, scenario: dict, work: Path, methods: list[str], b
         if method == "none":
             continue
         try:
-            report("held_out", failure_mode="hard", **real_run(hard_path, method, runs / method, cwd=work, budget=budget))
+            report("held_out", method, failure_mode="hard", **real_run(hard_path, method, runs / method, cwd=work, budget=budget))
         except (BudgetSpent, subprocess.TimeoutExpired) as error:
-            report("held_out", method=method, skipped=str(error))
+            report("held_out", method, method=method, skipped=str(error))
     return runs
 
 
@@ -320,7 +336,11 @@ def part_validate(calibration: Path, runs: Path, work: Path, budget: Budget) -> 
     finished = churnsim(["validate", "--calibration", str(calibration), str(runs), "--out", str(out), "--no-figures"], cwd=work,
                         timeout_s=budget.timeout_s(120))  # fmt: skip
     rows = list(csv.DictReader((out / "validation.csv").open())) if (out / "validation.csv").is_file() else []
-    report("validate", exit_code=finished.returncode, num_rows=len(rows), rows=rows[:12],
+    relative_error: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if row["relative_error"] not in ("", None):
+            relative_error.setdefault(row["method"], {})[row["quantity"]] = float(row["relative_error"])
+    report("validate", exit_code=finished.returncode, num_rows=len(rows), relative_error=relative_error,
            **({} if finished.returncode == 0 else {"stderr_tail": tail(finished.stderr)}))  # fmt: skip
 
 
@@ -330,7 +350,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for every command together")
     parser.add_argument("--methods", nargs="*", default=list(METHODS), help=f"default: {' '.join(METHODS)}")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temporary directory, removed)")
-    parser.add_argument("--out", type=Path, default=None, help="the JSON lines of the parts (default: WORK_DIR/gpu-check.jsonl)")
+    parser.add_argument("--out", type=Path, default=None, help="the parts' figures as JSON (default: WORK_DIR/gpu-check.json)")
     add_report_option(parser)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -363,7 +383,7 @@ def main() -> int:
         ("validate", lambda: part_validate(state["calibration"], state["runs"], work, budget)
          if state.get("calibration") and state.get("runs") else report("validate", skipped="no calibration or no held-out runs")),
     ]  # fmt: skip
-    out = args.out if args.out is not None else work / "gpu-check.jsonl"
+    out = args.out if args.out is not None else work / "gpu-check.json"
     try:
         for name, function in parts:
             try:
@@ -374,14 +394,16 @@ def main() -> int:
                 report(name, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc()[-3000:])
     finally:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(json.dumps(row) for row in RESULTS) + "\n")
+        out.write_text(json.dumps(RESULTS, indent=1) + "\n")
         print(f"wrote {out}")
         # The dry run's report only where its results are kept (--out): CI's dry runs write none.
         if args.device == "cuda" or args.out is not None:
             report_if_asked(args, "gpu-check", out, variant="" if args.device == "cuda" else "cpu-dry-run")
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    failed = [row for row in RESULTS if "error" in row or row.get("exit_code") not in (None, 0)]
+    failed = failed_parts(RESULTS)
+    if failed:
+        print(f"gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 

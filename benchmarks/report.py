@@ -143,7 +143,7 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "process per GPU (NCCL) with the span recorder's CUDA-event timing beside host timing, `churnsim calibrate "
         "--quick --device cuda`, a no-failure twin and every method with stage processes killed (hard failures), "
         "and `churnsim validate` of those runs. Its dry run (`--device cpu`) runs the same parts on gloo with tiny "
-        "sizes and calibrates from two short runs instead of the suite.",
+        "sizes and calibrates from one short no-failure run instead of the suite (so its validation errors of recovery costs are not the calibration's).",
         "python benchmarks/gpu_check.py --out FILE"),
     Benchmark(
         "checkpoint-flush-throughput", "checkpoint_flush_throughput.py",
