@@ -51,8 +51,25 @@ class _PendingSpan:
     anchor: _Anchor
 
 
-def _timing_event() -> DeviceEvent:
-    return torch.cuda.Event(enable_timing=True)
+class _CudaTimingEvent:
+    """A timing torch.cuda.Event, recorded on the current stream of the recorder's device (which
+    need not be the process's current device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.event = torch.cuda.Event(enable_timing=True)
+
+    def record(self) -> None:
+        self.event.record(torch.cuda.current_stream(self.device))
+
+    def query(self) -> bool:
+        return self.event.query()
+
+    def synchronize(self) -> None:
+        self.event.synchronize()
+
+    def elapsed_time(self, end_event: "_CudaTimingEvent") -> float:
+        return self.event.elapsed_time(end_event.event)
 
 
 class SpanRecorder:
@@ -93,8 +110,8 @@ class SpanRecorder:
         self.origin_s = time.perf_counter()
         self._rows: list[dict[str, Any]] = []
         self._on_cuda = device is not None and device.type == "cuda"
-        self._make_event = make_event or _timing_event
-        self._synchronize_device = synchronize_device or torch.cuda.synchronize
+        self._make_event = make_event or (lambda: _CudaTimingEvent(device))
+        self._synchronize_device = synchronize_device or (lambda: torch.cuda.synchronize(device))
         self._pending: deque[_PendingSpan] = deque()
         self._pending_lock = threading.Lock()
         self._anchor: _Anchor | None = None
