@@ -11,11 +11,13 @@ others; each reports its figures (a JSON line on stdout as it ends, all of them 
                     time matrix products with the SpanRecorder (CUDA events on GPUs) and with
                     host timing around a device synchronisation, and report both.
 3. calibrate:       `churnsim calibrate --quick --device cuda` on the check's scenario (4 stages;
-                    a GPU each where the machine has 4, else sharing them over gloo), given at
-                    most half the budget. The dry run fits `calibrate --runs` on one short
-                    no-failure run instead (the suite takes minutes on a CPU).
-4. held_out:        real runs held out from the calibration: a no-failure twin (`none`), then every
-                    method with hard failures: the scenario's failure schedule kills stage
+                    a GPU each where the machine has 4, else sharing them over gloo), given what
+                    the budget leaves after HELD_OUT_RESERVE_S (at least half of it). The dry run
+                    fits `calibrate --runs` on one short no-failure run instead (the suite takes
+                    minutes on a CPU).
+4. held_out:        real runs held out from the calibration: a no-failure twin (`none`), then each
+                    method of --methods (the headline methods, CheckFree+ among them, by default)
+                    with hard failures: the scenario's failure schedule kills stage
                     processes (an interior stage at 30 % and an edge stage at 60 % of the twin's
                     training time), and replacements join.
 5. validate:        `churnsim validate` of the held-out runs against the calibration.
@@ -64,6 +66,8 @@ CALIBRATION_SEED = 100
 METHODS = ("none", "checkpoint", "async_checkpoint", "redundant", "checkfree", "checkfree_plus")
 """The headline methods; the rebuild ablations (copy, uniform, random) with --methods, time allowing."""
 HELD_OUT_SEED = 7
+HELD_OUT_RESERVE_S = 180.0
+"""Seconds of the budget the calibration leaves to the held-out runs and the validation (at least half)."""
 
 RESULTS: dict[str, dict] = {}
 """part -> its figures; `held_out` -> method -> the run's figures."""
@@ -116,6 +120,11 @@ def churnsim(arguments: list[str], *, cwd: Path, timeout_s: float) -> subprocess
                           timeout=timeout_s, env=environment)  # fmt: skip
 
 
+def nccl_version() -> str:
+    version = torch.cuda.nccl.version()  # a tuple in recent torch, an int (2.18.1 = 21801) before
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def tail(text: str, characters: int = 1500) -> str:
     return text[-characters:]
 
@@ -147,10 +156,16 @@ def _ring_worker(rank: int, world_size: int, device: str, port: int, tensor_byte
             synchronize()
             start_s = time.perf_counter()
             spans.step = repeat
+            # NCCL runs a pair's operations in issue order on one stream: with two ranks, both
+            # sending first would wait for each other, so odd ranks receive first.
+            if rank % 2:
+                with spans.span("receive"):
+                    theirs = communicator.recv((numel,), torch.float32, (rank - 1) % world_size, tag=repeat)
             with spans.span("send"):
                 work = communicator.isend(mine, (rank + 1) % world_size, tag=repeat)
-            with spans.span("receive"):
-                theirs = communicator.recv((numel,), torch.float32, (rank - 1) % world_size, tag=repeat)
+            if not rank % 2:
+                with spans.span("receive"):
+                    theirs = communicator.recv((numel,), torch.float32, (rank - 1) % world_size, tag=repeat)
             communicator.wait(work)
             synchronize()
             if repeat:
@@ -298,8 +313,8 @@ def part_calibrate(device: str, scenario: dict, work: Path, methods: list[str], 
             return None
         command = ["calibrate", "--runs", str(runs), "--device", "cpu", "--out", str(calibration)]
         how = "calibrate --runs on one no-failure run (dry run)"
-    # At most half of what is left: the held-out runs must still fit.
-    finished = churnsim(command, cwd=work, timeout_s=budget.timeout_s(budget.left_s() / 2))
+    # The held-out runs and the validation must still fit after it.
+    finished = churnsim(command, cwd=work, timeout_s=budget.timeout_s(max(budget.left_s() / 2, budget.left_s() - HELD_OUT_RESERVE_S)))
     report("calibrate", how=how, exit_code=finished.returncode, wall_s=round(time.perf_counter() - start_s, 2),
            **({} if finished.returncode == 0 else {"stderr_tail": tail(finished.stderr)}))  # fmt: skip
     return calibration if finished.returncode == 0 else None
@@ -367,7 +382,7 @@ def main() -> int:
 
     report("environment", device=args.device, torch=torch.__version__, cuda=torch.version.cuda, gpus=gpus,
            gpu=torch.cuda.get_device_name(0) if gpus else None,
-           nccl=".".join(map(str, torch.cuda.nccl.version())) if gpus else None, cpus=os.cpu_count(),
+           nccl=nccl_version() if gpus else None, cpus=os.cpu_count(),
            real_run_backend=backend_for(args.device, ranks_on_host=NUM_STAGES, gpus_on_host=max(gpus, 1)),
            stages=NUM_STAGES)  # fmt: skip
     state: dict = {}
