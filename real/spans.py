@@ -85,7 +85,8 @@ class SpanRecorder:
     placed on the host clock through an anchor: an event whose completion the host waited for
     (`now_s`, the start of the run). Rows of event-timed spans are added once their end event has
     completed: at the next `now_s()` (the trainer calls it at the end of every iteration), or when
-    `rows` is read. Other kinds time host work and synchronise the device at both ends.
+    `rows` is read. A span left by an exception keeps host times instead (its work may never
+    finish on the device). Other kinds time host work and synchronise the device at both ends.
 
     Each span also stamps the process's CPU clock at both ends (`cpu_start_s`, `cpu_end_s`,
     time.process_time): where stage processes share cores, a span's CPU seconds against its wall
@@ -205,16 +206,21 @@ class SpanRecorder:
         assert anchor is not None
         start_event = self._make_event()
         start_event.record()
+        host_start_s = time.perf_counter() - self.origin_s
         cpu_start_s = time.process_time()
         try:
             yield
-        finally:
-            end_event = self._make_event()
-            end_event.record()
-            span = _PendingSpan(kind, self.step if iteration is None else iteration, microbatch, start_event, end_event,
-                                cpu_start_s, time.process_time(), anchor)  # fmt: skip
-            with self._pending_lock:
-                self._pending.append(span)
+        except BaseException:
+            # The work may never finish on the device (a message from a peer that died): waiting for
+            # its event could hang, so the span keeps the host's times.
+            self.add(kind, iteration, microbatch, host_start_s, time.perf_counter() - self.origin_s, cpu_start_s, time.process_time())
+            raise
+        end_event = self._make_event()
+        end_event.record()
+        span = _PendingSpan(kind, self.step if iteration is None else iteration, microbatch, start_event, end_event,
+                            cpu_start_s, time.process_time(), anchor)  # fmt: skip
+        with self._pending_lock:
+            self._pending.append(span)
 
     def resolve(self, *, wait: bool) -> None:
         """Add the rows of event-timed spans whose end event completed (`wait`: of all of them,

@@ -140,3 +140,17 @@ def test_on_cuda_spans_recorded_before_the_clock_restarts_keep_their_anchor():
     spans.restart_clock()
     (row,) = spans._rows  # resolved before the origin moved
     assert row["end_s"] - row["start_s"] == pytest.approx(0.25)
+
+
+def test_on_cuda_a_span_left_by_an_error_keeps_host_times_and_waits_for_no_event():
+    timeline = DeviceTimeline()
+    spans = recorder_on(timeline)
+    spans.restart_clock()
+    with pytest.raises(ConnectionError):
+        with spans.span("receive"):
+            timeline.launch(1000.0)  # a receive from a peer that died: the device never gets past it
+            time.sleep(0.01)
+            raise ConnectionError("peer gone")
+    (row,) = spans._rows  # recorded at once, without waiting for the device
+    assert row["kind"] == "receive" and 0.01 <= row["end_s"] - row["start_s"] < 1000.0
+    assert timeline.device_s == 0.0 and timeline.device_synchronizations == 0
