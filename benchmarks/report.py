@@ -156,6 +156,14 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "method on the GPU.",
         "python benchmarks/cuda_paths.py --out FILE"),
     Benchmark(
+        "gpu-check", "gpu_check.py",
+        "The GPU paths end to end on a machine with several GPUs: point-to-point messages around a ring of one "
+        "process per GPU (NCCL) with the span recorder's CUDA-event timing beside host timing, `churnsim calibrate "
+        "--quick --device cuda`, a no-failure twin and every method with stage processes killed (hard failures), "
+        "and `churnsim validate` of those runs. Its dry run (`--device cpu`) runs the same parts on gloo with tiny "
+        "sizes and calibrates from one short no-failure run instead of the suite (so its validation errors of recovery costs are not the calibration's).",
+        "python benchmarks/gpu_check.py --out FILE"),
+    Benchmark(
         "checkpoint-flush-throughput", "checkpoint_flush_throughput.py",
         "Flush throughput of the lazy async checkpoint engine against a plain write + fsync and the synchronous "
         "engine, writing the same state to the same disk (median of the repeats), with and without back-pressure "
