@@ -1027,18 +1027,19 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if config.failure_mode == "hard":
-        print(
-            "error: training.failure_mode = 'hard' needs `churnsim real run`, whose launcher replaces killed stage "
-            "processes; torchrun runs use 'soft' (torchrun --max-restarts with --resume restarts every rank instead)",
-            file=sys.stderr,
-        )
-        return 2
     try:
         token = token_from_environment()
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             if name not in os.environ:
                 raise InputError(f"environment variable {name} is not set: start the ranks with torchrun")
+        if config.failure_mode == "hard":
+            if arguments.resume:
+                raise InputError("--resume: hard-failure runs under torchrun continue through the agent's restarts; start without --resume")
+            from .agent_worker import run_worker
+
+            keep_connections_on(os.environ["MASTER_ADDR"])
+            # torchrun's agent replaces killed workers; the stage policy is real/agent_membership.py's.
+            return run_worker(config, token, Path(arguments.run_dir) if arguments.run_dir else None, scenario=scenario, replication=arguments.replication)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -22,13 +22,24 @@ RECOVERY_TABLE_COLUMNS = (
     "step", "iteration", "failure_mode", "failed_stages", "degraded", "resume_iteration", "rebuilt_from",
     "join_s", "rendezvous_s", "transfer_s", "load_s", "rebuild_s", "recovery_s", "stalled_s",
     "network_bytes", "file_bytes", "levels_read", "notes",
+    "restart_round", "detection_s", "agent_restart_s", "process_start_s", "survivor_reload_s", "survivor_reload_bytes",
+    "survivor_restart_s",
 )  # fmt: skip
 """recoveries.csv: per recovery, seconds of each phase (max over ranks: they work in parallel) and
 bytes moved (sum over ranks): `network_bytes` received over the process group, `file_bytes` read
 from checkpoint files, `levels_read` which level each stage read them from. `join_s`: a replacement
 process from its predecessor's death to ready (hard failures); `rendezvous_s`: barrier and process
 group formation; `recovery_s`: the method's recovery; `stalled_s`: a survivor's whole stop, from
-leaving its group to training again (waiting for the replacement included)."""
+leaving its group to training again (waiting for the replacement included).
+
+Under torchrun's agent (real/agent_membership.py; empty otherwise), where every worker restarts:
+`restart_round` the rendezvous round; `detection_s` from the injector's kill to the first worker an
+agent stopped (empty for a kill from outside); `agent_restart_s` from that stop to the last new
+worker process started (the agents stopping their workers, torch's c10d rendezvous round, the
+spawn); `process_start_s` the slowest new process from its start to ready (interpreter, imports,
+model build, snapshot reload); `survivor_reload_s` / `survivor_reload_bytes` reading the survivors'
+snapshots back from node memory (slowest, and bytes summed); `survivor_restart_s` from the death's
+detection to the last survivor ready again."""
 
 
 @dataclass(kw_only=True)

@@ -188,6 +188,16 @@ class RecoveryMethod(ABC):
     def forget_node_state(self) -> None:
         """This rank's node died: drop everything it held (replicas, snapshots in memory, norms)."""
 
+    def host_memory_state(self) -> dict[str, Any]:
+        """What the method holds in this process's memory that a restart of the process (torchrun's
+        agent restarts every worker) must not lose: safe_codec-encodable (tensors, numbers, lists,
+        string-keyed dicts). Checkpoints the method keeps in process memory are not included: a
+        restart loses them as a node loss would, and the method falls back to its other levels."""
+        return {}
+
+    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
+        """A restarted process: take back what `host_memory_state` returned before the restart."""
+
     @abstractmethod
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         """Collective: every rank calls it with the same arguments after the failed stages were reset."""

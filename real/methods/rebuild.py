@@ -127,6 +127,12 @@ class NeighbourRebuildMethod(RecoveryMethod):
         if self.edge_keeper is not None:
             self.edge_keeper.close()
 
+    def host_memory_state(self) -> dict[str, Any]:
+        return {"last_gradient_norm": self.last_gradient_norm}
+
+    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
+        self.last_gradient_norm = float(state.get("last_gradient_norm", 1.0))
+
     def replicated_metadata(self) -> Any:
         return {"edge_keeper": self.edge_keeper.replicated_metadata() if self.edge_keeper is not None else None}
 
@@ -299,6 +305,13 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
     def forget_node_state(self) -> None:
         super().forget_node_state()
         self.replicas.clear()
+
+    def host_memory_state(self) -> dict[str, Any]:
+        return super().host_memory_state() | {"replicas": dict(self.replicas)}
+
+    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
+        super().restore_host_memory_state(state)
+        self.replicas = {str(part): tensor.to(self.context.device) for part, tensor in state.get("replicas", {}).items()}
 
     def after_optimizer_step(self, iteration: int) -> None:
         super().after_optimizer_step(iteration)

@@ -115,6 +115,14 @@ class RedundantMethod(RecoveryMethod):
     def replicated_metadata(self) -> Any:
         return self.fallback.replicated_metadata()
 
+    def host_memory_state(self) -> dict[str, Any]:
+        return {"replica_state": self.replica_state}
+
+    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
+        replica_state = state.get("replica_state")
+        if replica_state is not None and self.replica is not None:
+            self._hold({key: value.to(self.context.device) if isinstance(value, torch.Tensor) else value for key, value in replica_state.items()})
+
     def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
         self.fallback.adopt_replicated_metadata(survivors)
 
