@@ -19,12 +19,16 @@ The store (the agent's TCPStore: MASTER_ADDR:MASTER_PORT) holds, under the run's
 
     worker-starts              a counter: round r = (n - 1) // WORLD_SIZE for the n-th worker started
     run                        {"run_id", "started_unix_ns"}: fixed by the first worker of the run
-    round-<r>/holding/<rank>   what worker `rank` holds: {"node", "local_rank", "held": {stage: step},
-                               "started_unix_s", "stopped_unix_s"}
+    round-<r>/holding/<rank>   what worker `rank` holds: {"node", "local_rank", "held": {stage: the
+                               snapshot's header}, "started_unix_s", "stopped_unix_s", "restart_count"}
     round-<r>/node-ready/<node>  the node's run directory is prepared (by its first local worker)
     round-<r>/ready/<stage>    the stage's process is built and at the barrier (unix seconds)
     round-<r>/group/...        the round's process group (torch's own keys)
-    kills/<stage>              unix time at which the failure injector killed the stage
+
+The workers' store is the one torchrun's agents give them (MASTER_ADDR:MASTER_PORT); with
+`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (the printed command sets it) the rank-0 agent starts a new one
+for every round, so nothing of an earlier round is read: what outlives a round is in the snapshots'
+headers (the run's id and start, when a kill was decided).
 
 One key lies outside the namespace: `churnsim/token-proof`, the run's proof of its token, fixed by
 the first worker. A worker whose token does not verify it stops with one line (exit 2): a process
@@ -137,7 +141,7 @@ class AgentMembership:
     def __init__(self, *, token: str, num_stages: int, device: str, timeout_s: float, rendezvous_timeout_s: float, join_delay_s: float = 0.0) -> None:
         import torch.distributed as dist
 
-        from .distributed import connect_store
+        from .distributed import connect_store, serve_store
 
         self.token = token
         self.device = device
@@ -153,25 +157,42 @@ class AgentMembership:
         self.started_unix_s = process_start_unix_s()
         self.memory = NodeMemory(token)
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        self._server = None
+        if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            # The round's store is the rank-0 worker's (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), bound to
+            # MASTER_ADDR only; it lives as long as this process, which is as long as the round.
+            self._server = serve_store(host, rendezvous_timeout_s, port=port)
         self._raw = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
         check_token_proof(self._raw, token)
         self._store = connect_store(host, port, token, rendezvous_timeout_s)
         self._stop_requested = False
         signal.signal(signal.SIGTERM, self._stopped_by_agent)
         self.round = (int(self._store.add("worker-starts", 1)) - 1) // self.world_size
-        run = self._run_identity()
-        self.run_id, run_started_unix_ns = str(run["run_id"]), int(run["started_unix_ns"])
         held = self.memory.held_stages()
         node_stopped = [value for stage in held if (value := self.memory.stopped_unix_s(stage)) is not None]
         self._publish(f"round-{self.round}/holding/{self.rank}", {
-            "node": self.memory.node_id, "local_rank": self.local_rank, "held": {str(s): step for s, step in held.items()},
+            "node": self.memory.node_id, "local_rank": self.local_rank, "held": {str(s): header for s, header in held.items()},
             "started_unix_s": self.started_unix_s, "stopped_unix_s": min(node_stopped) if node_stopped else None,
+            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         })  # fmt: skip
         reports = {rank: self._read(f"round-{self.round}/holding/{rank}") for rank in range(self.world_size)}
         workers = [
-            Holding(rank=rank, node=str(body["node"]), local_rank=int(body["local_rank"]), held={int(s): int(step) for s, step in body["held"].items()})
+            Holding(rank=rank, node=str(body["node"]), local_rank=int(body["local_rank"]),
+                    held={int(s): int(header["step"]) for s, header in body["held"].items()})
             for rank, body in reports.items()
-        ]
+        ]  # fmt: skip
+        headers = [header for body in reports.values() for header in body["held"].values()]
+        # A later round: some node holds a stage's state, or an agent restarted its workers (torch's
+        # workers' store may be new in each round, so the round counter alone does not tell).
+        self.is_restart = bool(headers) or any(int(body["restart_count"]) > 0 for body in reports.values())
+        if self.is_restart and not headers:
+            raise RendezvousFailed(
+                "torchrun restarted the workers but no node holds any stage's state (every stage process died with its "
+                "node, or the run's first group never formed); start the run again"
+            )
+        # The run's identity: the holders' (the store may be new), else the one the first worker fixed.
+        run = headers[0] if headers else self._run_identity()
+        self.run_id, run_started_unix_ns = str(run["run_id"]), int(run["started_unix_ns"])
         assignment = assign_stages(num_stages, workers)
         stage = assignment[self.rank]
         held_anywhere = {s for worker in workers for s in worker.held}
@@ -187,37 +208,37 @@ class AgentMembership:
         for other in set(held) - node_stages:
             self.memory.drop(other)  # another node's snapshot of that stage is newer: this one is stale
         self.memory.forget_stopped(stage)
-        if self.round > 0 and not held_anywhere:
-            raise RendezvousFailed(
-                f"round {self.round} of the run: no node holds any stage's state (every stage process died with its "
-                "node, or the run's first group never formed); continue the run with --resume from its durable checkpoints"
-            )
-        # What the restart cost, from the reports (the same numbers on every worker).
-        kills = [value for s in self.lost_stages if (value := self._read_optional(f"kills/{s}")) is not None]
+        # What the restart cost, from the reports (the same numbers on every worker). The survivors
+        # noted when the injector's kill was decided; a kill from outside has no such time.
+        kills = [float(header["kill_unix_s"]) for header in headers if header.get("kill_unix_s") is not None]
         stops = [float(body["stopped_unix_s"]) for body in reports.values() if body.get("stopped_unix_s") is not None]
         starts = [float(body["started_unix_s"]) for body in reports.values()]
-        killed_unix_s = min(float(kill["unix_s"]) for kill in kills) if kills else None
+        killed_unix_s = min(kills) if kills else None
         detected_unix_s = min(stops) if stops else killed_unix_s
         self.restart_costs: dict[str, Any] = {}
-        if self.round > 0:
+        if self.is_restart:
             self.restart_costs = {
-                "restart_round": self.round,
+                "restart_round": 1 + max(int(body["restart_count"]) for body in reports.values()),
                 "detection_s": (detected_unix_s - killed_unix_s) if killed_unix_s is not None and detected_unix_s is not None else None,
                 "agent_restart_s": (max(starts) - detected_unix_s) if detected_unix_s is not None else None,
             }
         death_unix_s = killed_unix_s if killed_unix_s is not None else detected_unix_s
-        if self.round > 0 and stage not in held and join_delay_s > 0 and death_unix_s is not None:
+        if self.is_restart and stage not in held and join_delay_s > 0 and death_unix_s is not None:
             # The replacement machine arrives after the scenario's join delay, counted from the death.
             time.sleep(max(0.0, death_unix_s + join_delay_s - time.time()))
         offset = unix_offset_s()
+        # A death's id must differ from every earlier one's (the trainer keeps the ids it recorded).
+        death_id = int((death_unix_s or time.time()) * 1000) * num_stages
         self.deaths = tuple(
-            {"id": self.round * num_stages + s, "stage": s, "detected_perf_s": (detected_unix_s or time.time()) - offset, "exit": "SIGKILL"}
+            {"id": death_id + s, "stage": s, "detected_perf_s": (detected_unix_s or time.time()) - offset, "exit": "SIGKILL"}
             for s in sorted(self.lost_stages)
-        ) if self.round > 0 else ()  # fmt: skip
+        ) if self.is_restart else ()  # fmt: skip
+        self._run_header = {"run_id": self.run_id, "started_unix_ns": run_started_unix_ns}
+        self.generation = int(self.restart_costs.get("restart_round", 0))
         self.settings = AgentSettings(
             stage=stage,
             num_stages=num_stages,
-            incarnation=self.round,
+            incarnation=self.generation,
             rendezvous_timeout_s=rendezvous_timeout_s,
             run_started_unix_ns=run_started_unix_ns,
             death_detected_perf_s=(death_unix_s - offset) if death_unix_s is not None and stage not in held else None,
@@ -234,12 +255,7 @@ class AgentMembership:
     @property
     def is_replacement(self) -> bool:
         """A worker of a later round without its stage's state: it takes a lost stage."""
-        return self.round > 0 and self.restored is None
-
-    @property
-    def is_restart(self) -> bool:
-        """A worker of a later round (restored or replacement): its first group is a re-formed one."""
-        return self.round > 0
+        return self.is_restart and self.restored is None
 
     def abandoned(self) -> bool:
         return self._stop_requested
@@ -279,7 +295,7 @@ class AgentMembership:
         self._joined = True
         self.communicator.rebind(tuple(range(num_stages)))
         return Announcement(
-            generation=self.round,
+            generation=self.generation,
             members=tuple(range(num_stages)),
             full=True,
             deaths=self.deaths,
@@ -296,13 +312,14 @@ class AgentMembership:
 
     # -- snapshots -----------------------------------------------------------------------------
 
-    def save_snapshot(self, step: int, payload: dict[str, Any]) -> int:
-        return self.memory.save(self.settings.stage, step, payload)
+    def save_snapshot(self, step: int, payload: dict[str, Any], *, kill_unix_s: float | None = None) -> int:
+        """`kill_unix_s`: when the failure injector decided a kill this snapshot is taken for (the
+        next round reads it from the header: the start of the detection it measures)."""
+        return self.memory.save(self.settings.stage, step, payload, header=self._run_header | {"kill_unix_s": kill_unix_s})
 
     def before_own_kill(self) -> None:
         """The failure injector is about to kill this stage's process: its node dies, memory and all."""
         self.memory.drop(self.settings.stage)
-        self._publish(f"kills/{self.settings.stage}", {"unix_s": time.time()})
 
     def finish(self) -> None:
         """The run finished: this stage's snapshot is no longer needed."""
@@ -378,10 +395,6 @@ class AgentMembership:
             raise RendezvousFailed(f"the rendezvous key {key!r} is not signed with the run's token (someone else wrote it); the run cannot go on safely")
         return json.loads(value)
 
-    def _read_optional(self, key: str) -> dict[str, Any] | None:
-        if not self._store.check([key]):
-            return None
-        return self._read(key)
 
 
 def check_token_proof(raw_store: Any, token: str) -> None:

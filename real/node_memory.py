@@ -71,9 +71,9 @@ class NodeMemory:
     def _mac(self, stage: int, body: bytes) -> bytes:
         return hmac.new(self.token.encode(), f"node-memory/stage-{stage}".encode() + b"\0" + body, hashlib.sha256).digest()
 
-    def held_stages(self) -> dict[int, int]:
-        """{stage: step} of every snapshot on this node (the step is read from the file's header)."""
-        held: dict[int, int] = {}
+    def held_stages(self) -> dict[int, dict[str, Any]]:
+        """{stage: header} of every snapshot on this node (the header's "step" and what `save` was given)."""
+        held: dict[int, dict[str, Any]] = {}
         if not self.path.is_dir():
             return held
         for entry in self.path.iterdir():
@@ -82,18 +82,20 @@ class NodeMemory:
                 try:
                     stage = int(name[len("stage-") : -len(".bin")])
                     with open(entry, "rb") as file:
-                        header = file.read(64)
-                    held[stage] = int(json.loads(header.split(b"\n", 1)[0])["step"])
+                        header = json.loads(file.readline(4096))
+                    int(header["step"])
+                    held[stage] = header
                 except (OSError, ValueError, KeyError, TypeError):
                     continue  # a damaged or half-written file holds nothing
         return held
 
-    def save(self, stage: int, step: int, payload: dict[str, Any]) -> int:
-        """Write `payload` (safe_codec-encodable) as stage `stage`'s snapshot at `step`; returns its bytes."""
+    def save(self, stage: int, step: int, payload: dict[str, Any], header: dict[str, Any] | None = None) -> int:
+        """Write `payload` (safe_codec-encodable) as stage `stage`'s snapshot at `step`, with `header`
+        (small JSON, readable without loading the snapshot); returns its bytes."""
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         body = encode(payload)
-        header = json.dumps({"step": int(step)}).encode() + b"\n"
-        data = header + self._mac(stage, header + body) + body
+        header_bytes = json.dumps((header or {}) | {"step": int(step)}).encode() + b"\n"
+        data = header_bytes + self._mac(stage, header_bytes + body) + body
         target = self._stage_path(stage)
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         with open(temporary, "wb") as file:

@@ -661,6 +661,8 @@ class _HardFailureTrainer:
         self._join_recorded = False
         self.rendezvous_s = 0.0
         self.restart_costs: dict[str, Any] = {}
+        self.kill_unix_s: float | None = None
+        """torchrun: when the injector decided the kill the group is re-forming for (snapshots carry it)."""
         """torchrun: what the agent's restart of the workers cost (`_note_restart_costs`), for the recovery row."""
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -740,6 +742,7 @@ class _HardFailureTrainer:
                 os.kill(os.getpid(), signal.SIGKILL)  # the injector: this stage's process dies here
                 time.sleep(60)  # SIGKILL is not deliverable late; never reached
             self.scheduled_kills |= failed
+            self.kill_unix_s = time.time()
             self._save_snapshot()  # a restarted survivor must not decide these failures again
             return True  # also when a newer generation exists: the kill comes first
         if switch:
@@ -771,7 +774,7 @@ class _HardFailureTrainer:
         parts = self.parts
         runtime = parts.runtime
         with parts.spans.span("host_snapshot", self.step):
-            save(self.step, {
+            save(self.step, kill_unix_s=self.kill_unix_s, payload={
                 "state": capture_stage_state(runtime.module, runtime.optimizer), "lr_scale": runtime.lr_scale,
                 "rng": torch.get_rng_state(), "method": parts.method.host_memory_state(),
                 "step": self.step, "iteration": self.iteration, "decided_through": self.decided_through,
@@ -960,6 +963,7 @@ class _HardFailureTrainer:
         runtime = parts.runtime
         parts.set_hosted({}, None)
         self.full_group = True
+        self.kill_unix_s = None
         if not self.has_state:
             # The replacement's own start: fresh random weights, as a soft failure's re-initialisation.
             runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, parts.stage, step))
