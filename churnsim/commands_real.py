@@ -70,6 +70,33 @@ def torchrun_command(scenario: Any, scenario_file: Path, token_file: Path, token
     )
 
 
+def _run_with_agent(scenario: Any, *, out: Path, replication: int, resume: bool, rendezvous_host: str) -> None:
+    """`real run --agent`: one torchrun agent in this process, one worker per stage (real/agent_launch.py)."""
+    import tempfile
+
+    from rich.console import Console
+
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.scenario import save_scenario
+    from churnsim.real.agent_launch import AgentRunFailed, launch_with_agent
+    from churnsim.real.run_secret import new_token
+
+    if resume:
+        raise InputError("--resume with --agent: the agent continues a run through its own restarts; start without --resume")
+    with tempfile.TemporaryDirectory(prefix="churnsim-agent-") as directory:
+        scenario_file = Path(directory) / "scenario.json"
+        save_scenario(scenario, str(scenario_file))
+        try:
+            launch_with_agent(
+                scenario_file, num_stages=scenario.pipeline.num_stages, token=new_token(), run_dir=out, replication=replication,
+                max_restarts=scenario.recovery.max_replacements, rendezvous_host=rendezvous_host,
+            )  # fmt: skip
+        except AgentRunFailed as error:
+            sys.stderr.write(f"churnsim: error: {error}\n")
+            raise typer.Exit(1) from None
+    Console().print(f"the run finished under torchrun's agent; its record is in {out}", soft_wrap=True)
+
+
 @real_app.command("run")
 def real_run_command(
     scenario_path: Optional[Path] = typer.Argument(None, help="Scenario JSON file (the same file `churnsim simulate` takes)."),
@@ -93,6 +120,9 @@ def real_run_command(
     ),
     rendezvous_port: int = typer.Option(
         29400, "--rendezvous-port", help="With --write-config: the port of the torchrun rendezvous on --rendezvous-host."
+    ),
+    agent: bool = typer.Option(
+        False, "--agent", help="Run through torchrun's elastic agent on this machine (the code path of several machines: the agent restarts the stage processes, survivors reload from node memory)."
     ),
 ) -> None:
     """A real pipeline run of a scenario on this machine: its model, pipeline, method, churn and target → a run record."""
@@ -153,6 +183,9 @@ def real_run_command(
     from churnsim.real.scenario_run import check_fits_machine, training_config
 
     check_fits_machine(scenario)
+    if agent:
+        _run_with_agent(scenario, out=out, replication=replication, resume=resume, rendezvous_host=rendezvous_host)
+        return
     config = training_config(scenario, method_config, replication=replication)
     if config.device == "cuda":
         import torch

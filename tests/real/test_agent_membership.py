@@ -206,19 +206,26 @@ def cluster_factory(tmp_path):
         cluster.end()
 
 
-def _write_config(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = ()) -> tuple[str, list[Path]]:
-    """The scenario, its token and the printed torchrun line (run as printed, in a node's directory)."""
+def _run_arguments(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
+    """`churnsim real run` of cpu-tiny with hard failures, its churn the failures given."""
     schedule = tmp_path / "schedule.csv"
     write_failure_schedule(FailureSchedule(failures=failures), schedule)
     data = preset("cpu-tiny").model_dump(mode="json")
     data["churn"] = {"kind": "schedule", "path": str(schedule)}
     base = tmp_path / "base.json"
     base.write_text(json.dumps(data))
+    return [
+        sys.executable, "-m", "churnsim", "real", "run", str(base), "--method", method,
+        "--set", f"pipeline.num_stages={stages}", "--set", "compute.block_forward_s=0.006", "--set", "compute.block_backward_s=0.014",
+        "--set", "target.loss=null", "--set", f"target.iterations={iterations}", "--set", "training.failure_mode=hard",
+        "--set", "training.peer_timeout_s=60", *extra,
+    ]  # fmt: skip
+
+
+def _write_config(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = ()) -> tuple[str, list[Path]]:
+    """The scenario, its token and the printed torchrun line (run as printed, in a node's directory)."""
     result = subprocess.run(
-        [sys.executable, "-m", "churnsim", "real", "run", str(base), "--method", method,
-         "--set", f"pipeline.num_stages={stages}", "--set", "compute.block_forward_s=0.006", "--set", "compute.block_backward_s=0.014",
-         "--set", "target.loss=null", "--set", f"target.iterations={iterations}", "--set", "training.failure_mode=hard",
-         "--set", "training.peer_timeout_s=60", *extra,
+        [*_run_arguments(tmp_path, method, iterations=iterations, failures=failures, stages=stages, extra=extra),
          "--out", "run", "--write-config", "scenario.json", "--nodes", "2", "--rendezvous-port", str(_free_port())],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
@@ -249,6 +256,9 @@ def _run_case_one(tmp_path: Path, cluster_factory, method: str, stages: int = 2,
     _, recoveries = _finished_with_finite_loss(record, iterations)
     failures = pd.read_csv(record / "failures.csv", comment="#")
     assert failures["kind"].tolist() == ["scheduled"] and failures["stage"].tolist() == [killed]
+    if method == "none":  # the no-failure reference: the failure is recorded, nothing is killed
+        assert recoveries.empty
+        return {}
     (row,) = recoveries.to_dict("records")
     assert json.loads(row["failed_stages"]) == [killed] and row["failure_mode"] == "hard" and row["restart_round"] >= 1
     # The survivors came back from node memory; the costs of the agents' restart are named.
@@ -326,3 +336,21 @@ MATRIX_METHODS = {
 def test_every_method_survives_a_killed_worker_on_two_agents(tmp_path, cluster_factory, method):
     stages, extra = MATRIX_METHODS[method]
     _run_case_one(tmp_path, cluster_factory, method, stages=stages, extra=extra)
+
+
+@pytest.mark.slow
+def test_real_run_with_one_agent_is_the_same_code_path_on_one_machine(tmp_path):
+    """`churnsim real run --agent`: one elastic agent in the CLI's process, the injector kills stage 0
+    (the recorder), the agent restarts both workers and the run finishes."""
+    iterations = 10
+    arguments = _run_arguments(tmp_path, "copy", iterations=iterations, failures=(ScheduledFailure(time_s=0.5, stage=0),))
+    result = subprocess.run(
+        [*arguments, "--agent", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=AGENT_TIMEOUT_S, cwd=tmp_path,
+        env=os.environ | {"CHURNSIM_NODE_MEMORY_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, recoveries = _finished_with_finite_loss(tmp_path / "run", iterations)
+    (row,) = recoveries.to_dict("records")
+    assert json.loads(row["failed_stages"]) == [0] and row["survivor_reload_bytes"] > 0 and row["detection_s"] >= 0
+    assert not list(tmp_path.glob("churnsim-*")), "a finished run leaves nothing in node memory"
