@@ -1,8 +1,8 @@
 """A hard-failure run on this machine through torchrun's agent: the multi-machine code path with one node.
 
 `launch_with_agent` starts one torch.distributed.elastic agent in this process
-(`torch.distributed.launcher.api.elastic_launch`, c10d rendezvous on `rendezvous_host`, a port the
-kernel picks) with one worker per stage, each `python -m churnsim.real.launch` as under torchrun
+(`torch.distributed.launcher.api.elastic_launch`, torch's c10d rendezvous with its store listening on
+`rendezvous_host` only, real/agent_rendezvous.py, a port the kernel picks) with one worker per stage, each `python -m churnsim.real.launch` as under torchrun
 (real/agent_worker.py): a killed worker is restarted by the agent, the other workers too, and the
 survivors come back from node memory. Nothing is coordinated through files; the workers' store is
 served by the rank-0 worker on the rendezvous host.
@@ -56,13 +56,16 @@ def launch_with_agent(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from .agent_rendezvous import BACKEND_NAME, register
+
     check_listen_address(rendezvous_host, "rendezvous_host")
+    register()  # torch's c10d rendezvous with its store on `rendezvous_host` only
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=num_stages,
         run_id=f"churnsim-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
+        rdzv_backend=BACKEND_NAME,
         rdzv_endpoint=f"{rendezvous_host}:0",
         rdzv_configs={"is_host": True},
         max_restarts=max_restarts,
