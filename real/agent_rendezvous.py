@@ -19,10 +19,22 @@ BACKEND_NAME = "churnsim-c10d"
 DEFAULT_PORT = 29400
 
 
+def _bound_backend_class() -> Any:
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    class BoundC10dBackend(C10dRendezvousBackend):
+        """torch's c10d backend under the name it is registered as (torch checks the two agree)."""
+
+        @property
+        def name(self) -> str:
+            return BACKEND_NAME
+
+    return BoundC10dBackend
+
+
 def create_handler(params: Any) -> Any:
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as create_dynamic_handler
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
@@ -42,8 +54,7 @@ def create_handler(params: Any) -> Any:
             # Another agent on this machine serves it already: join as a client.
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=read_timeout_s))
-    return create_dynamic_handler(store, C10dRendezvousBackend(store, params.run_id), params)
-
+    return create_dynamic_handler(store, _bound_backend_class()(store, params.run_id), params)
 
 def register() -> None:
     """Make `churnsim-c10d` a rendezvous backend of this process (idempotent)."""
