@@ -67,15 +67,14 @@ def unix_offset_s() -> float:
 
 
 def process_start_unix_s() -> float:
-    """When this process started (Linux: /proc; elsewhere: now, an underestimate of the start's cost)."""
+    """When this process started, to the kernel's clock tick (Linux: /proc and the boot-time clock;
+    elsewhere: now, which leaves the interpreter's start out of the measured process start)."""
     try:
         with open("/proc/self/stat") as file:
             fields = file.read().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 of proc(5), counted after the command name
-        with open("/proc/stat") as file:
-            boot_s = next(int(line.split()[1]) for line in file if line.startswith("btime"))
-        return boot_s + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        started_after_boot_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5)
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot_s)
+    except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
 
 

@@ -4,7 +4,11 @@ Each rank runs `trainer.train_stage`; the per-rank results (iteration rows, span
 recovery outcomes) are gathered to rank 0 over the process group, merged, and written as a run
 record (calibration/run_record.py) when a run directory is given.
 
-Hard failures (`failure_mode = "hard"`, local launches only): the launcher supervises its stage
+Hard failures under torchrun (and `churnsim real run --agent`, one agent on this machine) are
+torch.distributed.elastic's: its agents restart the stage processes and the stage policy is
+real/agent_membership.py's (`main` hands them to real/agent_worker.py).
+
+Hard failures of a local launch (`failure_mode = "hard"`, `launch_local`): the launcher supervises its stage
 processes (`_Supervisor`). When one is killed by a signal (the failure injector's SIGKILL, or anyone
 else's) after the run started, it deletes that stage's node-local checkpoint level, tells the
 survivors to abandon their process group, offers them a group of their own where the method can
