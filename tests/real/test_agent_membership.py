@@ -206,7 +206,7 @@ def cluster_factory(tmp_path):
         cluster.end()
 
 
-def _run_arguments(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
+def _run_arguments(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = (), failure_mode: str = "hard") -> list[str]:
     """`churnsim real run` of cpu-tiny with hard failures, its churn the failures given."""
     schedule = tmp_path / "schedule.csv"
     write_failure_schedule(FailureSchedule(failures=failures), schedule)
@@ -217,15 +217,15 @@ def _run_arguments(tmp_path: Path, method: str, *, iterations: int, failures: tu
     return [
         sys.executable, "-m", "churnsim", "real", "run", str(base), "--method", method,
         "--set", f"pipeline.num_stages={stages}", "--set", "compute.block_forward_s=0.006", "--set", "compute.block_backward_s=0.014",
-        "--set", "target.loss=null", "--set", f"target.iterations={iterations}", "--set", "training.failure_mode=hard",
+        "--set", "target.loss=null", "--set", f"target.iterations={iterations}", "--set", f"training.failure_mode={failure_mode}",
         "--set", "training.peer_timeout_s=60", *extra,
     ]  # fmt: skip
 
 
-def _write_config(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = ()) -> tuple[str, list[Path]]:
+def _write_config(tmp_path: Path, method: str, *, iterations: int, failures: tuple[ScheduledFailure, ...], stages: int = 2, extra: tuple[str, ...] = (), failure_mode: str = "hard") -> tuple[str, list[Path]]:
     """The scenario, its token and the printed torchrun line (run as printed, in a node's directory)."""
     result = subprocess.run(
-        [*_run_arguments(tmp_path, method, iterations=iterations, failures=failures, stages=stages, extra=extra),
+        [*_run_arguments(tmp_path, method, iterations=iterations, failures=failures, stages=stages, extra=extra, failure_mode=failure_mode),
          "--out", "run", "--write-config", "scenario.json", "--nodes", "2", "--rendezvous-port", str(_free_port())],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
@@ -272,6 +272,23 @@ def _run_case_one(tmp_path: Path, cluster_factory, method: str, stages: int = 2,
 def test_the_printed_torchrun_line_on_two_agents_survives_a_killed_worker(tmp_path, cluster_factory):
     row = _run_case_one(tmp_path, cluster_factory, "checkfree")
     assert "edge" in row["rebuilt_from"] or "neighbour" in row["rebuilt_from"] or row["rebuilt_from"]
+
+
+@pytest.mark.slow
+def test_the_printed_torchrun_line_on_two_agents_runs_soft_failures(tmp_path, cluster_factory):
+    iterations = 8
+    command, files = _write_config(
+        tmp_path, "checkpoint", iterations=iterations, failures=(ScheduledFailure(time_s=0.3, stage=1),), failure_mode="soft",
+        extra=("--set", "methods.checkpoint.interval_iterations=2"),
+    )
+    cluster = cluster_factory(command, files)
+    cluster.start("node-a")
+    cluster.start("node-b")
+    cluster.wait("node-a", "node-b")
+    record = cluster.record_directory()
+    _, recoveries = _finished_with_finite_loss(record, iterations)
+    (row,) = recoveries.to_dict("records")
+    assert row["failure_mode"] == "soft" and json.loads(row["failed_stages"]) == [1]
 
 
 @pytest.mark.slow
