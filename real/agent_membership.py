@@ -165,6 +165,7 @@ class AgentMembership:
         check_token_proof(self._raw, token)
         self._store = connect_store(host, port, token, rendezvous_timeout_s)
         self._stop_requested = False
+        self._saving = False
         signal.signal(signal.SIGTERM, self._stopped_by_agent)
         self.round = (int(self._store.add("worker-starts", 1)) - 1) // self.world_size
         held = self.memory.held_stages()
@@ -241,7 +242,9 @@ class AgentMembership:
             rendezvous_timeout_s=rendezvous_timeout_s,
             run_started_unix_ns=run_started_unix_ns,
             death_detected_perf_s=(death_unix_s - offset) if death_unix_s is not None and stage not in held else None,
+            directory=str(self.memory.path),  # the stage's journal when the run has no --run-dir: node memory too
         )
+        self.memory.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.communicator = self._communicator(stage, num_stages)
         self._joined = False
 
@@ -314,7 +317,13 @@ class AgentMembership:
     def save_snapshot(self, step: int, payload: dict[str, Any], *, kill_unix_s: float | None = None) -> int:
         """`kill_unix_s`: when the failure injector decided a kill this snapshot is taken for (the
         next round reads it from the header: the start of the detection it measures)."""
-        return self.memory.save(self.settings.stage, step, payload, header=self._run_header | {"kill_unix_s": kill_unix_s})
+        self._saving = True
+        try:
+            return self.memory.save(self.settings.stage, step, payload, header=self._run_header | {"kill_unix_s": kill_unix_s})
+        finally:
+            self._saving = False
+            if self._stop_requested:
+                self._stopped_by_agent(signal.SIGTERM, None)  # the agent's stop came during the save
 
     def before_own_kill(self) -> None:
         """The failure injector is about to kill this stage's process: its node dies, memory and all."""
@@ -323,6 +332,7 @@ class AgentMembership:
     def finish(self) -> None:
         """The run finished: this stage's snapshot is no longer needed."""
         self.memory.drop(self.settings.stage)
+        (self.memory.path / f"journal-{self.settings.stage}.jsonl").unlink(missing_ok=True)
         try:
             os.rmdir(self.memory.path)  # the last stage of the node removes the folder
         except OSError:
@@ -354,8 +364,11 @@ class AgentMembership:
         )
 
     def _stopped_by_agent(self, _number: int, _frame: Any) -> None:
-        """SIGTERM: the agent restarts the workers. The snapshot is on the node already; say when."""
+        """SIGTERM: the agent restarts the workers. The snapshot is on the node already; say when. A
+        stop during a save waits for it to end: the snapshot then holds the failures just decided."""
         self._stop_requested = True
+        if self._saving:
+            return
         try:
             if hasattr(self, "settings"):
                 self.memory.note_stopped(self.settings.stage)
