@@ -52,6 +52,14 @@ class Benchmark:
 
 BENCHMARKS = {benchmark.name: benchmark for benchmark in (
     Benchmark(
+        "sim-dp-speed", "sim_dp_speed.py",
+        "Seconds per simulated run with data parallelism: one 100,000-iteration run of the datacenter-llama3 preset "
+        "(16 stages) per method at data-parallel degree D = 1, 8 and 128, with Poisson node failures over the S × D "
+        "nodes at the Llama 3 per-node rate and at 100 times it, in the closed-form engine, repeated until two rounds "
+        "agree within 20 %; the event model must give the same wall-clock. Each row counts the node losses, heals and "
+        "stage losses, so that the cost is seen to follow the failures rather than S × D.",
+        "python benchmarks/sim_dp_speed.py"),
+    Benchmark(
         "sim-run-speed", "sim_run_speed.py",
         "Seconds per simulated run: one 100,000-iteration run of the CheckFree 500M geo preset at 16 %/h per stage "
         "(the same failure path for every method), in the closed-form engine and in the event model in the same "
@@ -107,6 +115,16 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "|relative error| of the total wall-clock and the runs' steady step over each prediction.",
         "python benchmarks/calibrate_on_the_setup.py --passes 2 --setups 3-stages,gpipe"),
     Benchmark(
+        "held-out-validation", "held_out_validation.py",
+        "Validation on setups nobody tuned to: one `churnsim calibrate --quick`, then held-out real runs whose setups are "
+        "drawn at random with a seed from stated ranges (width ×0.5 to ×2, layers per stage, sequence length, stages, "
+        "microbatches, schedule, soft or hard failures, failure rates up to 960 per node-hour, a method each), each "
+        "validated against that one calibration (`churnsim validate`). The median |relative error| of the total "
+        "wall-clock, absolute and load-normalised, with a 95 % bootstrap interval, quartiles and range, the same per "
+        "level of every factor, and the machine's slowdown since calibrating from the speed probe.",
+        "python benchmarks/held_out_validation.py",
+        "median |load-normalised wall-clock error| at most 3 %, median |wall-clock error| at most 10 %"),
+    Benchmark(
         "carry-by-shape", "carry_by_shape.py",
         "How well the compute model carries a calibration to other pipeline shapes on shared cores: no-failure "
         "real runs of six shapes (stages × layers per stage), interleaved each round; per shape its steady step "
@@ -137,6 +155,14 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "how much of its GPU-to-host copy hides behind compute, NCCL collectives, and `churnsim real run` per "
         "method on the GPU.",
         "python benchmarks/cuda_paths.py --out FILE"),
+    Benchmark(
+        "gpu-check", "gpu_check.py",
+        "The GPU paths end to end on a machine with several GPUs: point-to-point messages around a ring of one "
+        "process per GPU (NCCL) with the span recorder's CUDA-event timing beside host timing, `churnsim calibrate "
+        "--quick --device cuda`, a no-failure twin and every method with stage processes killed (hard failures), "
+        "and `churnsim validate` of those runs. Its dry run (`--device cpu`) runs the same parts on gloo with tiny "
+        "sizes and calibrates from one short no-failure run instead of the suite (so its validation errors of recovery costs are not the calibration's).",
+        "python benchmarks/gpu_check.py --out FILE"),
     Benchmark(
         "checkpoint-flush-throughput", "checkpoint_flush_throughput.py",
         "Flush throughput of the lazy async checkpoint engine against a plain write + fsync and the synchronous "

@@ -72,6 +72,22 @@ class RecoveryTimes(StrictModel):
         return self.join_s + self.rendezvous_s + self.transfer_s + self.load_s + self.rebuild_s + self.unrecorded_s
 
 
+class SpeedReference(StrictModel):
+    """The machine's speed on a fixed probe workload (real/speed_probe.py) when the calibration was
+    made: `churnsim validate` on the same machine runs the probe again, and the ratio of the two says
+    how much faster or slower the machine runs now, apart from how well the model predicts."""
+
+    workload: str = Field(min_length=1)
+    """Names the probe's workload and version; a probe of another workload is not compared with it."""
+    probe_s: float = Field(gt=0)
+    """Median seconds of one pass of the workload over `num_repeats` passes."""
+    interquartile_range_s: float = Field(0.0, ge=0)
+    num_repeats: int = Field(ge=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    measured_utc: str
+    """When the probe ran: at calibration, or at the last `churnsim calibrate --refresh-speed-reference`."""
+
+
 class Provenance(StrictModel):
     hardware: dict[str, str]
     package_versions: dict[str, str]
@@ -137,6 +153,9 @@ class Calibration(FiniteNumbersModel):
     a rendezvous): what a run of `training.failure_mode = "hard"` is charged (calibration.apply).
     Empty where no calibration run had hard failures."""
     convergence: ConvergenceSpec
+    speed_reference: SpeedReference | None = None
+    """The machine's speed on the probe workload at calibration time (`SpeedReference`); None in
+    calibrations made before the probe existed, in built-in ones and where it was not measured."""
 
 
 

@@ -36,6 +36,9 @@ SPANS_CPU_COLUMNS: tuple[str, ...] = ("cpu_start_s", "cpu_end_s")
 """Optional columns of spans.csv: the stage process's CPU clock (time.process_time: CPU seconds the
 process used since it started, every thread) at a span's start and end; empty for spans timed by
 hand (a replacement's join). Records written before they existed have none and still load."""
+SPANS_DATA_PARALLEL_COLUMNS: tuple[str, ...] = ("replica", "bytes")
+"""Optional columns of spans.csv in a data-parallel run: the span's replica, and the bytes a span
+moved where it moves data (`allreduce`: the gradients reduced; `recovery.heal`: a heal's copy)."""
 
 MANIFEST_FILE = "manifest.json"
 METRICS_FILE = "metrics.csv"
@@ -145,7 +148,7 @@ def make_run_record(manifest: RunManifest, metrics: Any, spans: Any, failures: F
     return RunRecord(
         manifest=manifest,
         metrics=_frame(metrics, METRICS_COLUMNS, "metrics"),
-        spans=_frame(spans, SPANS_COLUMNS, "spans", optional=SPANS_CPU_COLUMNS),
+        spans=_frame(spans, SPANS_COLUMNS, "spans", optional=SPANS_CPU_COLUMNS + SPANS_DATA_PARALLEL_COLUMNS),
         failures=failures,
     )
 
@@ -242,7 +245,7 @@ def read_run_record(directory: str | Path) -> RunRecord:
     record = RunRecord(
         manifest=manifest,
         metrics=_read_table(directory / METRICS_FILE, METRICS_COLUMNS),
-        spans=_read_table(directory / SPANS_FILE, SPANS_COLUMNS, SPANS_CPU_COLUMNS),
+        spans=_read_table(directory / SPANS_FILE, SPANS_COLUMNS, SPANS_CPU_COLUMNS + SPANS_DATA_PARALLEL_COLUMNS),
         failures=read_failure_schedule(directory / FAILURES_FILE),
     )
     from .record_checks import check_record_values

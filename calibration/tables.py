@@ -26,6 +26,7 @@ TIME_CATEGORIES: tuple[str, ...] = (
     "recovery_downtime_s",  # training stopped: join delay, restart, weight transfers, checkpoint loads
     "degraded_slowdown_s",  # extra time of iterations run with one node doing two stages
     "convergence_setback_s",  # iterations a rebuilt stage costs the model's progress
+    "replica_heal_s",  # data parallelism: paused for a lost replica's heal, or trained with a smaller batch meanwhile
 )
 
 # runs.csv: one row per (scenario, method, replication).
@@ -181,10 +182,15 @@ VALIDATION_COLUMNS: tuple[str, ...] = (
     # parentheses every other field in which it differs from the calibrated setup, e.g. "(num_heads 8)"
     "setup",
     "calibrated_setup",  # whether the calibration measured this setup itself (else its compute model scaled to it)
+    # the speed probe's time when validating over its time when calibrating (real/speed_probe.py), the same for every
+    # real run of one validation: 1.10 = the machine computes 10 % slower now; NaN where the probe was not run
+    "machine_slowdown_at_validation",
 )
 VALIDATION_INTERVAL_COLUMNS: tuple[str, ...] = ("predicted_ci95_low", "predicted_ci95_high")
-# What a validation table must hold to be read: tables of validators before the interval lack it.
-VALIDATION_REQUIRED_COLUMNS: tuple[str, ...] = tuple(column for column in VALIDATION_COLUMNS if column not in VALIDATION_INTERVAL_COLUMNS)
+# What a validation table must hold to be read: tables of validators before the interval (or the probe) lack it.
+VALIDATION_REQUIRED_COLUMNS: tuple[str, ...] = tuple(
+    column for column in VALIDATION_COLUMNS if column not in (*VALIDATION_INTERVAL_COLUMNS, "machine_slowdown_at_validation")
+)
 
 # spans.csv of a run record, or iteration_spans.csv of a simulation: drawn as a Gantt chart.
 GANTT_COLUMNS: tuple[str, ...] = ("stage", "kind", "microbatch", "start_s", "end_s")

@@ -59,6 +59,83 @@ def _measure_storage(tiers: dict[str, Path]):
     return pd.DataFrame(rows, columns=["name", "num_bytes", "write_s", "read_s"])
 
 
+SPEED_PROBE_HARDWARE_KEYS: tuple[str, ...] = ("machine", "processor", "cpu_count")
+"""The parts of `hardware_description()` that must match for two probe times to compare one machine."""
+
+
+def other_machine(hardware: dict[str, str]) -> str | None:
+    """Where `hardware` (a calibration's or a record's provenance) is not this machine: how it differs; else None."""
+    from churnsim.calibration.run_record import hardware_description
+
+    here = hardware_description()
+    differing = [f"{key} {hardware.get(key, 'unrecorded')} there, {here[key]} here" for key in SPEED_PROBE_HARDWARE_KEYS if hardware.get(key) != here[key]]
+    return "; ".join(differing) or None
+
+
+def measure_speed_reference(device: str, on_message: Callable[[str], None] = lambda text: None):
+    """The speed probe (real/speed_probe.py) on this machine's `device`: a few seconds."""
+    require_torch("the machine's speed probe")
+    from churnsim.real.speed_probe import measure_speed_reference as measure
+
+    on_message("timing the machine's speed probe (a few seconds) ...")
+    return measure(device=device)  # type: ignore[arg-type]
+
+
+def speed_probe_comparison(calibration, *, run_probe: bool = True, on_message: Callable[[str], None] = lambda text: None):
+    """`churnsim validate`'s machine speed: the probe timed now over its time in `calibration`, or why not."""
+    from churnsim.extras import has_torch
+    from churnsim.sim.checks.validate import SpeedProbeComparison
+
+    def not_measured(reason: str) -> SpeedProbeComparison:
+        return SpeedProbeComparison(slowdown=None, reason_not_measured=reason)
+
+    reference = calibration.speed_reference
+    if reference is None:
+        return not_measured(
+            f"calibration {calibration.name!r} holds no speed reference (a built-in calibration, or one made before the probe); "
+            "on the calibrated machine, churnsim calibrate --refresh-speed-reference --out FILE adds one"
+        )
+    if not run_probe:
+        return not_measured("--no-speed-probe was given")
+    elsewhere = other_machine(calibration.provenance.hardware)
+    if elsewhere is not None:
+        return not_measured(f"this is not the machine {calibration.name!r} was calibrated on ({elsewhere})")
+    if not has_torch():
+        return not_measured("the probe needs PyTorch, which is not installed here")
+    if reference.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return not_measured("the reference was timed on CUDA, which is not available here")
+    now = measure_speed_reference(reference.device, on_message)
+    if now.workload != reference.workload:
+        return not_measured(
+            f"the reference times workload {reference.workload!r}, this version's probe {now.workload!r}; "
+            "churnsim calibrate --refresh-speed-reference --out FILE times the current one"
+        )
+    return SpeedProbeComparison(slowdown=now.probe_s / reference.probe_s)
+
+
+def refresh_speed_reference(path: Path, *, on_message: Callable[[str], None] = lambda text: None):
+    """`calibrate --refresh-speed-reference`: the calibration at `path` with only its speed reference
+    timed again on this machine (which must be the calibrated one), written in place; returns it."""
+    from churnsim.calibration.calibration_file import load_calibration, save_calibration
+
+    if not path.is_file():
+        raise InputError(f"--out {path}: no calibration file there; --refresh-speed-reference updates an existing one")
+    calibration = load_calibration(str(path))
+    elsewhere = other_machine(calibration.provenance.hardware)
+    if elsewhere is not None:
+        raise InputError(
+            f"--out {path}: calibration {calibration.name!r} was made on another machine ({elsewhere}); "
+            "a speed reference belongs to the calibrated machine: refresh it there, or calibrate this one"
+        )
+    reference = measure_speed_reference(calibration.device, on_message)
+    refreshed = calibration.model_copy(update={"speed_reference": reference})
+    save_calibration(refreshed, path)  # atomic: temporary file + rename
+    return refreshed
+
+
 def _find_measurement(directories: list[Path], file_name: str) -> Path | None:
     for directory in directories:
         for candidate in (directory / file_name, directory.parent / file_name):
@@ -155,15 +232,41 @@ def calibrate(
         predict_iteration_s=iteration_predictor(link=link),
         predict_method_extra_s=method_extra_predictor(link=link, storage=tier_bandwidths),
     )
+    calibration = calibration.model_copy(update={"speed_reference": _speed_reference_for(records, device, on_message)})
     out.parent.mkdir(parents=True, exist_ok=True)
     save_calibration(calibration, out)  # atomic: temporary file + rename
     return calibration, len(records), started
 
 
-def validate(run_directories: Sequence[Path], calibration_name: str, *, out: Path, overwrite: bool = False):
+def _speed_reference_for(records, device: str, on_message: Callable[[str], None]):
+    """The probe timed now, where these records ran on this machine (they did when the suite just ran
+    them) and torch is here; else None, said in one line."""
+    from churnsim.extras import has_torch
+
+    elsewhere = next((other for record in records if (other := other_machine(record.manifest.hardware)) is not None), None)
+    why = None
+    if elsewhere is not None:
+        why = f"the records do not show they ran on this machine: {elsewhere}"
+    elif not has_torch():
+        why = "PyTorch is not installed"
+    elif device == "cuda":
+        import torch
+
+        why = None if torch.cuda.is_available() else "the records ran on CUDA, which is not available here"
+    if why is not None:
+        on_message(f"speed reference: not measured ({why}); validation will not tell the machine's drift from the model's error")
+        return None
+    return measure_speed_reference(device, on_message)
+
+
+def validate(
+    run_directories: Sequence[Path], calibration_name: str, *, out: Path, overwrite: bool = False, speed_probe: bool = True,
+    on_message: Callable[[str], None] = lambda text: None,
+):
     """`churnsim validate`: held-out run records replayed on the calibration named (a file or a
     built-in name), validation.csv and the manifest written to `out`; the report
-    (`sim.checks.validate.ValidationReport`)."""
+    (`sim.checks.validate.ValidationReport`). `speed_probe`: time the machine's speed probe against
+    the calibration's reference (`speed_probe_comparison`) where it can."""
     from churnsim.calibration.builtin import resolve_calibration
     from churnsim.calibration.tables import write_table
     from churnsim.out_directory import prepare_out_directory
@@ -173,7 +276,8 @@ def validate(run_directories: Sequence[Path], calibration_name: str, *, out: Pat
     calibration = resolve_calibration(calibration_name)
     records = load_held_out_records(run_directories, calibration)  # every input checked before --out is touched
     prepare_out_directory(out, command="validate", subject=calibration.name, overwrite=overwrite)
-    report = validate_records(records, calibration)
+    probe = speed_probe_comparison(calibration, run_probe=speed_probe, on_message=on_message)
+    report = validate_records(records, calibration, speed_probe=probe)
     write_table(report.table, out / "validation.csv")
     write_manifest(
         out,

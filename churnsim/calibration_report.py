@@ -139,6 +139,14 @@ def print_calibration(calibration) -> None:
         f"hardware {', '.join(f'{key}={value}' for key, value in sorted(provenance.hardware.items()))}"
     )
     out.print(f"fitted on runs: {', '.join(provenance.fit_run_ids)}")
+    reference = calibration.speed_reference
+    if reference is None:
+        out.print("speed reference: none (validate cannot tell the machine's drift since calibrating from the model's error)")
+    else:
+        out.print(
+            f"speed reference: the probe took {1000 * reference.probe_s:.1f} ms (median of {reference.num_repeats} passes, "
+            f"interquartile range {1000 * reference.interquartile_range_s:.1f} ms) at {reference.measured_utc}"
+        )
 
 
 def print_lab_setbacks(rows) -> None:
@@ -174,10 +182,20 @@ def print_validation(report) -> None:
     out = Console(width=max(Console().width, 120))
     out.print(f"fitted on (not validated): {', '.join(report.fit_run_ids) or 'none recorded'}")
     out.print(f"validated (held out): {', '.join(report.validated_run_ids)}")
-    table = Table("run", "method", "quantity", "measured", "predicted", "error", title="predicted against measured")
+    table = Table(
+        "run", "method", "quantity", "measured", "predicted", "error", "load-normalised error", "machine slowdown since calibrating",
+        title="predicted against measured (absolute error; load-normalised: compute rescaled by the run's own steady step)",
+    )
+
+    def percent(value: float) -> str:
+        return f"{100 * value:+.1f} %" if math.isfinite(value) else "—"
+
     for row in report.table.itertuples(index=False):
-        error = "—" if not math.isfinite(row.relative_error) else f"{100 * row.relative_error:+.1f} %"
-        table.add_row(row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", error)
+        slowdown = getattr(row, "machine_slowdown_at_validation", math.nan)
+        table.add_row(
+            row.run_id, row.method, row.quantity, f"{row.measured:.4g}", f"{row.predicted:.4g}", percent(row.relative_error),
+            percent(row.load_normalised_relative_error), f"{slowdown:.2f}×" if math.isfinite(slowdown) else "not measured",
+        )  # fmt: skip
     out.print(table)
     summary = Table("method", "runs", "median |error| of total wall-clock", "its 95 % interval", "load-normalised", title="wall-clock error per method")
     for row in median_absolute_error(report.table).itertuples(index=False):

@@ -50,6 +50,10 @@ def calibrate_command(
         None, "--failure-points", help="With --convergence: failure iterations per seed (default 16; each forks an interior and an edge stage)."
     ),
     setback_table: Optional[Path] = typer.Option(None, "--setback-table", help="With --convergence: fit an existing lab table (a *-setbacks.csv) instead of running the lab."),
+    refresh_speed_reference: bool = typer.Option(
+        False, "--refresh-speed-reference",
+        help="Time the machine's speed probe again (seconds) and store it in the existing --out calibration, changing nothing else; on the calibrated machine.",
+    ),
 ) -> None:
     """Short real runs on this machine (or existing run records) → a calibration file."""
     from churnsim.calibrating import DEFAULT_LAB_BASE, DEFAULT_LAB_SEEDS, calibrate, calibrate_convergence, parse_seeds
@@ -59,11 +63,30 @@ def calibrate_command(
     console = stderr_console()
     if device not in (None, "cpu", "cuda"):
         raise InputError(f"--device {device!r}: use cpu or cuda")
+    if refresh_speed_reference:
+        from churnsim.calibrating import refresh_speed_reference as refresh
+
+        others = {
+            "--overwrite": overwrite, "--device": device, "--quick": quick, "--runs": runs, "--runs-out": runs_out, "--name": name,
+            "--remote-dir": remote_dir, "--method": methods, "--preset": preset_name, "--scenario": scenario_path, "--set": settings,
+            "--convergence": convergence, **lab_flags_of(base, seeds, lab_iterations, failure_points, setback_table),
+        }  # fmt: skip
+        given = [flag for flag, value in others.items() if value not in (None, False, [], ())]
+        if given:
+            raise InputError(f"--refresh-speed-reference changes only the speed reference of the --out file: drop {', '.join(given)}")
+        started = time.perf_counter()
+        refreshed = refresh(out, on_message=console.print)
+        reference = refreshed.speed_reference
+        console.print(
+            f"updated the speed reference of {out} in {time.perf_counter() - started:.0f} s: the probe took {1000 * reference.probe_s:.1f} ms "
+            f"(median of {reference.num_repeats} passes, interquartile range {1000 * reference.interquartile_range_s:.1f} ms)"
+        )
+        return
     from churnsim.out_directory import check_writable_file
 
     check_writable_file(out, flag="--out", overwrite=overwrite)  # before minutes of real runs, not after them
     configures_the_suite = preset_name is not None or scenario_path is not None or bool(settings)
-    lab_flags = {"--base": base, "--seeds": seeds, "--lab-iterations": lab_iterations, "--failure-points": failure_points, "--setback-table": setback_table}
+    lab_flags = lab_flags_of(base, seeds, lab_iterations, failure_points, setback_table)
     if convergence:
         if runs or quick or methods or configures_the_suite:
             raise InputError("--convergence runs the convergence lab on --base: drop --runs, --quick, --method, --preset, --scenario and --set")
@@ -100,6 +123,11 @@ def calibrate_command(
     )
 
 
+def lab_flags_of(base, seeds, lab_iterations, failure_points, setback_table) -> dict[str, object]:
+    """The convergence lab's flags by name, as given (None where not)."""
+    return {"--base": base, "--seeds": seeds, "--lab-iterations": lab_iterations, "--failure-points": failure_points, "--setback-table": setback_table}
+
+
 @app.command("validate")
 def validate_command(
     run_directories: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Held-out run records (or directories of them)."),
@@ -107,11 +135,15 @@ def validate_command(
     out: Path = typer.Option(Path("churnsim-validation"), "--out", help="Directory for validation.csv and the figure."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into --out even though it holds another run's results or other files."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the validation figure."),
+    speed_probe: bool = typer.Option(
+        True, "--speed-probe/--no-speed-probe",
+        help="Time the machine's speed probe (seconds) against the calibration's speed reference, on the calibrated machine.",
+    ),
 ) -> None:
     """Replay held-out runs in the simulator; predicted against measured as a table and a figure."""
     from churnsim.calibrating import validate
     from churnsim.calibration_report import print_validation
 
-    report = validate(run_directories, calibration_argument, out=out, overwrite=overwrite)
+    report = validate(run_directories, calibration_argument, out=out, overwrite=overwrite, speed_probe=speed_probe, on_message=stderr_console().print)
     print_validation(report)
     finish(out, report.notes, draw_figures=figures, wrote=out / "validation.csv")

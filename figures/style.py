@@ -63,6 +63,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "recovery_downtime_s": "#A6D854",
     "degraded_slowdown_s": "#FFD92F",
     "convergence_setback_s": "#E5C494",
+    "replica_heal_s": "#80B1D3",
 }
 
 CATEGORY_DISPLAY_NAMES: dict[str, str] = {
@@ -75,6 +76,7 @@ CATEGORY_DISPLAY_NAMES: dict[str, str] = {
     "recovery_downtime_s": "recovery downtime",
     "degraded_slowdown_s": "degraded-mode slowdown",
     "convergence_setback_s": "convergence setback",
+    "replica_heal_s": "replica heal",
 }
 
 # Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv: compute kinds in Paul

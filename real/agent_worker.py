@@ -41,6 +41,13 @@ def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, 
     from .run_secret import checkpoint_key
     from .trainer import train_stage
 
+    if getattr(config, "data_parallel_degree", 1) > 1:
+        from churnsim.calibration.errors import InputError
+
+        raise InputError(
+            "data_parallel_degree > 1 with hard failures under torchrun is not supported yet; run it on one machine "
+            "with `churnsim real run` (without --agent), or use training.failure_mode = 'soft'"
+        )
     membership = AgentMembership(
         token=token,
         num_stages=config.num_stages,

@@ -212,6 +212,8 @@ SHAPE_SCENARIO_FIELDS: dict[str, str] = {
     "num_microbatches": "pipeline.num_microbatches",
     "microbatch_size": "pipeline.microbatch_size",
     "num_layers": "model.num_layers",
+    "dim": "model.hidden_size",
+    "seq_len": "model.sequence_length",
 }
 """The scenario field each size of a shape (`suite_shapes`) sets, to check a shape as a scenario."""
 
@@ -232,9 +234,14 @@ def suite_shapes(settings: SuiteSettings, *, shared_cores: int | None) -> tuple[
     `shared_cores` they share (None: a device each), twice the layers in as many stages. They tell
     the compute cost model (calibration.compute_cost) how a hop's work grows with layers and tokens,
     with or without a core of its own, and the iteration with microbatches, so that a calibration
-    predicts setups it did not run. For the tiny model in 4 stages × 4 microbatches of 8 on 2 cores:
-    "2-stages", "8-microbatches", "microbatch-16", "8-layers"."""
-    num_layers = (settings.model or model_preset("tiny")).num_layers
+    predicts setups it did not run. Then half the width and twice the sequence length: with the
+    other shapes all of one width and sequence, the fit cannot tell work per FLOP from work per byte
+    (a width change scales the matmuls' FLOPs by its square but the elementwise bytes linearly, a
+    longer sequence adds attention's FLOPs per token). For the tiny model in 4 stages × 4
+    microbatches of 8 on 2 cores: "2-stages", "8-microbatches", "microbatch-16", "8-layers",
+    "width-32", "seq-128"."""
+    model = settings.model or model_preset("tiny")
+    num_layers = model.num_layers
     half = settings.num_stages // 2
     shapes: list[tuple[str, dict[str, int]]] = []
     if half >= 2 and num_layers % half == 0 and settings.num_stages % 2 == 0:
@@ -244,6 +251,12 @@ def suite_shapes(settings: SuiteSettings, *, shared_cores: int | None) -> tuple[
     if processes_outnumber_cores(settings.num_stages, shared_cores):
         # The 2-stage shape gives each process a core: only this one shows deeper stages sharing them.
         shapes.append((f"{2 * num_layers}-layers", {"num_layers": 2 * num_layers}))
+    # Half the width where the heads still split it into even sizes (RoPE's pairs): it fits wherever
+    # the suite's own runs fit, as twice the width may not; twice the width otherwise.
+    half_width_heads_split = model.dim % (2 * model.num_heads) == 0 and (model.dim // 2 // model.num_heads) % 2 == 0
+    width = model.dim // 2 if half_width_heads_split else 2 * model.dim
+    shapes.append((f"width-{width}", {"dim": width}))
+    shapes.append((f"seq-{2 * model.seq_len}", {"seq_len": 2 * model.seq_len}))
     return tuple(shapes)
 
 
@@ -307,12 +320,16 @@ def training_config(
     microbatch_size: int | None = None,
     num_iterations: int | None = None,
     num_layers: int | None = None,
+    dim: int | None = None,
+    seq_len: int | None = None,
 ) -> TrainingConfig:
     """The suite's model and pipeline (the tiny model in 4 stages unless the settings name others);
     the keyword sizes give another setup."""
     model = settings.model or model_preset("tiny")
     return TrainingConfig(
-        model=dataclasses.replace(model, num_layers=num_layers) if num_layers else model,
+        model=dataclasses.replace(
+            model, num_layers=num_layers or model.num_layers, dim=dim or model.dim, seq_len=seq_len or model.seq_len
+        ),
         num_stages=num_stages or settings.num_stages,
         schedule=settings.schedule,
         num_microbatches=num_microbatches or settings.num_microbatches,

@@ -1,6 +1,10 @@
 """Process-group setup and the point-to-point helpers the pipeline and the recovery methods use.
 
-One process per pipeline stage (rank == stage). Ranks rendezvous through a TCPStore under the
+One process per pipeline stage (rank == stage); with data parallelism one per node of the S × D
+grid (rank = replica × S + stage), each rank holding a communicator of its replica's pipeline (peers
+named by stage, as in a one-pipeline run) and one of its stage's replicas (peers named by replica:
+the gradient all-reduce and the heals), over process groups made with `new_group`
+(`data_parallel_communicators`). Ranks rendezvous through a TCPStore under the
 run's secret namespace (`connect_store`, run_secret.py): the launcher's (`serve_store`, bound to
 one address, loopback by default) on one machine, torchrun's (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, LOCAL_RANK) across machines, so the same code runs under both. The backend follows the
@@ -159,6 +163,15 @@ class Communicator:
     """Stages in the group, in rank order; None: every stage, rank == stage."""
     interrupted: Callable[[], bool] | None = None
     """Hard failures: whether the launcher abandoned the current group (checked while waiting)."""
+    peer_ranks: tuple[int, ...] | None = None
+    """Data parallelism: the global rank of each peer, indexed by the peer's name (its stage in a
+    replica's pipeline, its replica in a stage's group); None: a peer's name is its rank."""
+    group: Any = None
+    """The process group the collectives run over (a replica's pipeline, a stage's replicas); None:
+    the default group."""
+    collective_tag_offset: int = 0
+    """Hard failures: added to the tags of this communicator's point-to-point collectives, so that
+    communicators over the same default group (the grid, a pipeline, a stage's replicas) never share one."""
     bytes_sent: int = 0
     """Bytes this rank sent point to point (tensors and objects), since it started."""
     bytes_received: int = 0
@@ -181,9 +194,17 @@ class Communicator:
             self._waiter.shutdown(wait=False, cancel_futures=True)
             self._waiter = None
 
+    def restart(self) -> None:
+        """Hard failures, data parallelism: the default group was re-formed with every rank in place
+        (`peer_ranks` still hold); collectives start again at sequence 0, waits of the old group end with it."""
+        self._collective_sequence = 0
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=False, cancel_futures=True)
+            self._waiter = None
+
     def _group_rank(self, stage: int) -> int:
         if self.members is None:
-            return stage
+            return stage if self.peer_ranks is None else self.peer_ranks[stage]
         return self._rank_of_stage[stage]
 
     @property
@@ -263,15 +284,15 @@ class Communicator:
             self.all_reduce_sum(torch.zeros(1, dtype=torch.int64, device=self.wire_device))
             return
         # monitored_barrier (gloo) names the rank that did not arrive; NCCL has only barrier().
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=self._timeout)
+        if dist.get_backend(self.group) == "gloo":
+            dist.monitored_barrier(group=self.group, timeout=self._timeout)
         else:
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Hard failures: every rank's `tensor` (same shape and dtype everywhere), in rank order, over
         point-to-point messages (not counted as transferred bytes: they are the protocol's own)."""
-        tag = _COLLECTIVE_TAG_BASE + self._collective_sequence
+        tag = _COLLECTIVE_TAG_BASE + self.collective_tag_offset + self._collective_sequence
         self._collective_sequence = (self._collective_sequence + 1) % _COLLECTIVE_SEQUENCES
         staged = self._to_wire(tensor)
         sends = [
@@ -296,7 +317,7 @@ class Communicator:
             tensor.copy_(total)
             return tensor
         staged = self._to_wire(tensor)
-        work = self._call(dist.all_reduce, staged, op=dist.ReduceOp.SUM, async_op=True)
+        work = self._call(dist.all_reduce, staged, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         assert work is not None
         self.wait(work)
         if staged is not tensor:
@@ -330,7 +351,7 @@ class Communicator:
             for output, received in zip(outputs, self._exchange(tensor)):
                 output.copy_(received)
             return
-        work = self._call(dist.all_gather, outputs, tensor, async_op=True)
+        work = self._call(dist.all_gather, outputs, tensor, group=self.group, async_op=True)
         assert work is not None
         self.wait(work)
 
@@ -379,6 +400,41 @@ def init_process_group(
     )
     wire_device = torch_device if backend == "nccl" else torch.device("cpu")
     return Communicator(rank=rank, world_size=world_size, device=torch_device, timeout_s=timeout_s, wire_device=wire_device)
+
+
+def data_parallel_communicators(
+    world: Communicator, num_stages: int, data_parallel_degree: int, *, make_groups: bool = True
+) -> tuple[Communicator, Communicator]:
+    """(this rank's replica pipeline, this rank's stage group) in an S × D grid, rank = replica × S + stage.
+
+    The pipeline communicator names its peers by stage (the methods and the pipeline run on it as on a
+    one-pipeline run); the stage group names them by replica (gradient all-reduce, heals). Collective:
+    every rank creates every group, in the same order, as torch.distributed.new_group requires.
+
+    `make_groups=False` (hard failures): no process groups; the collectives run point to point over
+    the default group, whichever generation of it is current (`world.interrupted` polled while waiting),
+    with tags of their own."""
+    if world.world_size != num_stages * data_parallel_degree:
+        raise InputError(
+            f"world size {world.world_size} differs from {num_stages} stages × {data_parallel_degree} replicas: "
+            "start one process per (stage, replica)"
+        )
+    replica, stage = divmod(world.rank, num_stages)
+    pipelines = [tuple(r * num_stages + s for s in range(num_stages)) for r in range(data_parallel_degree)]
+    stages = [tuple(r * num_stages + s for r in range(data_parallel_degree)) for s in range(num_stages)]
+    common = {"device": world.device, "timeout_s": world.timeout_s, "wire_device": world.wire_device, "interrupted": world.interrupted}
+    if make_groups:
+        pipeline_group = [dist.new_group(list(ranks)) for ranks in pipelines][replica]
+        stage_group_of = [dist.new_group(list(ranks)) for ranks in stages][stage]
+    else:
+        pipeline_group = stage_group_of = None
+    pipeline = Communicator(
+        rank=stage, world_size=num_stages, peer_ranks=pipelines[replica], group=pipeline_group, collective_tag_offset=1 << 20, **common
+    )
+    stage_group = Communicator(
+        rank=replica, world_size=data_parallel_degree, peer_ranks=stages[stage], group=stage_group_of, collective_tag_offset=2 << 20, **common
+    )
+    return pipeline, stage_group
 
 
 def destroy_process_group() -> None:

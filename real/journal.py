@@ -41,6 +41,12 @@ def stage_journal_path(directory: str | Path, stage: int) -> str:
     return os.path.join(directory, f"stage-{stage}.jsonl")
 
 
+def node_journal_path(directory: str | Path, stage: int, replica: int) -> str:
+    """The journal of node (stage, replica): replica 0's is its stage's journal (the one `read_attempt`
+    reads: it holds the run's failures and losses); other replicas keep theirs beside it."""
+    return stage_journal_path(directory, stage) if replica == 0 else os.path.join(directory, f"replica-{replica}-stage-{stage}.jsonl")
+
+
 def attempt_directories(run_dir: str | Path) -> list[Path]:
     """The attempt folders of a run, oldest first (`attempt-0` is the run's start, then each `--resume`)."""
     root = Path(run_dir) / JOURNAL_DIRECTORY

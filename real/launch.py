@@ -572,6 +572,9 @@ class HardFailureOptions:
     """Where to keep {"launcher_pid", "generation", "workers": {stage: pid}} up to date."""
     max_replacements: int = 64
     """More deaths than this in one run end it (a replacement that keeps dying)."""
+    num_stages: int | None = None
+    """Data parallelism: stages per replica; a process slot is then the node (slot mod S, slot div S)
+    (its node-local level is that node's). None: one pipeline, a slot is a stage."""
 
 
 def _elastic_worker(
@@ -742,7 +745,13 @@ class _Supervisor:
         self.deaths.append({"id": len(self.deaths), "stage": stage, "detected_perf_s": now, "exit": name})
         self.pending[stage] = now
         if self.options.node_local_directory is not None:  # the node's disk died with it
-            shutil.rmtree(self.options.node_local_directory / f"stage-{stage}", ignore_errors=True)
+            name = f"stage-{stage}"
+            if self.options.num_stages is not None:
+                from .methods.checkpointing import node_directory_name
+
+                replica, grid_stage = divmod(stage, self.options.num_stages)
+                name = node_directory_name(grid_stage, replica)
+            shutil.rmtree(self.options.node_local_directory / name, ignore_errors=True)
         for generation in range(self.abandoned_through + 1, self.generation + 1):
             abandon(self.directory, generation)
         self.abandoned_through = self.generation
@@ -817,7 +826,7 @@ def _train(
     journal_directory: str | None = None,
 ) -> RankResult:
     report = None
-    if progress_path is not None and communicator.rank == config.num_stages - 1:  # the stage with the loss
+    if progress_path is not None and communicator.rank == config.num_stages - 1:  # the stage with the loss (replica 0)
 
         def report(row: dict[str, Any]) -> None:
             temporary = f"{progress_path}.tmp"
@@ -952,7 +961,9 @@ def launch_local(
                 assert worker_run_dir is not None
                 options = HardFailureOptions(
                     join_delay_s=config.join_delay_s,
-                    runs_degraded=METHODS[config.method.name].runs_degraded if config.method.name in METHODS else False,
+                    # With data parallelism the grid waits for a replacement (it heals from a replica).
+                    runs_degraded=config.data_parallel_degree == 1 and METHODS[config.method.name].runs_degraded if config.method.name in METHODS else False,
+                    num_stages=config.num_stages if config.data_parallel_degree > 1 else None,
                     node_local_directory=worker_run_dir / "local",
                     workers_file=lease.path / WORKERS_FILE if lease is not None else None,
                 )
@@ -973,7 +984,7 @@ def launch_local(
 
             results = run_distributed(
                 _train_hard if hard else _train,
-                config.num_stages,
+                config.num_stages * config.data_parallel_degree,  # one process per (stage, replica)
                 config,
                 worker_run_dir,
                 progress_path,

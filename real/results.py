@@ -18,10 +18,14 @@ if TYPE_CHECKING:
 # pandas and the run-record module are imported where used: spawned ranks never need them, and
 # each import costs every rank start-up time.
 FAILURE_TABLE_COLUMNS = ("time_s", "iteration", "stage", "kind")
+NODE_FAILURE_TABLE_COLUMNS = ("time_s", "iteration", "stage", "replica", "kind")
+"""The failure table of a data-parallel run: each row names the lost node (stage, replica)."""
+DATA_PARALLEL_SPAN_COLUMNS = ("replica", "bytes")
 RECOVERY_TABLE_COLUMNS = (
     "step", "iteration", "failure_mode", "failed_stages", "degraded", "resume_iteration", "rebuilt_from",
     "join_s", "rendezvous_s", "transfer_s", "load_s", "rebuild_s", "recovery_s", "stalled_s",
     "network_bytes", "file_bytes", "levels_read", "notes",
+    "replica", "handled_as", "failed_nodes", "heals", "heal_s", "heal_bytes", "replicas_waited",
     "restart_round", "detection_s", "agent_restart_s", "process_start_s", "survivor_reload_s", "survivor_reload_bytes",
     "survivor_restart_s",
 )  # fmt: skip
@@ -31,6 +35,12 @@ from checkpoint files, `levels_read` which level each stage read them from. `joi
 process from its predecessor's death to ready (hard failures); `rendezvous_s`: barrier and process
 group formation; `recovery_s`: the method's recovery; `stalled_s`: a survivor's whole stop, from
 leaving its group to training again (waiting for the replacement included).
+
+Data parallelism adds (empty in one-pipeline runs): `handled_as` (`replica_heal`: lost nodes copied
+from a surviving replica of their stage; `stage_loss`: the method's recovery, one row per replica
+pipeline, `replica` naming it), `failed_nodes` ([stage, replica] pairs lost at that boundary),
+`heals` (each healed node and its source replica), `heal_s` (the slowest heal's copy), `heal_bytes`
+(bytes the replacements received) and `replicas_waited` (every replica waited for the heal).
 
 Under torchrun's agent (real/agent_membership.py; empty otherwise), where every worker restarts:
 `restart_round` the rendezvous round; `detection_s` from the injector's kill to the first worker an
@@ -56,15 +66,16 @@ class RunResult:
 
 
 def _metrics_table(results: list[RankResult], num_stages: int) -> pd.DataFrame:
-    """step, iteration, wall_time_s, train_loss, eval_loss, blocked_s: one row per step the head ran."""
+    """step, iteration, wall_time_s, train_loss, eval_loss, blocked_s: one row per step the head ran
+    (replica 0's head under data parallelism: it holds the loss averaged over the replicas)."""
     import pandas as pd
 
-    rows = pd.DataFrame([row | {"stage": r.stage} for r in results for row in r.iteration_rows])
+    rows = pd.DataFrame([row | {"stage": r.stage, "replica": r.replica} for r in results for row in r.iteration_rows])
     if rows.empty:
         return pd.DataFrame(columns=["step", "iteration", "wall_time_s", "train_loss", "eval_loss", "blocked_s"])
     # The loss comes from whichever process ran the head: the last stage, or its host while it was down.
     runs_head = rows["runs_head"].fillna(False).astype(bool) if "runs_head" in rows else rows["stage"] == num_stages - 1
-    head = rows[runs_head].sort_values("step", kind="stable").set_index("step")
+    head = rows[runs_head & (rows["replica"] == 0)].sort_values("step", kind="stable").set_index("step")
     grouped = rows.groupby("step")
     return pd.DataFrame(
         {
@@ -85,9 +96,12 @@ def merge_rank_results(config: TrainingConfig, results: list[RankResult]) -> Run
     from churnsim.calibration.run_record import SPANS_COLUMNS, SPANS_CPU_COLUMNS
 
     metrics = _metrics_table(results, config.num_stages)
-    spans = pd.DataFrame([row for r in results for row in r.spans], columns=list(SPANS_COLUMNS + SPANS_CPU_COLUMNS))
+    data_parallel = config.data_parallel_degree > 1
+    span_columns = SPANS_COLUMNS + SPANS_CPU_COLUMNS + (DATA_PARALLEL_SPAN_COLUMNS if data_parallel else ())
+    spans = pd.DataFrame([row | {"replica": r.replica} for r in results for row in r.spans], columns=list(span_columns))
     spans = spans.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
-    failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(FAILURE_TABLE_COLUMNS))
+    failure_columns = NODE_FAILURE_TABLE_COLUMNS if data_parallel else FAILURE_TABLE_COLUMNS
+    failures = pd.DataFrame([row for r in results for row in r.failures], columns=list(failure_columns))
     # Stage 0 records every failure in the order it handed them out (the failure path's order).
     failures = failures.sort_values(["iteration"], kind="stable").reset_index(drop=True)
     recoveries = [row for r in results for row in r.recoveries]
@@ -219,6 +233,9 @@ def write_record(
         model=model_spec(model),
         pipeline=PipelineSpec(
             num_stages=config.num_stages,
+            data_parallel_degree=config.data_parallel_degree,
+            # A real run heals a lost replica at an iteration boundary while every replica waits.
+            while_replica_missing="wait",
             schedule=config.schedule,  # type: ignore[arg-type]
             microbatch_size=config.microbatch_size,
             num_microbatches=config.num_microbatches,
@@ -233,7 +250,7 @@ def write_record(
         checkpoint_directory=checkpoint_directory,
         failure_rate_per_stage_hour=failure_rate_per_stage_hour,
     )
-    placement = placement_plan(config.num_stages, config.num_threads, config.pin_stages_to_cores)
+    placement = placement_plan(config.num_stages * config.data_parallel_degree, config.num_threads, config.pin_stages_to_cores)
     manifest = RunManifest(
         run_id=run_id or uuid.uuid4().hex[:12],
         source="real",
@@ -244,10 +261,16 @@ def write_record(
         real_settings=settings,
         **provenance_fields(stage_placement=placement),
         notes=tuple(
-            f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
+            (
+                f"step {row['step']}: nodes {[tuple(h) for h in row.get('failed_nodes', ())]} lost, healed from {row['rebuilt_from']}"
+                if row.get("handled_as") == "replica_heal"
+                else f"step {row['step']}: stages {row['failed_stages']} rebuilt from {row['rebuilt_from']}"
+                + (f" (replica {row['replica']})" if "replica" in row else "")
+            )
             + (f"; {'; '.join(row['notes'])}" if row["notes"] else "")
             for row in result.recoveries
-        ),
+        )
+        + data_parallel_notes(config, scenario),
         summary={
             "num_steps": int(len(result.metrics)),
             "final_train_loss": _finite_or_none(result.metrics["train_loss"].iloc[-1]),
@@ -258,12 +281,29 @@ def write_record(
     )
     failures = FailureSchedule(
         failures=tuple(
-            ScheduledFailure(time_s=float(row.time_s), iteration=int(row.iteration), stage=int(row.stage), kind=str(row.kind))
+            ScheduledFailure(
+                time_s=float(row.time_s), iteration=int(row.iteration), stage=int(row.stage), kind=str(row.kind),
+                replica=int(row.replica) if "replica" in result.failures.columns else 0,
+            )  # fmt: skip
             for row in result.failures.itertuples()
         )
     )
     record = make_run_record(manifest, result.metrics.loc[:, list(METRICS_COLUMNS)], result.spans, failures)
     return write_run_record(record, run_dir, extra_entries=extra_entries)
+
+
+def data_parallel_notes(config: TrainingConfig, scenario: Any) -> tuple[str, ...]:
+    """What a reader of a data-parallel real run must know that its settings do not say."""
+    if config.data_parallel_degree == 1:
+        return ()
+    notes = [
+        "data parallelism: every replica waits at the iteration boundary while a lost replica heals "
+        "(pipeline.while_replica_missing = wait); each replica keeps its own copy of its stage's checkpoints"
+    ]
+    asked = getattr(getattr(scenario, "pipeline", None), "while_replica_missing", "wait")
+    if asked != "wait":
+        notes.append(f"the scenario asks pipeline.while_replica_missing = {asked}; a real run waits (the simulator does what the scenario asks)")
+    return tuple(notes)
 
 
 def write_recoveries(result: RunResult, path: str | Path) -> Path:
@@ -276,7 +316,7 @@ def write_recoveries(result: RunResult, path: str | Path) -> Path:
     for recovery in result.recoveries:
         row = {column: recovery.get(column) for column in RECOVERY_TABLE_COLUMNS}
         row["failure_mode"] = recovery.get("failure_mode", "resume")  # only a resumed run's start has no mode
-        for column in ("failed_stages", "rebuilt_from", "levels_read", "notes"):
+        for column in ("failed_stages", "rebuilt_from", "levels_read", "notes", "failed_nodes", "heals"):
             row[column] = json.dumps(recovery.get(column), default=str, sort_keys=True)
         rows.append(row)
     path = Path(path)

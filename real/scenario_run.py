@@ -9,10 +9,19 @@ only a real run needs: learning rate, evaluation, corpus, device.
 What the simulator models but a real run on one machine does not take from the scenario: compute
 times, links and storage bandwidths (they are whatever this machine measures, except a remote
 checkpoint level's bandwidth, `training.remote_checkpoint_bytes_per_s`), the restart time (the
-rendezvous is whatever it takes here), and a data-parallel degree above 1. Under soft failures the
-join delay is not used either (processes re-initialise in place); under hard failures
-(`training.failure_mode = "hard"`) a replacement process starts `training.join_delay_s` after a kill,
-by default the scenario's `recovery.join_delay_s`.
+rendezvous is whatever it takes here). Under soft failures the join delay is not used either
+(processes re-initialise in place); under hard failures (`training.failure_mode = "hard"`) a
+replacement process starts `training.join_delay_s` after a kill, by default the scenario's
+`recovery.join_delay_s`.
+
+Data parallelism (`pipeline.data_parallel_degree` D > 1): one process per node, S × D of them, each
+replica pipeline on its own shard of the global batch, each stage's gradients averaged over its
+replicas. Failures strike nodes; a lost node heals by an exact copy from a surviving replica of its
+stage while every replica waits at the iteration boundary (whatever `pipeline.while_replica_missing`
+says: a real run always waits), and only a stage with no surviving replica goes to the method's own
+recovery (real/replica_heal.py); under hard failures a killed node's replacement process does the
+same once the grid has re-formed. Each replica keeps its own copy of its stage's checkpoints (`checkpoint_sharding = "data_parallel"` is not
+carried out: no replica writes only a shard).
 """
 
 from __future__ import annotations
@@ -70,7 +79,8 @@ def model_spec(config: ModelConfig) -> ModelSpec:
 
 
 def check_one_pipeline(scenario: Scenario) -> None:
-    """Real runs train one pipeline: refuse data parallelism in one line."""
+    """For real-run paths that train one pipeline only (the calibration suite): refuse data
+    parallelism in one line."""
     if scenario.pipeline.data_parallel_degree != 1:
         raise InputError(
             f"pipeline.data_parallel_degree = {scenario.pipeline.data_parallel_degree}: real runs do not implement "
@@ -79,9 +89,8 @@ def check_one_pipeline(scenario: Scenario) -> None:
 
 
 def training_config(scenario: Scenario, method: MethodConfig, *, replication: int = 0) -> TrainingConfig:
-    """The real run of `method` on `scenario` (one process per stage), failures from its churn model
-    (`Scenario.only_method` picks the method of a scenario that lists several)."""
-    check_one_pipeline(scenario)
+    """The real run of `method` on `scenario` (one process per node: stage × replica), failures from
+    its churn model (`Scenario.only_method` picks the method of a scenario that lists several)."""
     training = scenario.training
     lr_scale = getattr(method, "lr_scale", 1.0)
     rebuilt_learning_rate = training.learning_rate * lr_scale
@@ -94,6 +103,7 @@ def training_config(scenario: Scenario, method: MethodConfig, *, replication: in
     return TrainingConfig(
         model=model_config(scenario.model),
         num_stages=scenario.pipeline.num_stages,
+        data_parallel_degree=scenario.pipeline.data_parallel_degree,
         num_microbatches=scenario.pipeline.num_microbatches,
         microbatch_size=scenario.pipeline.microbatch_size,
         num_iterations=scenario.target_iterations,
@@ -121,7 +131,7 @@ class RunFootprint:
     """What a real run of a scenario needs, estimated before any process starts."""
 
     memory_bytes: float
-    """Every stage process together: training state, activations in flight, torch itself."""
+    """Every process together (S × D): training state, activations in flight, torch itself."""
     training_flops: float
     """FLOPs of the whole run (forward + backward of every iteration)."""
 
@@ -144,8 +154,9 @@ def estimate_footprint(scenario: Scenario) -> RunFootprint:
     # Every stage process builds the held-out batches (real/trainer.py): int64 windows of T + 1 tokens,
     # their offsets, and the inputs and targets cut from them, about four copies.
     evaluation_bytes = num_stages * 4 * INT64_BYTES * scenario.training.num_eval_batches * pipeline.microbatch_size * (model.sequence_length + 1)
-    memory = state_bytes + activation_bytes + logits_bytes + evaluation_bytes + num_stages * PROCESS_OVERHEAD_BYTES
-    tokens_per_iteration = tokens_per_microbatch * pipeline.num_microbatches
+    replicas = pipeline.data_parallel_degree
+    memory = replicas * (state_bytes + activation_bytes + logits_bytes + evaluation_bytes + num_stages * PROCESS_OVERHEAD_BYTES)
+    tokens_per_iteration = tokens_per_microbatch * pipeline.num_microbatches * replicas
     flops = 6.0 * model.num_parameters * tokens_per_iteration * scenario.target_iterations
     return RunFootprint(memory_bytes=memory, training_flops=flops)
 

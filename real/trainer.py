@@ -29,6 +29,22 @@ the lost stages (`recover`, as for soft failures). Every iteration boundary carr
 (the failures due and "a newer generation exists"), so all ranks switch groups at the same step.
 Each stage journals its rows (real/journal.py) so that a killed process's record survives it.
 
+Data parallelism (`data_parallel_degree` D > 1): one process per node (stage, replica) of the S × D
+grid. Each replica pipeline trains on its shard of the global batch of the
+iteration (the batch depends on (seed, iteration); replica r takes the r-th slice); after the
+backward pass each stage averages its gradients, and the head its loss, over its replicas (one
+all-reduce per stage, span `allreduce` with its bytes), so the optimizer step keeps the replicas
+bit-identical. Failures strike nodes: before each step one all-reduce over the whole grid tells every
+rank which nodes fail (`FailureEvent.replica`; a schedule names (step, stage, replica)), and
+`_apply_node_failures` does what `real/replica_heal.py` decides: lost nodes are wiped, a node whose
+stage keeps a replica copies that replica's state (span `recovery.heal`), a stage with no replica
+left goes to the method's `recover` in every replica pipeline. Every replica waits at that boundary
+until the heals are done (the run record says so). Only replica 0 evaluates (the replicas hold the
+same weights). Under hard failures (`_HardFailureGridTrainer`) the launcher's process slots are the
+nodes; a killed node's replacement process heals the same way once the whole grid has re-formed
+(no degraded phase: every replica waits for the replacement), and the grid's collectives run point
+to point over each generation's group.
+
 Gradient clipping: `per_stage` (default) clips each stage's gradient norm on its own, as the
 CheckFree reference code does; `global` clips by the norm of the whole model's gradient, which costs
 one all-reduce of a scalar per iteration; `none` disables clipping.
@@ -63,7 +79,7 @@ from churnsim.calibration.tables import STEP_SYNC_SPAN
 from .checkpoint.format import DEFAULT_RUN_ID
 from .cpu_placement import pin_stage_process
 from .data import TokenData, split_microbatches
-from .distributed import Communicator, GroupBroken
+from .distributed import Communicator, GroupBroken, data_parallel_communicators
 from .methods import MethodContext, StageRuntime, build_method
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
 from .pipeline import PipelineStage
@@ -100,8 +116,13 @@ class TrainingConfig:
     seed: int
     schedule: str = "1f1b"
     method: MethodConfig = dataclasses.field(default_factory=NoneConfig)
-    failures: tuple[tuple[int, int], ...] = ()
-    """(step, stage) pairs: stage fails before the first microbatch of that step."""
+    failures: tuple[tuple[int, ...], ...] = ()
+    """(step, stage) pairs: stage fails before the first microbatch of that step; with data
+    parallelism (step, stage, replica) names one node (a pair: replica 0)."""
+    data_parallel_degree: int = 1
+    """D: replicas of the whole pipeline, one process per (stage, replica), each training on its own
+    shard of every global batch; a stage's gradients are averaged over its replicas before the
+    optimizer step (module docstring of real/replica_heal.py for a lost replica)."""
     failure_path: FailurePathSpec | None = None
     """Failures by time from a churn model (module docstring); None: only `failures`."""
     learning_rate: float = 3e-4
@@ -161,17 +182,35 @@ class TrainingConfig:
             raise InputError(f"join_delay_s must be a finite number >= 0, got {self.join_delay_s}")
         if self.remote_checkpoint_bytes_per_s is not None and not self.remote_checkpoint_bytes_per_s > 0:
             raise InputError(f"remote_checkpoint_bytes_per_s must be > 0, got {self.remote_checkpoint_bytes_per_s}")
-        for step, stage in self.failures:
-            if step < 0 or not 0 <= stage < self.num_stages:
+        if self.data_parallel_degree < 1:
+            raise InputError(f"data_parallel_degree must be >= 1, got {self.data_parallel_degree}")
+        if self.data_parallel_degree > 1 and self.resume:
+            raise InputError(
+                f"resume with data_parallel_degree {self.data_parallel_degree}: continuing a data-parallel run from its "
+                "checkpoints is not supported yet; start the run again"
+            )
+        for failure in self.failures:
+            if len(failure) not in (2, 3):
+                raise InputError(f"failure {tuple(failure)}: give (step, stage) or (step, stage, replica)")
+            step, stage, replica = (*failure, 0)[:3]
+            if step < 0 or not 0 <= stage < self.num_stages or not 0 <= replica < self.data_parallel_degree:
                 raise InputError(
-                    f"failure (step {step}, stage {stage}) is outside steps >= 0 and stages 0..{self.num_stages - 1}"
+                    f"failure (step {step}, stage {stage}, replica {replica}) is outside steps >= 0, stages "
+                    f"0..{self.num_stages - 1} and replicas 0..{self.data_parallel_degree - 1}"
                 )
 
     def failures_by_step(self) -> dict[int, frozenset[int]]:
         grouped: dict[int, set[int]] = {}
-        for step, stage in self.failures:
+        for step, stage, *_ in self.failures:
             grouped.setdefault(step, set()).add(stage)
         return {step: frozenset(stages) for step, stages in grouped.items()}
+
+    def node_failures_by_step(self) -> dict[int, frozenset[tuple[int, int]]]:
+        """Per step, the (stage, replica) nodes that fail before it."""
+        grouped: dict[int, set[tuple[int, int]]] = {}
+        for step, stage, *rest in self.failures:
+            grouped.setdefault(step, set()).add((stage, rest[0] if rest else 0))
+        return {step: frozenset(nodes) for step, nodes in grouped.items()}
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checkpoint_key"}
@@ -211,6 +250,7 @@ class RankResult:
 
     rank: int
     stage: int
+    replica: int = 0
     iteration_rows: list[dict[str, Any]] = field(default_factory=list)
     """Per step: step, iteration, end_s, train_loss (head stage), eval_loss (head stage), blocked_s."""
     spans: list[dict[str, Any]] = field(default_factory=list)
@@ -250,14 +290,26 @@ class _Stage:
     """Everything one stage process trains with: model, optimizer, method, pipeline, data, record."""
 
     def __init__(
-        self, config: TrainingConfig, communicator: Communicator, run_dir: Path | None, *, run_started_ns: int | None = None
+        self,
+        config: TrainingConfig,
+        communicator: Communicator,
+        run_dir: Path | None,
+        *,
+        run_started_ns: int | None = None,
+        stage_group: Communicator | None = None,
+        world: Communicator | None = None,
     ) -> None:
         self.config = config
         self.communicator = communicator
+        """This replica's pipeline (peers named by stage; the whole group without data parallelism)."""
+        self.stage_group = stage_group
+        """Data parallelism: this stage's replicas (peers named by replica); None with one replica."""
         stage = self.stage = communicator.rank
+        self.replica = stage_group.rank if stage_group is not None else 0
+        self.global_rank = self.replica * config.num_stages + stage
         self.last = config.num_stages - 1
         device = self.device = communicator.device
-        pin_stage_process(stage, config.num_stages, config.num_threads, config.pin_stages_to_cores)
+        pin_stage_process(self.global_rank, config.num_stages * config.data_parallel_degree, config.num_threads, config.pin_stages_to_cores)
         set_determinism(config, stage)
         module = self.module = StageModule(config.model, stage, config.num_stages, seed=config.seed).to(device)
 
@@ -277,7 +329,7 @@ class _Stage:
         self.eval_batches: list[Any] | None = None
         if stage in (0, self.last):
             self._load_data()
-        self.spans = SpanRecorder(rank=stage, stage=stage, device=device)
+        self.spans = SpanRecorder(rank=self.global_rank, stage=stage, device=device)
         self.runtime = StageRuntime(module=module, optimizer=make_optimizer(1.0))
         self.context = MethodContext(
             stage=stage,
@@ -299,12 +351,14 @@ class _Stage:
             run_started_ns=run_started_ns,
             remote_checkpoint_dir=config.remote_checkpoint_dir,
             remote_bytes_per_s=config.remote_checkpoint_bytes_per_s,
+            replica=self.replica,
+            gather_over_replicas=world.all_gather_objects if world is not None and stage_group is not None else None,
         )
         self.method = build_method(config.method, self.context)
         self.hosted: dict[int, StageRuntime] = {}
         """Stages this process runs besides its own while their processes are down (degraded)."""
         self.pipeline = self._build_pipeline(None)
-        self.result = RankResult(rank=stage, stage=stage)
+        self.result = RankResult(rank=self.global_rank, stage=stage, replica=self.replica)
         self.journal: Any = None
         """The stage's RankJournal (real/journal.py) when its rows are kept on disk as they come."""
 
@@ -355,12 +409,18 @@ class _Stage:
         config, pipeline, method, runtime = self.config, self.pipeline, self.method, self.runtime
         inputs = targets = None
         if self.data is not None:
+            # The global batch depends only on (seed, iteration); replica r trains on its r-th shard.
+            per_replica = config.num_microbatches * config.microbatch_size
             tokens, next_tokens = self.data.train_batch(
-                seed=config.seed, iteration=iteration, num_sequences=config.num_microbatches * config.microbatch_size
+                seed=config.seed, iteration=iteration, num_sequences=per_replica * config.data_parallel_degree
             )
+            shard = slice(self.replica * per_replica, (self.replica + 1) * per_replica)
+            tokens, next_tokens = tokens[shard], next_tokens[shard]
             inputs = split_microbatches(tokens, config.num_microbatches) if pipeline.placement[0] == self.stage else None
             targets = split_microbatches(next_tokens, config.num_microbatches) if pipeline.runs_head else None
         train_loss = pipeline.run_iteration(step, inputs=inputs, targets=targets)
+        if self.stage_group is not None:
+            train_loss = self._average_over_replicas(step, train_loss)
         if train_loss is not None and not math.isfinite(train_loss):
             raise NonFiniteLoss(
                 f"the training loss is {train_loss} at iteration {iteration} (step {step}), stage {self.last} (the last, "
@@ -387,8 +447,9 @@ class _Stage:
             )  # fmt: skip
         method.after_optimizer_step(iteration)
         eval_loss = None
-        if (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
-            iteration + 1 == config.num_iterations
+        # Replicas hold the same weights: replica 0 alone evaluates them.
+        if self.replica == 0 and (config.eval_interval_iterations and (iteration + 1) % config.eval_interval_iterations == 0) or (
+            self.replica == 0 and iteration + 1 == config.num_iterations
         ):
             eval_batches = self.eval_batches
             eval_loss = pipeline.evaluate(
@@ -409,6 +470,25 @@ class _Stage:
         self.result.iteration_rows.append(row)
         return row
 
+    def _average_over_replicas(self, step: int, train_loss: float | None) -> float | None:
+        """Average this stage's gradients (and, on the head, the training loss) over its replicas: one
+        all-reduce on the stage's group. Every replica ends with the same bits, so after the same
+        optimizer step the replicas stay identical."""
+        assert self.stage_group is not None
+        gradients = [p.grad for p in self.runtime.module.parameters() if p.grad is not None]
+        pieces = [gradient.reshape(-1) for gradient in gradients]
+        if train_loss is not None:
+            pieces.append(torch.tensor([train_loss], dtype=torch.float32, device=self.device))
+        flat = torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
+        with self.spans.span("allreduce", step, nbytes=flat.numel() * flat.element_size()):
+            self.stage_group.all_reduce_sum(flat)
+        flat.div_(self.config.data_parallel_degree)
+        offset = 0
+        for gradient in gradients:
+            gradient.copy_(flat[offset : offset + gradient.numel()].view_as(gradient))
+            offset += gradient.numel()
+        return float(flat[-1]) if train_loss is not None else None
+
 
 def train_stage(
     config: TrainingConfig,
@@ -418,6 +498,7 @@ def train_stage(
     on_iteration_done: Callable[[dict[str, Any]], None] | None = None,
     membership: Any = None,
     journal_directory: str | None = None,
+    after_run: Callable[[Any], None] | None = None,
 ) -> RankResult:
     """Run the whole training loop for this rank's stage (rank == stage); collective across ranks.
 
@@ -426,6 +507,11 @@ def train_stage(
     from launch.py's supervisor), which forms the process group itself (`communicator` is unused).
     `journal_directory`: this attempt's journal folder in the run directory (real/journal.py); every
     row is written there as soon as its step ends, so a killed launcher's run keeps them.
+    `after_run(parts)` sees this rank's trained state once the last iteration is
+    done (its `runtime`, `method`, `stage`, `replica`), e.g. to compare replicas.
+
+    Data parallelism (`config.data_parallel_degree` D > 1): `communicator` is the whole S × D grid,
+    rank = replica × S + stage; the rank trains stage `rank % S` of replica `rank // S`.
     """
     if config.failure_mode == "hard":
         if membership is None:
@@ -433,27 +519,32 @@ def train_stage(
                 "failure_mode 'hard' needs the local launcher, which replaces killed stage processes "
                 "(churnsim real run or launch_local); under torchrun use failure_mode 'soft'"
             )
-        return _HardFailureTrainer(config, membership, run_dir, on_iteration_done, journal_directory).run()
+        trainer = _HardFailureGridTrainer if config.data_parallel_degree > 1 else _HardFailureTrainer
+        return trainer(config, membership, run_dir, on_iteration_done, journal_directory, after_run=after_run).run()
     assert communicator is not None
-    if communicator.world_size != config.num_stages:
+    world = communicator
+    stage_group = None
+    if config.data_parallel_degree > 1:
+        communicator, stage_group = data_parallel_communicators(world, config.num_stages, config.data_parallel_degree)
+    elif communicator.world_size != config.num_stages:
         raise InputError(
             f"world size {communicator.world_size} differs from num_stages {config.num_stages}: "
             "start one process per stage"
         )
-    parts = _Stage(config, communicator, run_dir)
+    parts = _Stage(config, communicator, run_dir, stage_group=stage_group, world=world)
     stage, spans, method, result = parts.stage, parts.spans, parts.method, parts.result
-    due_failures = _DueFailures(config, communicator, spans, result)
+    due_failures = _DueFailures(config, world, spans, result)
     journal = None
     if journal_directory is not None:
-        from .journal import RankJournal, stage_journal_path
+        from .journal import RankJournal, node_journal_path
 
         journal = RankJournal(
-            stage_journal_path(journal_directory, stage),
+            node_journal_path(journal_directory, stage, parts.replica),
             {"iteration": result.iteration_rows, "span": spans.rows, "failure": result.failures, "recovery": result.recoveries},
         )
         parts.journal = journal
 
-    communicator.barrier()
+    world.barrier()
     spans.restart_clock()
     step, iteration = 0, 0
     try:
@@ -467,9 +558,14 @@ def train_stage(
                 result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
         while iteration < config.num_iterations:
             spans.step = step
-            failed = due_failures.stages_failing_before(step)
-            if failed:
-                iteration = _apply_failures(config, failed, step, iteration, parts)
+            if stage_group is None:
+                failed = due_failures.stages_failing_before(step)
+                if failed:
+                    iteration = _apply_failures(config, failed, step, iteration, parts)
+            else:
+                lost = due_failures.nodes_failing_before(step)
+                if lost:
+                    iteration = _apply_node_failures(config, lost, step, iteration, parts, world)
             row = parts.run_iteration(step, iteration)
             if journal is not None:
                 journal.flush()  # the step's rows outlive a kill of the launcher from here on
@@ -477,6 +573,8 @@ def train_stage(
                 on_iteration_done(row)
             step += 1
             iteration += 1
+        if after_run is not None:
+            after_run(parts)
     finally:
         if journal is not None:
             journal.flush()
@@ -517,6 +615,99 @@ def _apply_failures(config: TrainingConfig, failed: frozenset[int], step: int, i
         row["recovery_s"] = costs.pop("recovery_s")
         parts.result.recoveries.append(row | {"failure_mode": config.failure_mode} | costs)
     return outcome.resume_iteration if outcome.resume_iteration is not None else iteration
+
+
+def _apply_node_failures(
+    config: TrainingConfig, lost: frozenset[tuple[int, int]], step: int, iteration: int, parts: _Stage, world: Communicator
+) -> int:
+    """Data parallelism, soft failures: the nodes `lost` at this boundary (the same set on every rank).
+    Lost nodes are wiped; those of stages with a surviving replica heal by a copy from it
+    (real/replica_heal.py); stages with no surviving replica go to the method's own recovery, in
+    every replica pipeline at once. Every replica waits at this boundary until all of it is done.
+    Returns the iteration to run (a rollback's, the same in every replica)."""
+    from .replica_heal import heal_replicas, node_loss_actions
+
+    method, runtime, spans = parts.method, parts.runtime, parts.spans
+    assert parts.stage_group is not None
+    started = time.perf_counter()
+    actions = node_loss_actions(
+        config.method, lost, num_stages=config.num_stages, data_parallel_degree=config.data_parallel_degree,
+        destroys_state=method.destroys_state_on_failure,
+    )  # fmt: skip
+    if (parts.stage, parts.replica) in actions.wiped:
+        with spans.span("recovery.join", step):
+            method.forget_node_state()
+            # The same fresh weights in every replica: what a lost stage's recovery does not set
+            # (a copied edge's embedding or head) starts alike everywhere, so the replicas stay equal.
+            runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, parts.stage, step))
+            runtime.optimizer = parts.make_optimizer(1.0)
+            runtime.lr_scale = 1.0
+    own_heals = [heal for heal in actions.heals if heal.stage == parts.stage]
+    heal_started_s = spans.now_s()
+    heal = heal_replicas(parts.stage_group, runtime, parts.make_optimizer, method, own_heals)
+    if heal.seconds > 0:
+        spans.add("recovery.heal", step, None, heal_started_s, spans.now_s(), nbytes=heal.bytes_received or heal.bytes_sent)
+    resume_iteration = iteration
+    if actions.lost_stages:
+        measure = _RecoveryMeasure(parts)
+        outcome = method.recover(actions.lost_stages, iteration)
+        parts.check_finite_weights(f"after the recovery at step {step} (iteration {iteration})")
+        costs = measure.gather()  # over this replica's pipeline
+        if outcome.resume_iteration is not None:
+            resume_iteration = outcome.resume_iteration
+        _check_replicas_agree(parts, f"after the recovery of stages {sorted(actions.lost_stages)} at step {step}")
+        if parts.stage == 0:
+            row = outcome.as_row(step=step, iteration=iteration)
+            row["recovery_s"] = costs.pop("recovery_s")
+            extra = {"failure_mode": config.failure_mode, "replica": parts.replica, "handled_as": "stage_loss"}
+            parts.result.recoveries.append(row | extra | costs)
+    elif own_heals and (parts.stage, parts.replica) in {(each.stage, each.replica) for each in own_heals}:
+        parts.check_finite_weights(f"after the heal at step {step} (iteration {iteration})")
+    # One exchange over every rank: the heals' costs for the record, and a check that every replica
+    # continues from the same iteration (replicas that disagree would train apart).
+    gathered = world.all_gather_objects(
+        {"heal_s": heal.seconds, "heal_bytes": heal.bytes_received, "resume_iteration": resume_iteration}
+    )
+    resumes = sorted({each["resume_iteration"] for each in gathered})
+    if len(resumes) > 1:
+        raise RuntimeError(
+            f"step {step}: the replicas' recoveries continue from different iterations {resumes}; their checkpoints "
+            "differ, so the replicas would train apart"
+        )
+    if world.rank == 0 and actions.heals:
+        parts.result.recoveries.append(
+            {
+                "step": step, "iteration": iteration, "failure_mode": config.failure_mode, "handled_as": "replica_heal",
+                "failed_stages": [], "resume_iteration": None, "lr_scale": 1.0,
+                "failed_nodes": sorted(list(node) for node in lost),
+                "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in actions.heals],
+                "rebuilt_from": {f"{h.stage} replica {h.replica}": f"replica {h.source_replica} (exact copy)" for h in actions.heals},
+                "notes": ["every replica waits at the iteration boundary while the heal copies (pipeline.while_replica_missing = wait)"],
+                "heal_s": max(each["heal_s"] for each in gathered),
+                "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),
+                "recovery_s": time.perf_counter() - started,
+                "replicas_waited": True,
+            }
+        )  # fmt: skip
+    return resume_iteration
+
+
+def _check_replicas_agree(parts: _Stage, when: str) -> None:
+    """Data parallelism: every replica of this stage holds the same weights (a digest of their bytes,
+    one all-gather on the stage's group); replicas that differ would train apart, so the run fails."""
+    import hashlib
+
+    assert parts.stage_group is not None
+    digest = hashlib.sha256()
+    for name, tensor in parts.runtime.module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digests = parts.stage_group.all_gather_objects(digest.hexdigest())
+    if len(set(digests)) > 1:
+        raise RuntimeError(
+            f"stage {parts.stage}: its replicas hold different weights {when} (method {parts.config.method.name}: each "
+            "replica pipeline recovered from different checkpoints); the replicas would train apart"
+        )
 
 
 RECOVERY_SPAN_KINDS = {"recovery.transfer": "transfer_s", "recovery.load": "load_s", "recovery.rebuild": "rebuild_s"}
@@ -564,7 +755,9 @@ class _DueFailures:
 
     def __init__(self, config: TrainingConfig, communicator: Communicator, spans: SpanRecorder, result: RankResult) -> None:
         self.num_stages = config.num_stages
+        self.data_parallel_degree = config.data_parallel_degree
         self.by_step = config.failures_by_step()
+        self.nodes_by_step = config.node_failures_by_step()
         self.communicator = communicator
         self.spans = spans
         self.result = result
@@ -589,6 +782,28 @@ class _DueFailures:
             due = self.communicator.all_reduce_sum(due)
         return scheduled | frozenset(int(stage) for stage in torch.nonzero(due).flatten().tolist())
 
+    def nodes_failing_before(self, step: int) -> frozenset[tuple[int, int]]:
+        """Data parallelism: the (stage, replica) nodes that fail before `step`, the same on every rank
+        of the whole grid (`communicator` is the world: rank 0 is stage 0 of replica 0, which walks the
+        failure path and records the rows; one all-reduce of S × D flags, node (s, r) at r × S + s)."""
+        num_stages = self.num_stages
+        recorder = self.communicator.rank == 0
+        now_s = self.spans.now_s()
+        due = torch.zeros(num_stages * self.data_parallel_degree, dtype=torch.int64, device=self.communicator.device)
+        if recorder:
+            for stage, replica in sorted(self.nodes_by_step.get(step, frozenset())):
+                due[replica * num_stages + stage] = 1
+                self.result.failures.append({"time_s": now_s, "iteration": step, "stage": stage, "replica": replica, "kind": FAILURE_KIND})
+            if self.cursor is not None:
+                for event in self.cursor.take_due(now_s):
+                    due[event.replica * num_stages + event.stage] = 1
+                    self.result.failures.append(
+                        {"time_s": now_s, "iteration": step, "stage": event.stage, "replica": event.replica, "kind": event.kind}
+                    )
+        with self.spans.span(STEP_SYNC_SPAN, step):
+            due = self.communicator.all_reduce_sum(due)
+        return frozenset(divmod(int(index), num_stages)[::-1] for index in torch.nonzero(due).flatten().tolist())
+
     def at_boundary(self, step: int, *, decided_through: int, newer_generation: bool) -> tuple[frozenset[int], bool]:
         """Hard failures: one all-reduce at every boundary, of the failures due (scheduled for this
         step unless decided before, or from the failure path) and of "a newer generation exists"
@@ -612,6 +827,32 @@ class _DueFailures:
         failed = frozenset(int(stage) for stage in torch.nonzero(flags[: self.num_stages]).flatten().tolist())
         return failed, bool(flags[self.num_stages] > 0)
 
+    def nodes_at_boundary(self, step: int, *, decided_through: int, newer_generation: bool) -> tuple[frozenset[tuple[int, int]], bool]:
+        """Hard failures with data parallelism: `at_boundary` for the nodes of the grid (flags of
+        S × D nodes, node (s, r) at r × S + s, and "a newer generation exists")."""
+        num_stages = self.num_stages
+        num_nodes = num_stages * self.data_parallel_degree
+        recorder = self.communicator.rank == 0
+        now_s = self.spans.now_s()
+        flags = torch.zeros(num_nodes + 1, dtype=torch.int64, device=self.communicator.device)
+        if recorder:
+            if step > decided_through:
+                for stage, replica in sorted(self.nodes_by_step.get(step, frozenset())):
+                    flags[replica * num_stages + stage] = 1
+                    self.result.failures.append({"time_s": now_s, "iteration": step, "stage": stage, "replica": replica, "kind": FAILURE_KIND})
+            if self.cursor is not None:
+                for event in self.cursor.take_due(now_s):
+                    flags[event.replica * num_stages + event.stage] = 1
+                    self.result.failures.append(
+                        {"time_s": now_s, "iteration": step, "stage": event.stage, "replica": event.replica, "kind": event.kind,
+                         "event_time_s": event.time_s}
+                    )  # fmt: skip
+        flags[num_nodes] = int(newer_generation)
+        with self.spans.span(STEP_SYNC_SPAN, step):
+            flags = self.communicator.all_reduce_sum(flags)
+        failed = frozenset(divmod(int(index), num_stages)[::-1] for index in torch.nonzero(flags[:num_nodes]).flatten().tolist())
+        return failed, bool(flags[num_nodes] > 0)
+
     def skip_handed_out(self, failure_rows: list[dict[str, Any]]) -> None:
         """A replacement of stage 0: its predecessor handed out the path's events up to the newest
         in its journal; walk past them so that none fails twice."""
@@ -624,26 +865,38 @@ class _HardFailureTrainer:
     """The training loop of one stage process under hard failures (module docstring)."""
 
     def __init__(
-        self, config: TrainingConfig, membership: Any, run_dir: Path | None, on_iteration_done: Any, journal_directory: str | None = None
+        self,
+        config: TrainingConfig,
+        membership: Any,
+        run_dir: Path | None,
+        on_iteration_done: Any,
+        journal_directory: str | None = None,
+        *,
+        after_run: Callable[[Any], None] | None = None,
     ) -> None:
         from .elastic import journal_path
-        from .journal import RankJournal, stage_journal_path
+        from .journal import RankJournal, node_journal_path
 
         self.config = config
         self.membership = membership
         self.on_iteration_done = on_iteration_done
+        self.after_run = after_run
         settings = membership.settings
-        self.parts = _Stage(config, membership.communicator, run_dir, run_started_ns=settings.run_started_unix_ns)
+        self.world = membership.communicator
+        """The whole group (every stage; with data parallelism every node of the grid)."""
+        self.parts = self._build_parts(run_dir)
         self.ready_perf_s = time.perf_counter()
         parts = self.parts
         self.journal = RankJournal(
             # A replacement continues its predecessors' journal: the run directory's when there is one.
-            stage_journal_path(journal_directory, parts.stage) if journal_directory is not None else journal_path(settings.directory, parts.stage),
+            node_journal_path(journal_directory, parts.stage, parts.replica)
+            if journal_directory is not None
+            else journal_path(settings.directory, self.world.rank),
             {"iteration": parts.result.iteration_rows, "span": parts.spans.rows, "failure": parts.result.failures,
              "recovery": parts.result.recoveries},
         )  # fmt: skip
         parts.journal = self.journal
-        self.due_failures = _DueFailures(config, parts.communicator, parts.spans, parts.result)
+        self.due_failures = _DueFailures(config, self.world, parts.spans, parts.result)
         self.has_state = not membership.is_replacement
         """Whether this process holds its stage's trained state (a replacement does once recovered)."""
         self.step = 0
@@ -661,9 +914,12 @@ class _HardFailureTrainer:
         self._join_recorded = False
         self.rendezvous_s = 0.0
         self.restart_costs: dict[str, Any] = {}
+        """torchrun: what the agent's restart of the workers cost (`_note_restart_costs`), for the recovery row."""
         self.kill_unix_s: float | None = None
         """torchrun: when the injector decided the kill the group is re-forming for (snapshots carry it)."""
-        """torchrun: what the agent's restart of the workers cost (`_note_restart_costs`), for the recovery row."""
+
+    def _build_parts(self, run_dir: Path | None) -> _Stage:
+        return _Stage(self.config, self.world, run_dir, run_started_ns=self.membership.settings.run_started_unix_ns)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -690,7 +946,9 @@ class _HardFailureTrainer:
                         if not self.full_group:
                             needs_group = True  # the replacement is coming: hand its stage over first
                             continue
-                        parts.communicator.barrier()  # nobody leaves while a peer may still need it
+                        self.world.barrier()  # nobody leaves while a peer may still need it
+                        if self.after_run is not None:
+                            self.after_run(parts)
                         break
                     needs_group = self._one_step()
                 except GroupBroken:
@@ -704,9 +962,10 @@ class _HardFailureTrainer:
     def _join_first_generation(self) -> None:
         parts = self.parts
         self.membership.join()
-        parts.communicator.barrier()
+        self._joined_group()
+        self.world.barrier()
         parts.spans.restart_clock()
-        if parts.stage == 0:
+        if self.world.rank == 0:
             self.membership.mark_started()
         if self.config.resume:
             started = time.perf_counter()
@@ -718,6 +977,9 @@ class _HardFailureTrainer:
                 row = outcome.as_row(step=self.step, iteration=self.iteration)
                 parts.result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
         self._save_snapshot()
+
+    def _joined_group(self) -> None:
+        """A new generation of the group formed (data parallelism: the grid's communicators restart)."""
 
     def _one_step(self) -> bool:
         """Run the next step; True when the group must re-form first (a kill, or a newer generation)."""
@@ -757,7 +1019,7 @@ class _HardFailureTrainer:
         row = parts.run_iteration(step, iteration, after_update=applied)
         self.journal.flush()
         self._save_snapshot()
-        if self.on_iteration_done is not None and parts.pipeline.runs_head:
+        if self.on_iteration_done is not None and parts.pipeline.runs_head and parts.replica == 0:
             self.on_iteration_done(row)
         return False
 
@@ -776,7 +1038,7 @@ class _HardFailureTrainer:
         with parts.spans.span("host_snapshot", self.step):
             save(self.step, kill_unix_s=self.kill_unix_s, payload={
                 "state": capture_stage_state(runtime.module, runtime.optimizer), "lr_scale": runtime.lr_scale,
-                "rng": torch.get_rng_state(), "method": parts.method.host_memory_state(),
+                "rng": torch.get_rng_state(), "method": parts.method.heal_state(),  # what a heal would copy: replicas, norms
                 "step": self.step, "iteration": self.iteration, "decided_through": self.decided_through,
                 "scheduled_kills": sorted(self.scheduled_kills), "handled_deaths": sorted(self.handled_deaths),
                 "origin_unix_s": parts.spans.origin_s + _unix_offset_s(),
@@ -789,7 +1051,7 @@ class _HardFailureTrainer:
         restore_stage_state(parts.runtime, parts.make_optimizer, payload["state"])
         parts.runtime.lr_scale = float(payload["lr_scale"])
         torch.set_rng_state(payload["rng"])
-        parts.method.restore_host_memory_state(payload["method"])
+        parts.method.adopt_heal_state(payload["method"])
         parts.spans.set_origin(float(payload["origin_unix_s"]) - _unix_offset_s())
         self.step, self.iteration = int(payload["step"]), int(payload["iteration"])
         self.decided_through = int(payload["decided_through"])
@@ -1000,3 +1262,215 @@ class _HardFailureTrainer:
             )
         self.journal.flush()
         self._save_snapshot()
+
+
+class _HardFailureGridTrainer(_HardFailureTrainer):
+    """Hard failures with data parallelism: one process per node of the S × D grid (the launcher's
+    process slot = replica × S + stage). There is no degraded phase: when a node's process dies every
+    replica waits for its replacement (the whole grid re-forms), which then copies its stage's state
+    from a surviving replica (`replica_heal`); a stage whose replicas all died goes to the method's
+    own recovery in every replica pipeline, as under soft failures. The grid's collectives (the
+    gradient all-reduce, the pipelines', the heals' messages) run point to point over the group of
+    the current generation, as a one-pipeline run's do under hard failures."""
+
+    def _build_parts(self, run_dir: Path | None) -> _Stage:
+        config = self.config
+        pipeline, stage_group = data_parallel_communicators(self.world, config.num_stages, config.data_parallel_degree, make_groups=False)
+        return _Stage(
+            config, pipeline, run_dir, run_started_ns=self.membership.settings.run_started_unix_ns, stage_group=stage_group, world=self.world
+        )
+
+    def _joined_group(self) -> None:
+        assert self.parts.stage_group is not None
+        self.parts.communicator.restart()
+        self.parts.stage_group.restart()
+
+    def _node(self, slot: int) -> tuple[int, int]:
+        replica, stage = divmod(slot, self.config.num_stages)
+        return stage, replica
+
+    def _slot(self, node: tuple[int, int]) -> int:
+        return node[1] * self.config.num_stages + node[0]
+
+    def _one_step(self) -> bool:
+        from .replica_heal import node_loss_actions
+
+        config, parts = self.config, self.parts
+        step, iteration = self.step, self.iteration
+        parts.spans.step = step
+        failed, switch = self.due_failures.nodes_at_boundary(
+            step, decided_through=self.decided_through, newer_generation=self.membership.newer_generation_announced()
+        )
+        if failed:
+            self.decided_through = step
+            self.journal.flush()  # the failure rows outlive whichever process dies now
+        actions = node_loss_actions(
+            config.method, failed, num_stages=config.num_stages, data_parallel_degree=config.data_parallel_degree,
+            destroys_state=parts.method.destroys_state_on_failure,
+        )  # fmt: skip
+        if actions.wiped:
+            if (parts.stage, parts.replica) in actions.wiped:
+                self.journal.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # the injector: this node's process dies here
+                time.sleep(60)  # never reached
+            self.scheduled_kills |= {self._slot(node) for node in actions.wiped}
+            return True
+        if switch:
+            return True
+
+        def applied() -> None:
+            self.step, self.iteration = step + 1, iteration + 1
+
+        row = parts.run_iteration(step, iteration, after_update=applied)
+        self.journal.flush()
+        if self.on_iteration_done is not None and parts.pipeline.runs_head and parts.replica == 0:
+            self.on_iteration_done(row)
+        return False
+
+    def _agree(self, announcement: Any, started_perf_s: float) -> bool | None:
+        if not announcement.full:
+            return None  # the grid waits for its replacements
+        self._joined_group()
+        parts, method, config = self.parts, self.parts.method, self.config
+        mine = {
+            "slot": self.world.rank,
+            "has_state": self.has_state,
+            "step": self.step,
+            "iteration": self.iteration,
+            "decided_through": self.decided_through,
+            "origin_s": parts.spans.origin_s if self.has_state else None,
+            "metadata": method.replicated_metadata() if self.has_state else None,
+            "scheduled_kills": sorted(self.scheduled_kills),
+            "handled_deaths": sorted(self.handled_deaths),
+            "arrived_perf_s": announcement.arrived_perf_s,
+            "formed_perf_s": announcement.formed_perf_s,
+            # A replacement: from the launcher seeing its predecessor's death to this process ready.
+            "join_s": self.ready_perf_s - detected if not self.has_state and (detected := self.membership.settings.death_detected_perf_s) is not None else 0.0,
+        }
+        gathered = self.world.all_gather_objects(mine)
+        self.rendezvous_s = max(each["formed_perf_s"] for each in gathered) - max(each["arrived_perf_s"] for each in gathered)
+        survivors = [each for each in gathered if each["has_state"]]
+        if not survivors:
+            raise RuntimeError(
+                f"generation {announcement.generation}: every process of the grid lost its state at once, nothing to "
+                "recover from; start the run again"
+            )
+        if not self.has_state:
+            parts.spans.set_origin(survivors[0]["origin_s"])
+            method.adopt_replicated_metadata([each["metadata"] for each in survivors])
+        furthest = max(survivors, key=lambda each: each["step"])
+        step, iteration = furthest["step"], furthest["iteration"]
+        parts.spans.step = step
+        self.decided_through = max(each["decided_through"] for each in survivors)
+        self.scheduled_kills = {slot for each in gathered for slot in each["scheduled_kills"]}
+        self.handled_deaths = {death for each in survivors for death in each["handled_deaths"]}
+        self._record_rejoin_spans(announcement, started_perf_s, step)
+        self._record_deaths(announcement, step)
+        self.journal.truncate_from(step)
+        dead = {self._node(each["slot"]) for each in gathered if not each["has_state"]}
+        up_to_date = {self._node(each["slot"]) for each in survivors if each["step"] == step}
+        # A survivor stopped before its update of step − 1 copies a replica that applied it, where its
+        # stage has one (without one, it skips that update, as in a one-pipeline run).
+        behind = {
+            self._node(each["slot"]) for each in survivors
+            if each["step"] < step and any(node[0] == self._node(each["slot"])[0] for node in up_to_date)
+        }  # fmt: skip
+        join_s = max(each["join_s"] for each in gathered)
+        self._recover_grid(dead, behind, step, iteration, started_perf_s, announcement, join_s)
+        return True
+
+    def _recover_grid(
+        self, dead: set[tuple[int, int]], behind: set[tuple[int, int]], step: int, iteration: int, started_perf_s: float,
+        announcement: Any, join_s: float,
+    ) -> None:  # fmt: skip
+        from churnsim.calibration.replica_rule import ReplicaHeal
+
+        from .replica_heal import heal_replicas, node_loss_actions
+
+        parts, config = self.parts, self.config
+        runtime, method, spans = parts.runtime, parts.method, parts.spans
+        num_stages, replicas = config.num_stages, config.data_parallel_degree
+        if not self.has_state:
+            # The replacement's own start: the same fresh weights as any replacement of this stage.
+            runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, parts.stage, step))
+            runtime.optimizer = parts.make_optimizer(1.0)
+            runtime.lr_scale = 1.0
+        runtime.module.zero_grad(set_to_none=True)
+        self.step, self.iteration = step, iteration
+        lost = dead | behind
+        # The processes died: their state is gone whatever the method declares (`none`, reliable edges).
+        actions = node_loss_actions(config.method, lost, num_stages=num_stages, data_parallel_degree=replicas)
+        heals = list(actions.heals)
+        notes = []
+        for stage in sorted({node[0] for node, handled in actions.handled_as.items() if handled == "ignored"}):
+            survivors = [r for r in range(replicas) if (stage, r) not in lost]
+            if survivors:
+                heals += [ReplicaHeal(stage=stage, replica=r, source_replica=survivors[0], optimizer_state_from="source")
+                          for r in range(replicas) if (stage, r) in lost]  # fmt: skip
+            else:
+                notes.append(f"stage {stage}: every replica's process was killed and the method has no recovery for it: random init")
+        own_heals = [heal for heal in heals if heal.stage == parts.stage]
+        heal_started_s = spans.now_s()
+        heal = heal_replicas(parts.stage_group, runtime, parts.make_optimizer, method, own_heals)  # type: ignore[arg-type]
+        if heal.seconds > 0:
+            spans.add("recovery.heal", step, None, heal_started_s, spans.now_s(), nbytes=heal.bytes_received or heal.bytes_sent)
+        resume_iteration = iteration
+        if actions.lost_stages:
+            parts.context.killed_stages = frozenset(stage for stage in actions.lost_stages if any(node[0] == stage for node in dead))
+            measure = _RecoveryMeasure(parts)
+            try:
+                outcome = method.recover(actions.lost_stages, iteration)
+            finally:
+                parts.context.killed_stages = frozenset()
+            parts.check_finite_weights(f"after the recovery at step {step} (iteration {iteration})")
+            _check_replicas_agree(parts, f"after the recovery of stages {sorted(actions.lost_stages)} at step {step}")
+            costs = measure.gather(join_s=join_s, rendezvous_s=self.rendezvous_s, stalled_s=time.perf_counter() - started_perf_s)
+            if outcome.resume_iteration is not None:
+                resume_iteration = outcome.resume_iteration
+            if parts.stage == 0:
+                row = outcome.as_row(step=step, iteration=iteration)
+                extra = {"failure_mode": "hard", "degraded": False, "generation": announcement.generation, "replica": parts.replica,
+                         "handled_as": "stage_loss"}  # fmt: skip
+                parts.result.recoveries.append(row | extra | costs)
+        self.has_state = True
+        gathered = self.world.all_gather_objects({"heal_s": heal.seconds, "heal_bytes": heal.bytes_received, "resume_iteration": resume_iteration})
+        resumes = sorted({each["resume_iteration"] for each in gathered})
+        if len(resumes) > 1:
+            raise RuntimeError(f"step {step}: the replicas' recoveries continue from different iterations {resumes}; they would train apart")
+        self.iteration = resume_iteration
+        if self.world.rank == 0 and heals:
+            if behind:
+                notes.append(f"nodes {sorted(behind)} had not applied the update of step {step - 1}: they copied a replica that had")
+            self.parts.result.recoveries.append(
+                {
+                    "step": step, "iteration": iteration, "failure_mode": "hard", "degraded": False, "generation": announcement.generation,
+                    "handled_as": "replica_heal", "failed_stages": [], "resume_iteration": None, "lr_scale": 1.0,
+                    "failed_nodes": sorted(list(node) for node in lost),
+                    "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in heals],
+                    "rebuilt_from": {f"{h.stage} replica {h.replica}": f"replica {h.source_replica} (exact copy)" for h in heals},
+                    "notes": ["every replica waited for the replacement process and its heal", *notes],
+                    "heal_s": max(each["heal_s"] for each in gathered),
+                    "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),
+                    "join_s": join_s, "rendezvous_s": self.rendezvous_s, "stalled_s": time.perf_counter() - started_perf_s,
+                    "recovery_s": time.perf_counter() - started_perf_s, "replicas_waited": True,
+                }
+            )  # fmt: skip
+        self.journal.flush()
+
+    def _record_deaths(self, announcement: Any, step: int) -> None:
+        """Slot 0 records each death not recorded yet, naming its node; a scheduled kill has its row."""
+        if 0 not in announcement.members:
+            return
+        for death in sorted(announcement.deaths, key=lambda death: death["id"]):
+            if death["id"] in self.handled_deaths:
+                continue
+            self.handled_deaths.add(death["id"])
+            if death["stage"] in self.scheduled_kills:  # the launcher's "stage" is the process slot
+                self.scheduled_kills.discard(death["stage"])
+                continue
+            if self.world.rank == 0:
+                stage, replica = self._node(death["stage"])
+                self.parts.result.failures.append(
+                    {"time_s": death["detected_perf_s"] - self.parts.spans.origin_s, "iteration": step, "stage": stage,
+                     "replica": replica, "kind": EXTERNAL_KILL_KIND, "death_id": death["id"]}
+                )  # fmt: skip

@@ -340,3 +340,127 @@ def test_a_no_failure_run_s_time_to_target_waits_for_its_smoothed_loss(calibrate
     table = pd.read_csv(out / "validation.csv")
     target = table[table["quantity"] == "time_to_target_s"]
     assert abs(float(target["relative_error"].iloc[0])) < 0.03, target
+
+
+# -- the machine's speed probe: absolute, load-normalised and the machine's drift apart -----------
+
+
+def _with_reference(calibration_path: Path, copy: Path, **reference) -> Path:
+    """A copy of the calibration with a speed reference of the current probe's workload (`reference` overrides)."""
+    from churnsim.calibration.calibration_file import SpeedReference, save_calibration
+    from churnsim.real.speed_probe import PROBE_WORKLOAD
+
+    fields = dict(workload=PROBE_WORKLOAD, probe_s=0.05, num_repeats=3, measured_utc="2026-01-01T00:00:00+00:00") | reference
+    calibration = load_calibration(str(calibration_path))
+    save_calibration(calibration.model_copy(update={"speed_reference": SpeedReference(**fields)}), str(copy))
+    return copy
+
+
+def test_the_speed_reference_round_trips_in_the_calibration_file(tmp_path, capsys):
+    from churnsim.calibration.builtin import resolve_calibration
+    from churnsim.calibration.calibration_file import save_calibration
+    from churnsim.calibration_report import print_calibration
+    from churnsim.real.speed_probe import PROBE_WORKLOAD, measure_speed_reference
+
+    reference = measure_speed_reference(num_repeats=3)
+    assert reference.workload == PROBE_WORKLOAD and reference.probe_s > 0 and reference.num_repeats == 3
+    path = tmp_path / "with-reference.json"
+    save_calibration(resolve_calibration("cpu-tiny").model_copy(update={"speed_reference": reference}), str(path))
+    assert load_calibration(str(path)).speed_reference == reference
+    print_calibration(load_calibration(str(path)))
+    assert "speed reference: the probe took" in " ".join(capsys.readouterr().out.split())
+
+
+def test_validate_reports_absolute_and_load_normalised_error_and_the_probe_s_slowdown(calibrated, tmp_path):
+    root, calibration = calibrated
+    # A reference 1000× slower than any probe here: the machine reads as much faster now, whatever its load.
+    with_reference = _with_reference(calibration, tmp_path / "probed.json", probe_s=1000.0)
+    held_out = tmp_path / "held-out"
+    _record(held_out, method="none", seed=17)
+    out = tmp_path / "validation"
+    main(["validate", "--calibration", str(with_reference), str(held_out), "--out", str(out), "--no-figures"])
+    table = pd.read_csv(out / "validation.csv")
+    wall_clock = table[table["quantity"] == "total_wall_clock_s"].iloc[0]
+    assert math.isfinite(wall_clock["relative_error"]) and math.isfinite(wall_clock["load_normalised_relative_error"])
+    assert (table["machine_slowdown_at_validation"] < 0.01).all() and (table["machine_slowdown_at_validation"] > 0).all()
+    notes = json.loads((out / "manifest.json").read_text())["notes"]
+    assert any(note.startswith("machine speed against calibration time: the speed probe ran") and "faster" in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    "reference, arguments, reason",
+    [
+        (None, [], "holds no speed reference"),
+        ({}, ["--no-speed-probe"], "--no-speed-probe was given"),
+        ({"workload": "an-older-probe-v0"}, [], "the reference times workload 'an-older-probe-v0'"),
+    ],
+)
+def test_a_validation_whose_probe_was_not_run_says_so_and_why(calibrated, tmp_path, reference, arguments, reason):
+    root, calibration = calibrated
+    # The fixture's records say nothing of their hardware, so its calibration has no reference: an old file's case.
+    assert load_calibration(str(calibration)).speed_reference is None
+    chosen = calibration if reference is None else _with_reference(calibration, tmp_path / "probed.json", **reference)
+    held_out = tmp_path / "held-out"
+    _record(held_out, method="none", seed=18)
+    out = tmp_path / "validation"
+    main(["validate", "--calibration", str(chosen), str(held_out), "--out", str(out), "--no-figures", *arguments])
+    table = pd.read_csv(out / "validation.csv")
+    assert table["machine_slowdown_at_validation"].isna().all() and table["relative_error"].notna().any()
+    notes = json.loads((out / "manifest.json").read_text())["notes"]
+    assert any(note.startswith("machine speed against calibration time: not measured") and reason in note for note in notes), notes
+
+
+def test_a_calibration_of_another_machine_is_not_probed(calibrated, tmp_path):
+    from churnsim.calibration.calibration_file import save_calibration
+
+    root, calibration = calibrated
+    probed = load_calibration(str(_with_reference(calibration, tmp_path / "probed.json")))
+    hardware = probed.provenance.hardware | {"processor": "another-processor"}
+    elsewhere = tmp_path / "elsewhere.json"
+    save_calibration(probed.model_copy(update={"provenance": probed.provenance.model_copy(update={"hardware": hardware})}), str(elsewhere))
+    held_out = tmp_path / "held-out"
+    _record(held_out, method="none", seed=19)
+    out = tmp_path / "validation"
+    main(["validate", "--calibration", str(elsewhere), str(held_out), "--out", str(out), "--no-figures"])
+    notes = json.loads((out / "manifest.json").read_text())["notes"]
+    assert any("not measured (this is not the machine" in note and "another-processor there" in note for note in notes), notes
+
+
+def test_refreshing_the_speed_reference_changes_nothing_else(calibrated, tmp_path):
+    root, calibration = calibrated
+    path = _with_reference(calibration, tmp_path / "probed.json", probe_s=1000.0)
+    before = load_calibration(str(path))
+    main(["calibrate", "--refresh-speed-reference", "--out", str(path)])
+    after = load_calibration(str(path))
+    assert after.speed_reference is not None and after.speed_reference.probe_s < 1000.0
+    assert after.model_dump(exclude={"speed_reference"}) == before.model_dump(exclude={"speed_reference"})
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        (["--out", "missing.json"], "--out missing.json: no calibration file there"),
+        (["--out", "c.json", "--quick"], "--refresh-speed-reference changes only the speed reference of the --out file: drop --quick"),
+    ],
+)
+def test_refreshing_refuses_in_one_line(tmp_path, assert_one_line_error, arguments, fragment):
+    (tmp_path / "c.json").write_text("{}")
+    result = subprocess.run([sys.executable, "-m", "churnsim", "calibrate", "--refresh-speed-reference", *arguments],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert_one_line_error(result, fragment)
+    assert (tmp_path / "c.json").read_text() == "{}"
+
+
+def test_refreshing_a_calibration_of_another_machine_is_refused_and_leaves_it_as_it_was(calibrated, tmp_path, assert_one_line_error):
+    from churnsim.calibration.calibration_file import save_calibration
+
+    root, calibration = calibrated
+    probed = load_calibration(str(_with_reference(calibration, tmp_path / "probed.json")))
+    hardware = probed.provenance.hardware | {"processor": "another-processor"}
+    elsewhere = tmp_path / "elsewhere.json"
+    save_calibration(probed.model_copy(update={"provenance": probed.provenance.model_copy(update={"hardware": hardware})}), str(elsewhere))
+    before = elsewhere.read_bytes()
+    result = subprocess.run([sys.executable, "-m", "churnsim", "calibrate", "--refresh-speed-reference", "--out", str(elsewhere)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert_one_line_error(result, "was made on another machine", "another-processor there", "refresh it there")
+    assert elsewhere.read_bytes() == before

@@ -89,6 +89,7 @@ class MethodContext:
     optimizer_for: Callable[[torch.nn.Module, float], torch.optim.Optimizer] | None = None
     """Fresh optimizer, with the run's settings, for another module (a stage run from a replica)."""
     communicator: Communicator
+    """This replica's pipeline: peers named by stage."""
     device: torch.device
     run_dir: Path | None
     spans: SpanRecorder
@@ -111,6 +112,12 @@ class MethodContext:
     """Root of the checkpoints' remote level; None: `<run_dir>/checkpoints`."""
     remote_bytes_per_s: float | None = None
     """Bandwidth of the path to the remote level (writes and reads paced to it); None: unthrottled."""
+    replica: int = 0
+    """Data parallelism: this node's replica (its pipeline is `communicator`; files go to its own directories)."""
+    gather_over_replicas: Callable[[Any], list[Any]] | None = None
+    """Data parallelism: every rank's value, on every rank of the whole grid (one all-gather), for the
+    collective recoveries that every replica pipeline runs at once and must end alike (a rollback's
+    tag); None with one replica."""
     reads: RecoveryReads = field(default_factory=RecoveryReads)
     killed_stages: frozenset[int] = frozenset()
     """During a `recover` after hard failures: the failed stages whose processes were killed (their
@@ -188,15 +195,15 @@ class RecoveryMethod(ABC):
     def forget_node_state(self) -> None:
         """This rank's node died: drop everything it held (replicas, snapshots in memory, norms)."""
 
-    def host_memory_state(self) -> dict[str, Any]:
-        """What the method holds in this process's memory that a restart of the process (torchrun's
-        agent restarts every worker) must not lose: safe_codec-encodable (tensors, numbers, lists,
-        string-keyed dicts). Checkpoints the method keeps in process memory are not included: a
-        restart loses them as a node loss would, and the method falls back to its other levels."""
+    def heal_state(self) -> dict[str, Any]:
+        """Data parallelism: what this node holds for the method besides its stage's weights and
+        optimizer (a replica of another stage, the last gradient norm), which a healed replica of the
+        same stage copies from it (real/replica_heal.py): tensors at the top level, the rest
+        JSON-encodable. Nothing by default."""
         return {}
 
-    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
-        """A restarted process: take back what `host_memory_state` returned before the restart."""
+    def adopt_heal_state(self, state: dict[str, Any]) -> None:
+        """A healed replica: take the `heal_state` of the surviving replica it copies."""
 
     @abstractmethod
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:

@@ -102,6 +102,11 @@ class EngineSpans:
             self.spans.add(kind, None, None, start_s - origin_s, end_s - origin_s)
 
 
+def node_directory_name(stage: int, replica: int) -> str:
+    """The folder of node (stage, replica) in each checkpoint level: replica 0's is its stage's."""
+    return f"stage-{stage}" + (f"-replica-{replica}" if replica else "")
+
+
 class CheckpointDirectories:
     """Where stage s keeps its checkpoints; a temporary root when the run has no directory."""
 
@@ -112,7 +117,9 @@ class CheckpointDirectories:
             root = self._temporary
         else:
             root = Path(context.run_dir)
-        stage_directory = f"stage-{context.stage}"
+        # Data parallelism: every replica keeps its own copy of its stage's checkpoints (replica 0
+        # where a one-pipeline run keeps them); no sharding over the replicas.
+        stage_directory = node_directory_name(context.stage, context.replica)
         if context.remote_checkpoint_dir is not None:
             # Another file system, shared by runs: each run below its own id.
             self.remote = Path(context.remote_checkpoint_dir) / context.run_id / stage_directory
@@ -264,10 +271,15 @@ class CheckpointKeeper:
             notes.extend(f"stage {stage}: checkpoint skipped: {line}" for line in lines)
             if count > len(lines):
                 notes.append(f"stage {stage}: {count - len(lines)} more checkpoint file(s) skipped")
+        across_replicas = self.context.gather_over_replicas
         while True:
             tags = self.available_tags(surviving_node_loss=surviving_node_loss) - refused
             gathered = communicator.all_gather_objects(sorted(tags))
-            tag = max(set.intersection(*(set(each) for each in gathered)))
+            common = set.intersection(*(set(each) for each in gathered))
+            if across_replicas is not None:
+                # Data parallelism: every replica pipeline rolls back to the same tag, or they train apart.
+                common = set.intersection(*(set(each) for each in across_replicas(sorted(common))))
+            tag = max(common)
             problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
             if problem is not None:
                 refused.add(tag)
@@ -278,7 +290,10 @@ class CheckpointKeeper:
                 for stage, text in zip(communicator.group_stages, problems)
                 if text
             )
-            if not any(problems):
+            retry = any(problems)
+            if across_replicas is not None:
+                retry = any(across_replicas(retry))  # every replica tries again, or none
+            if not retry:
                 return tag, notes
 
     def recover(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
@@ -298,7 +313,7 @@ class CheckpointKeeper:
         notes = [f"rollback all: every stage restored to iteration {tag}, {iteration - tag} iteration(s) replayed", *skipped]
         if tag == 0:
             notes.append("no checkpoint held by every stage yet: all stages restart from the initial weights at iteration 0")
-            if context.stage == context.communicator.group_stages[0]:  # one line for the group
+            if context.stage == context.communicator.group_stages[0] and context.replica == 0:  # one line for the group
                 warn(f"restart from scratch: {notes[-1]} (the failure struck before iteration {iteration})")
         return RecoveryOutcome(
             failed_stages=failed_stages,
@@ -307,14 +322,18 @@ class CheckpointKeeper:
             notes=tuple(notes),
         )
 
-    def restore_newest(self, *, surviving_node_loss: bool = True) -> int:
+    def restore_newest(self, *, surviving_node_loss: bool = True, allowed: set[int] | None = None) -> int:
         """Load this stage's newest checkpoint it can still read (tag 0: the initial weights); returns the tag.
+        `allowed`: only those tags (the ones every replica of the stage holds; 0 is always allowed).
 
         Local to this rank, after this stage's node died (so by default only levels that survive node
         loss are read): the stage-local rollback of `rollback = "stage"` and CheckFree's edge checkpoints.
         A damaged checkpoint is skipped for the next older one."""
         self.engine.wait_before_optimizer_step()  # no background copy may read what we overwrite
-        for tag in sorted(self.available_tags(surviving_node_loss=surviving_node_loss), reverse=True):
+        tags = self.available_tags(surviving_node_loss=surviving_node_loss)
+        if allowed is not None:
+            tags &= allowed | {0}
+        for tag in sorted(tags, reverse=True):
             problem = self._try_restore(tag, surviving_node_loss=surviving_node_loss)
             if problem is None:
                 if tag == 0:
@@ -343,9 +362,7 @@ class CheckpointKeeper:
 
     def _rollback_stage(self, failed_stages: frozenset[int], iteration: int) -> RecoveryOutcome:
         context = self.context
-        tag = None
-        if context.stage in failed_stages:
-            tag = self.restore_newest()
+        tag = restore_newest_agreed(context, self, lost=context.stage in failed_stages)
         tags = context.communicator.all_gather_objects(tag)
         rebuilt_from, notes = {}, []
         for stage in sorted(failed_stages):
@@ -353,6 +370,23 @@ class CheckpointKeeper:
             rebuilt_from[stage] = f"checkpoint(iteration {stage_tag})" if stage_tag > 0 else INITIAL_WEIGHTS
             notes.append(f"rollback stage: stage {stage} is {iteration - stage_tag} iteration(s) stale, the others kept")
         return RecoveryOutcome(failed_stages=failed_stages, rebuilt_from=rebuilt_from, notes=tuple(notes))
+
+
+def restore_newest_agreed(context: MethodContext, keeper: CheckpointKeeper | None, *, lost: bool) -> int | None:
+    """A stage-local rollback, called on every rank of the pipeline: a lost stage (`lost`) reloads its
+    newest checkpoint that survived (`CheckpointKeeper.restore_newest`); returns its tag, None elsewhere.
+
+    Data parallelism: every replica pipeline runs this at once, and the replicas of a lost stage must
+    reload the same tag (their levels may hold different ones, e.g. asynchronous saves that became
+    durable at different moments): one all-gather over the grid picks the newest tag all of them hold."""
+    allowed = None
+    if context.gather_over_replicas is not None:
+        mine = [context.stage, sorted(keeper.available_tags(surviving_node_loss=True))] if lost and keeper is not None else None
+        held = [set(entry[1]) for entry in context.gather_over_replicas(mine) if entry is not None and entry[0] == context.stage]
+        allowed = set.intersection(*held) if held else None
+    if not lost or keeper is None:
+        return None
+    return keeper.restore_newest(allowed=allowed)
 
 
 class CheckpointingMethod(RecoveryMethod):

@@ -39,7 +39,7 @@ from churnsim.calibration.pipeline_schedule import swapped_block_order
 from churnsim.calibration.rebuild_plan import RebuildPlan, edge_checkpoint_stages, plan_rebuild
 
 from .base import METHOD_TAG_BASE, MethodContext, RecoveryMethod, RecoveryOutcome
-from .checkpointing import CheckpointDirectories, CheckpointKeeper, synchronous_engine
+from .checkpointing import CheckpointDirectories, CheckpointKeeper, restore_newest_agreed, synchronous_engine
 
 
 def gradient_weight(gradient_norm: float, weighting: str) -> float:
@@ -127,11 +127,11 @@ class NeighbourRebuildMethod(RecoveryMethod):
         if self.edge_keeper is not None:
             self.edge_keeper.close()
 
-    def host_memory_state(self) -> dict[str, Any]:
+    def heal_state(self) -> dict[str, Any]:
         return {"last_gradient_norm": self.last_gradient_norm}
 
-    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
-        self.last_gradient_norm = float(state.get("last_gradient_norm", 1.0))
+    def adopt_heal_state(self, state: dict[str, Any]) -> None:
+        self.last_gradient_norm = float(state["last_gradient_norm"])
 
     def replicated_metadata(self) -> Any:
         return {"edge_keeper": self.edge_keeper.replicated_metadata() if self.edge_keeper is not None else None}
@@ -173,10 +173,9 @@ class NeighbourRebuildMethod(RecoveryMethod):
         restored = sorted(stage for stage, plan in plans.items() if plan.blocks_from == "edge_checkpoint")
         if not restored:
             return {}, []
-        tag = None
         if self.context.stage in restored:
             assert self.edge_keeper is not None, "an edge stage with edge checkpoints holds a keeper"
-            tag = self.edge_keeper.restore_newest()
+        tag = restore_newest_agreed(self.context, self.edge_keeper, lost=self.context.stage in restored)
         tags = self.context.communicator.all_gather_objects(tag)
         rebuilt_from, notes = {}, []
         for stage in restored:
@@ -306,12 +305,12 @@ class CheckFreePlusMethod(NeighbourRebuildMethod):
         super().forget_node_state()
         self.replicas.clear()
 
-    def host_memory_state(self) -> dict[str, Any]:
-        return super().host_memory_state() | {"replicas": dict(self.replicas)}
+    def heal_state(self) -> dict[str, Any]:
+        return super().heal_state() | {f"replica.{part}": flat for part, flat in self.replicas.items()}
 
-    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
-        super().restore_host_memory_state(state)
-        self.replicas = {str(part): tensor.to(self.context.device) for part, tensor in state.get("replicas", {}).items()}
+    def adopt_heal_state(self, state: dict[str, Any]) -> None:
+        super().adopt_heal_state(state)
+        self.replicas = {key.split(".", 1)[1]: value for key, value in state.items() if key.startswith("replica.")}
 
     def after_optimizer_step(self, iteration: int) -> None:
         super().after_optimizer_step(iteration)

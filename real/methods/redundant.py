@@ -112,16 +112,18 @@ class RedundantMethod(RecoveryMethod):
         self.fallback.forget_node_state()
         self.replica_state = None  # the holder's memory died with it
 
+    def heal_state(self) -> dict[str, Any]:
+        # The successor's state this node holds: a healed replica of this stage holds it again.
+        return {f"replica_state.{key}": value for key, value in (self.replica_state or {}).items()}
+
+    def adopt_heal_state(self, state: dict[str, Any]) -> None:
+        held = {key.split(".", 1)[1]: value for key, value in state.items() if key.startswith("replica_state.")}
+        if held and self.replica is not None:
+            self._hold(held)
+
     def replicated_metadata(self) -> Any:
         return self.fallback.replicated_metadata()
 
-    def host_memory_state(self) -> dict[str, Any]:
-        return {"replica_state": self.replica_state}
-
-    def restore_host_memory_state(self, state: dict[str, Any]) -> None:
-        replica_state = state.get("replica_state")
-        if replica_state is not None and self.replica is not None:
-            self._hold({key: value.to(self.context.device) if isinstance(value, torch.Tensor) else value for key, value in replica_state.items()})
 
     def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
         self.fallback.adopt_replicated_metadata(survivors)

@@ -59,6 +59,14 @@ over the predicted healthy iteration is that factor; the prediction is repeated 
 time (and evaluation and warm-up) multiplied by it. What error remains is the model's (recovery,
 checkpoints, failures' timing, contention), not the machine's mood; `steady_iteration_s` is exact
 after normalisation by construction and is not reported normalised.
+
+Machine speed at validation (`machine_slowdown_at_validation`): the run's own steady step mixes the
+machine's speed with the compute model's error (a setup the model carries badly also reads as a
+slow machine). Where the calibration holds a speed reference and the validator runs on the
+calibrated machine, the caller times the same fixed probe again (`SpeedProbeComparison`, measured
+by churnsim/ with real/speed_probe.py: this module never runs torch) and every real run's rows carry
+the ratio; a note says plainly when it was not measured and why. The probe times the machine now,
+not during each held-out run: it tells drift since calibrating, not each run's speed.
 """
 
 from __future__ import annotations
@@ -133,6 +141,31 @@ class RunValidation:
     notes: tuple[str, ...] = ()
     through_compute_model: bool = False
     """A real run of a setup other than the calibrated one, predicted through the compute model."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedProbeComparison:
+    """The speed probe's time now over its time at calibration (`Calibration.speed_reference`), or
+    why it was not measured."""
+
+    slowdown: float | None
+    """1.10: the probe ran 10 % slower than at calibration; None: the probe did not run."""
+    reason_not_measured: str = ""
+    """Where `slowdown` is None: why, in words a user can act on."""
+
+    def note(self, calibration_name: str) -> str:
+        if self.slowdown is None:
+            return f"machine speed against calibration time: not measured ({self.reason_not_measured})"
+        direction = "slower" if self.slowdown >= 1 else "faster"
+        return (
+            f"machine speed against calibration time: the speed probe ran {self.slowdown:.2f}× its time when {calibration_name!r} was "
+            f"calibrated ({100 * abs(self.slowdown - 1):.0f} % {direction}; column machine_slowdown_at_validation): drift of the "
+            "machine since then, measured now rather than during each run, which the absolute errors include and the "
+            "load-normalised ones take out"
+        )
+
+
+NO_PROBE = SpeedProbeComparison(slowdown=None, reason_not_measured="no speed probe was run with this validation")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -534,8 +567,11 @@ OWN_SETUP_CALIBRATION_ADVICE = (
 """Said once, after the notes, when some run was of a setup other than the calibrated one."""
 
 
-def validate_record(record: RunRecord, calibration: Calibration | None, *, twin: RunRecord | None = None) -> RunValidation:
-    """Predicted against measured for one record (module docstring); `twin`: its no-failure twin, if given."""
+def validate_record(
+    record: RunRecord, calibration: Calibration | None, *, twin: RunRecord | None = None, machine_slowdown: float | None = None
+) -> RunValidation:
+    """Predicted against measured for one record (module docstring); `twin`: its no-failure twin, if
+    given; `machine_slowdown`: the speed probe's ratio (`SpeedProbeComparison`), put in a real run's rows."""
     manifest = record.manifest
     load_normalised: Observed | None = None
     interval: tuple[Observed, Observed] | None = None
@@ -594,6 +630,9 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
                 predicted_ci95_high=high,
                 setup=setup,
                 calibrated_setup=calibrated_setup,
+                machine_slowdown_at_validation=(
+                    machine_slowdown if machine_slowdown is not None and manifest.real_settings is not None else math.nan
+                ),
             )
         )
     table = pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
@@ -603,9 +642,11 @@ def validate_record(record: RunRecord, calibration: Calibration | None, *, twin:
     )
 
 
-def validate_runs(directories: Sequence[str | Path], calibration: Calibration | None) -> ValidationReport:
+def validate_runs(
+    directories: Sequence[str | Path], calibration: Calibration | None, *, speed_probe: SpeedProbeComparison = NO_PROBE
+) -> ValidationReport:
     """Validate every record; refuses runs the calibration was fitted on (held-out discipline)."""
-    return validate_records(load_held_out_records(directories, calibration), calibration)
+    return validate_records(load_held_out_records(directories, calibration), calibration, speed_probe=speed_probe)
 
 
 def load_held_out_records(directories: Sequence[str | Path], calibration: Calibration | None) -> list:
@@ -630,10 +671,15 @@ def load_held_out_records(directories: Sequence[str | Path], calibration: Calibr
     return records
 
 
-def validate_records(records: Sequence, calibration: Calibration | None) -> ValidationReport:
-    """Replay each checked record (`load_held_out_records`) in the simulator; predicted against measured."""
+def validate_records(records: Sequence, calibration: Calibration | None, *, speed_probe: SpeedProbeComparison = NO_PROBE) -> ValidationReport:
+    """Replay each checked record (`load_held_out_records`) in the simulator; predicted against
+    measured; `speed_probe`: the machine's speed now against calibration time, noted with the real runs."""
     fitted = set(calibration.provenance.fit_run_ids) if calibration is not None else set()
-    runs = tuple(validate_record(record, calibration, twin=find_twin(record, records)) for record in records)
+    runs = tuple(
+        validate_record(record, calibration, twin=find_twin(record, records), machine_slowdown=speed_probe.slowdown) for record in records
+    )
+    any_real = any(record.manifest.real_settings is not None for record in records)
+    probe_notes = (speed_probe.note(calibration.name),) if any_real and calibration is not None else ()
     table = pd.concat([run.rows for run in runs], ignore_index=True) if runs else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return ValidationReport(
         table=table,
@@ -641,6 +687,7 @@ def validate_records(records: Sequence, calibration: Calibration | None) -> Vali
         fit_run_ids=tuple(sorted(fitted)),
         validated_run_ids=tuple(run.run_id for run in runs),
         notes=tuple(dict.fromkeys(note for run in runs for note in run.notes))
+        + probe_notes
         + ((OWN_SETUP_CALIBRATION_ADVICE,) if any(run.through_compute_model for run in runs) else ()),
     )
 

@@ -30,6 +30,10 @@ the categories are:
   (time trained in X) · (1 − T_h / T_X): the extra time of iterations run in a degraded state (one
   node running two stages); 0 for runs that never degrade.
 - convergence_setback_s = (iterations of progress removed by rebuild setbacks) · T_h.
+- replica_heal_s: data parallelism (sim/model/replicas.py): waits while no replica pipeline could
+  train because nodes were healing from a surviving replica, plus, for the time trained with k of D
+  replica pipelines, the share of it their smaller batch did not deliver: (time) · (1 − w), w being
+  what one such iteration is worth of a full one. That time's remaining w is booked as training.
 
 A degraded state can also be *faster* than the healthy one: when the node of stage s − 1 runs stage
 s too, the link between them is no longer crossed, and on a WAN testbed that link can cost more
@@ -53,7 +57,7 @@ from dataclasses import dataclass, field
 
 from . import results
 
-WAIT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall_s", "recovery_downtime_s", "method_overhead_s")
+WAIT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall_s", "recovery_downtime_s", "method_overhead_s", "replica_heal_s")
 """Categories a wait (time with no training) can be charged to."""
 
 RELATIVE_TOLERANCE = 1e-6
@@ -71,6 +75,8 @@ class Ledger:
     rolled_back_iterations: float = 0.0
     setback_iterations: float = 0.0
     iterations_executed: int = 0
+    replica_shortfall_s: float = 0.0
+    """Training time with fewer replica pipelines that their smaller batch did not deliver (module docstring)."""
 
     def charge_wait(self, category: str, seconds: float) -> None:
         assert category in self.waits_s, f"unknown wait category {category!r}"
@@ -80,6 +86,12 @@ class Ledger:
         """`seconds` of training in a pipeline state whose iteration takes `iteration_time_s`."""
         by_time = self.training_s_by_iteration_time
         by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + seconds
+
+    def book_training_with_fewer_replicas(self, seconds: float, iteration_time_s: float, batch_share: float) -> None:
+        """`seconds` of training whose iterations were each worth `batch_share` of a full one."""
+        delivered_s = seconds * batch_share
+        self.book_training(delivered_s, iteration_time_s)
+        self.replica_shortfall_s += seconds - delivered_s
 
     @property
     def training_s(self) -> float:
@@ -118,6 +130,7 @@ def split_time(
         "recovery_downtime_s": ledger.waits_s["recovery_downtime_s"],
         "degraded_slowdown_s": slower_s,
         "convergence_setback_s": ledger.setback_iterations * healthy_s,
+        "replica_heal_s": ledger.waits_s["replica_heal_s"] + ledger.replica_shortfall_s,
     }
     # Under shared cores (compute.shared_cores) the links, or a method's own route, can make an
     # iteration faster than the pipeline without them: they change which stage waits for a core

@@ -33,8 +33,9 @@ class HandledFailure:
     time_s: float
     stage: int
     kind: str  # cause from the churn model, e.g. "preemption"
-    handled_as: str  # what the method did, e.g. "rebuild_interior", "rollback", "degraded", "ignored"
+    handled_as: str  # what the method did, e.g. "rebuild_interior", "rollback", "degraded", "ignored", "replica_heal"
     iteration: int  # progress (iterations) when it struck
+    replica: int = 0  # the node's data-parallel replica (always 0 when D is 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,15 +88,15 @@ def timeline_event_from_row(row) -> TimelineEvent:
 
 
 def handled_failure_from_row(row) -> HandledFailure:
-    """A `HandledFailure` from a compact row (time_s, stage, kind, handled_as, iteration)."""
-    time_s, stage, kind, handled_as, iteration = row
-    return HandledFailure(time_s=time_s, stage=stage, kind=kind, handled_as=handled_as, iteration=iteration)
+    """A `HandledFailure` from a compact row (time_s, stage, kind, handled_as, iteration, replica)."""
+    time_s, stage, kind, handled_as, iteration, replica = row
+    return HandledFailure(time_s=time_s, stage=stage, kind=kind, handled_as=handled_as, iteration=iteration, replica=replica)
 
 
 TIMELINE_ROW_WIDTH = 6
 """Fields of a timeline row: name, category, stage, start_s, end_s, track."""
-HANDLED_ROW_WIDTH = 5
-"""Fields of a handled-failure row: time_s, stage, kind, handled_as, iteration."""
+HANDLED_ROW_WIDTH = 6
+"""Fields of a handled-failure row: time_s, stage, kind, handled_as, iteration, replica."""
 TRAJECTORY_ROW_WIDTH = 2
 """Fields of a trajectory point: time_s, progress_iterations."""
 

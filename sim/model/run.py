@@ -13,6 +13,13 @@ Failures: a stage whose node is lost is *down* until its replacement joins
 (`scenario.recovery.join_delay_s` later); a failure of a stage that is down is recorded as
 `already_down` and has no effect. Failures that strike while a recovery runs interrupt it and are
 handed to the policy, which merges them into the recovery in progress.
+Data parallelism (D = `pipeline.data_parallel_degree` > 1): a failure event is the loss of one node
+(stage, replica), and a replica layer (`sim/model/replicas.py`) sees it before the policy. A node
+whose stage keeps a replica heals from it in the background (join delay, then a copy over the
+all-reduce link), the iteration in flight lost if training; meanwhile the complete replica pipelines
+train with the batch model's share of progress per iteration, or training pauses (booked to
+`replica_heal_s`). Only a stage loss (no replica left) reaches the policy, as the same event would
+at D = 1. With D = 1 the layer is absent and every loss is a stage loss, as before.
 Coinciding instants: a failure arriving at instant t is handled before anything else that ends at
 t, so a transfer, flush, restart or replacement ending exactly then has not happened when it
 strikes (an iteration ending exactly then is still credited: `_CREDIT_TOLERANCE`). Trace replays
@@ -57,6 +64,7 @@ from .method_extras import with_measured_method_extra
 from .methods import build_policy
 from .methods.base import RecoveryPolicy
 from .pipeline_state import PipelineState, build_pipeline_state, compute_only_state
+from .replicas import ALREADY_DOWN, FEWER_REPLICAS_LABEL, HEAL, HEAL_CATEGORY, PAUSE_LABEL, heal_track, replica_group_for, replica_heal_note
 from .results import (
     HANDLED_ROW_WIDTH,
     TIMELINE_ROW_WIDTH,
@@ -236,6 +244,9 @@ def _run_result(
     )
     if policy.config.uses_setbacks:
         notes.append(_setback_note(scenario, policy.name))
+    note = replica_heal_note(scenario, policy.config)
+    if note is not None:
+        notes.append(note)
     return RunResult(
         method=policy.name,
         replication=replication,
@@ -320,6 +331,10 @@ class Run:
         self._deadline_hit = False
         self.reached_target = False
         self._trainer: simpy.Process | None = None
+        self.replicas = replica_group_for(scenario, policy.config)
+        """Data parallelism's replica layer (sim/model/replicas.py); None when D is 1."""
+        self._replica_lost = False
+        """A node loss healed from a survivor struck while training: the iteration in flight is lost."""
 
     # ----------------------------------------------------------------- running
     def execute(self, *, replication: int = 0, seed: int = 0) -> RunResult:
@@ -364,6 +379,9 @@ class Run:
                 if until_boundary is not None and until_boundary <= 0:
                     yield from policy.at_boundary(context)
                     continue
+                if self.replicas is not None and self.replicas.paused:
+                    yield from self._wait_for_heals()
+                    continue
                 chunk = remaining if until_boundary is None else min(until_boundary, remaining)
                 if self.per_microbatch_everywhere:
                     chunk = 1
@@ -381,25 +399,29 @@ class Run:
                 context.iteration_time_s = simulate_iteration(context.pipeline_state).time_s
             iteration_time_s = context.iteration_time_s
             state = context.pipeline_state  # the state trained in, whatever it is when this is booked
+            # An iteration with fewer replica pipelines is credited as its share of a full one.
+            share = 1.0 if self.replicas is None else self.replicas.batch_share
+            step_s = iteration_time_s if share == 1.0 else iteration_time_s / share
             start_s = self.env.now
             self._training = True
             try:
-                yield self.env.timeout((goal - self._fraction_done) * iteration_time_s)
+                yield self.env.timeout((goal - self._fraction_done) * step_s)
             except Interrupt:
                 self._training = False
                 self._interrupt_pending = False
                 elapsed_s = self.env.now - start_s
-                goal -= self._credit(elapsed_s, iteration_time_s, goal)
+                goal -= self._credit(elapsed_s, step_s, goal)
                 if goal == 0:
                     self._fraction_done = self._in_flight_s = 0.0
-                self._book_training(start_s, iteration_time_s, state)
-                if self.pending_failures or self._deadline_hit:
+                self._book_training(start_s, iteration_time_s, state, share)
+                if self.pending_failures or self._deadline_hit or self._replica_lost:
+                    self._replica_lost = False
                     context.ledger.interrupted_iterations += self._fraction_done
                     self._fraction_done = self._in_flight_s = 0.0
                     raise
                 continue  # a state change: go on at the new iteration time
             self._training = False
-            self._book_training(start_s, iteration_time_s, state)
+            self._book_training(start_s, iteration_time_s, state, share)
             self._complete(goal)
             self._fraction_done = self._in_flight_s = 0.0
             goal = 0
@@ -423,11 +445,17 @@ class Run:
         context.ledger.iterations_executed += iterations
         context.trajectory.extend((self.env.now, context.progress))
 
-    def _book_training(self, start_s: float, iteration_time_s: float, state: PipelineState) -> None:
+    def _book_training(self, start_s: float, iteration_time_s: float, state: PipelineState, share: float = 1.0) -> None:
         """Book the time since `start_s`, trained in `state` at `iteration_time_s` (a state change
-        that stopped it has already replaced the context's state)."""
+        that stopped it has already replaced the context's state), each iteration worth `share` of a
+        full one (fewer replica pipelines training)."""
         context = self.context
         elapsed_s = self.env.now - start_s
+        if share != 1.0:
+            context.ledger.book_training_with_fewer_replicas(elapsed_s, iteration_time_s, share)
+            if elapsed_s > 0:
+                context.span(FEWER_REPLICAS_LABEL, HEAL_CATEGORY, start_s)
+            return
         context.ledger.book_training(elapsed_s, iteration_time_s)
         if elapsed_s > 0:
             degraded = state is not context.healthy_state and state != context.healthy_state
@@ -451,10 +479,62 @@ class Run:
         if now < context.down_until.get(event.stage, -math.inf):
             context.record_failure(event, "already_down")
             return
+        if self.replicas is not None and not self._node_lost(event):
+            return
         context.down_until[event.stage] = now + self.scenario.recovery.join_delay_s
         context.node_generation[event.stage] += 1
         self.pending_failures.append(event)
         self._request_interrupt()
+
+    # ----------------------------------------------------------------- data parallelism (sim/model/replicas.py)
+    def _node_lost(self, event: FailureEvent) -> bool:
+        """The replica layer's part of an arrival: True for a stage loss (handed to the policy as at
+        D = 1); otherwise the loss is booked here (a heal, or a node not yet back) and False."""
+        replicas = self.replicas
+        assert replicas is not None
+        context = self.context
+        now = self.env.now
+        outcome, scheduled, abandoned = replicas.lose(event.stage, event.replica, now)
+        for node, heal in abandoned:
+            context.span("replica heal (abandoned)", HEAL_CATEGORY, heal.lost_s, stage=node[0], track=heal_track(*node))
+        if outcome == ALREADY_DOWN:
+            context.record_failure(event, ALREADY_DOWN)
+            return False
+        if outcome != HEAL:
+            return True
+        context.record_failure(event, HEAL)
+        for node, delay_s, token in scheduled:
+            self.env.process(self._heal(node, delay_s, token))
+        if self._training:
+            self._replica_lost = True  # the iteration in flight is lost, as on any failure
+            self._request_interrupt()
+        return False
+
+    def _heal(self, node: tuple[int, int], delay_s: float, token: int) -> Generator:
+        """One heal's end, `delay_s` after it was (re)planned; a no-op if abandoned or restarted since."""
+        yield self.env.timeout(delay_s)
+        replicas = self.replicas
+        assert replicas is not None
+        heal = replicas.complete(node, token)
+        if heal is None:
+            return
+        context = self.context
+        context.span("replica heal", HEAL_CATEGORY, heal.lost_s, stage=node[0], track=heal_track(*node))
+        setback = replicas.reinitialised_setback_iterations(heal)
+        if setback > 0:
+            context.apply_setback(setback)
+        if self._training:
+            self._request_interrupt()  # the batch share changed: the rest of the chunk is re-timed
+
+    def _wait_for_heals(self) -> Generator:
+        """While no replica pipeline can train: wait until heals let one (then the loop looks again)."""
+        replicas = self.replicas
+        assert replicas is not None
+        delay_s = replicas.pause_end_s() - self.env.now
+        if delay_s > 0:
+            yield from self.context.wait(delay_s, "replica_heal_s", PAUSE_LABEL)
+        else:
+            yield self.env.timeout(0)  # a heal due now ends first
 
     def _deadline(self) -> Generator:
         yield self.env.timeout(self.scenario.target.max_wall_clock_s)

@@ -60,7 +60,7 @@ class RunContext:
         self.timeline: list = []
         """`TimelineEvent`s: (name, category, stage, start_s, end_s, track), six fields each."""
         self.handled: list = []
-        """`HandledFailure`s: (time_s, stage, kind, handled_as, iteration), five fields each."""
+        """`HandledFailure`s: (time_s, stage, kind, handled_as, iteration, replica), six fields each."""
         self.notes: list[str] = []
         self._links: dict[tuple, ProcessorSharingLink] = {}
         self._tier_links: dict[tuple, ProcessorSharingLink] = {}
@@ -141,7 +141,7 @@ class RunContext:
         return applied
 
     def record_failure(self, event: FailureEvent, handled_as: str) -> None:
-        self.handled.extend((event.time_s, event.stage, event.kind, handled_as, int(self.progress)))
+        self.handled.extend((event.time_s, event.stage, event.kind, handled_as, int(self.progress), event.replica))
 
     def span(
         self, name: str, category: str, start_s: float, *, end_s: float | None = None, stage: int = -1, track: str | None = None
@@ -190,4 +190,4 @@ class RunContext:
         return link
 
 
-_SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method"}
+_SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method", "replica_heal_s": "heal"}

@@ -257,7 +257,7 @@ def simulated_run_record_rows(scenario: Scenario, result: RunResult) -> tuple[li
         for index, (time_s, progress) in enumerate(result.trajectory)
     ]
     failures = [
-        ScheduledFailure(time_s=failure.time_s, iteration=failure.iteration, stage=failure.stage, kind=failure.kind)
+        ScheduledFailure(time_s=failure.time_s, iteration=failure.iteration, stage=failure.stage, replica=failure.replica, kind=failure.kind)
         for failure in result.failures
     ]
     return metrics, failures

@@ -115,7 +115,7 @@ def _validation() -> pd.DataFrame:
             predicted = measured * (1.0 + 0.02 * (run_index - 1))
             error = (predicted - measured) / measured
             low, high = (0.95 * predicted, 1.05 * predicted) if quantity == "total_wall_clock_s" else (np.nan, np.nan)
-            rows.append((f"run{run_index}", method, 0.1, quantity, measured, predicted, error, predicted, error, low, high, "4 stages", True))
+            rows.append((f"run{run_index}", method, 0.1, quantity, measured, predicted, error, predicted, error, low, high, "4 stages", True, 1.0))
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
 
 

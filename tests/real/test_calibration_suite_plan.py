@@ -14,26 +14,40 @@ from churnsim.real.calibration_suite import quick_settings, scenario_suite_setti
 from churnsim.real.model import model_preset
 
 
-def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_four_shapes_on_two_cores():
+def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_six_shapes_on_two_cores():
     plan = suite_plan(quick_settings(), shared_cores=2)
     assert [run.run_id for run in plan] == [
         "fit-none-s0", "fit-none-s1", "fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16", "fit-shape-8-layers",
-        "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
+        "fit-shape-width-32", "fit-shape-seq-128", "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
         "fit-copy-s1", "fit-uniform-s0", "fit-random-s1",
     ]  # fmt: skip
     by_id = {run.run_id: run.config for run in plan}
-    assert all(config.model == model_preset("tiny") for run_id, config in by_id.items() if run_id != "fit-shape-8-layers")
+    reshaped = {"fit-shape-8-layers", "fit-shape-width-32", "fit-shape-seq-128"}
+    assert all(config.model == model_preset("tiny") for run_id, config in by_id.items() if run_id not in reshaped)
     assert (by_id["fit-shape-2-stages"].num_stages, by_id["fit-shape-8-microbatches"].num_microbatches, by_id["fit-shape-microbatch-16"].microbatch_size) == (2, 8, 16)
     assert by_id["fit-checkfree-s1"].failures == ((25, 1), (50, 3), (75, 2))  # interior, edge, interior
     deeper = by_id["fit-shape-8-layers"]
     assert (deeper.model.num_layers, deeper.num_stages, deeper.model.dim) == (8, 4, model_preset("tiny").dim)
+    narrower, longer = by_id["fit-shape-width-32"].model, by_id["fit-shape-seq-128"].model
+    assert (narrower.dim, narrower.seq_len, longer.dim, longer.seq_len) == (32, 64, 64, 128)
+
+
+@pytest.mark.parametrize("shared_cores", [None, 2])
+@pytest.mark.parametrize("hidden_size, num_heads, other_width", [(64, 4, 32), (3072, 8, 1536), (24, 4, 48)])
+def test_the_suite_runs_more_than_one_width_and_one_sequence_length(shared_cores, hidden_size, num_heads, other_width):
+    # With one width and one sequence the compute model cannot tell work per FLOP from work per byte.
+    settings = scenario_suite_settings(_scenario(**{"model.hidden_size": hidden_size, "model.num_heads": num_heads}), quick_settings())
+    models = [run.config.model for run in suite_plan(settings, shared_cores=shared_cores) if run.purpose in ("baseline", "shape")]
+    widths = {model.dim for model in models}
+    assert widths == {hidden_size, other_width} and len({model.seq_len for model in models}) > 1
+    # 24 wide in 4 heads: half the width would make heads of 3, which RoPE cannot rotate in pairs, so twice it.
 
 
 @pytest.mark.parametrize("shared_cores", [None, 4, 16])
 def test_the_double_depth_shape_runs_only_where_the_stage_processes_outnumber_the_cores(shared_cores):
     # With a device or a core each, the shape would measure nothing the 2-stage shape does not.
     shapes = [run.run_id for run in suite_plan(quick_settings(), shared_cores=shared_cores) if run.purpose == "shape"]
-    assert shapes == ["fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16"]
+    assert "fit-shape-8-layers" not in shapes and "fit-shape-2-stages" in shapes
 
 
 def _scenario(**settings):
@@ -51,7 +65,9 @@ def test_a_scenario_s_model_and_pipeline_are_what_the_suite_runs():
 
 def test_three_stages_leave_out_the_stage_shape_and_checkfree_plus_and_fail_every_stage():
     plan = suite_plan(scenario_suite_settings(_scenario(**{"model.num_layers": 6, "pipeline.num_stages": 3}), quick_settings()), shared_cores=None)
-    assert [run.run_id for run in plan if run.purpose == "shape"] == ["fit-shape-8-microbatches", "fit-shape-microbatch-16"]
+    assert [run.run_id for run in plan if run.purpose == "shape"] == [
+        "fit-shape-8-microbatches", "fit-shape-microbatch-16", "fit-shape-width-32", "fit-shape-seq-128"
+    ]  # fmt: skip
     failure_runs = [run for run in plan if run.purpose == "failures"]
     assert "checkfree_plus" not in {run.config.method.name for run in failure_runs}
     assert {stage for run in failure_runs for _, stage in run.config.failures} <= {0, 1, 2}

@@ -91,7 +91,6 @@ def test_a_real_run_injects_the_failures_simulate_samples(tmp_path):
         (["--preset", "cpu-tiny", "--method", "checkfree", "--set", "pipeline.stages=2"], "has no field 'stages'"),
         (["--preset", "cpu-tiny", "--method", "checkfree", "--set", "pipeline.num_stages=8"], "exceeds model.num_layers"),
         (["--preset", "cpu-tiny", "--method", "checkfree", "--set", "training.corpus=no-such-corpus.txt"], "training.corpus"),
-        (["--preset", "cpu-tiny", "--method", "checkfree", "--set", "pipeline.data_parallel_degree=2"], "data parallelism"),
         (["--preset", "checkfree-1.5b-geo-10pct", "--method", "checkfree"], "GiB available: shrink"),
         (["--preset", "cpu-tiny", "--method", "checkfree", "--set", "model.num_layers=256", "--set", "model.hidden_size=4096",
           "--set", "model.num_heads=32"], "GiB available: shrink"),

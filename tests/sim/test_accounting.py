@@ -19,7 +19,7 @@ REPLICATIONS = range(6)
 
 def geo_scenario(rate: float):
     """The WAN testbed, where a stage run by its predecessor's node can skip a slow link."""
-    scenario = preset("checkfree-500m-geo-10pct")
+    scenario = preset("checkfree-500m-geo-10pct", {"pipeline.replicas_fail_together": True})  # every failure a stage loss
     return scenario.model_copy(update={"churn": StageHourlyChurn(kind="stage_hourly", failure_probability_per_stage_hour=rate)})
 
 

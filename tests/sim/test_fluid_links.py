@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import simpy
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from churnsim.sim.model.closed_form.transfers import IdleDuration
@@ -116,7 +116,9 @@ def test_many_watched_batches_are_retimed_in_one_pass_as_one_by_one_and_as_the_e
         fluid.add(batch, watched=list(added))
         added.append(batch)
     active = [batch for batch in added if fluid._left.get(id(batch), 0) > 0]
-    assert fluid._mode == "virtual" and len(active) > 16  # many classes, many batches still on the link
+    # What this test is about needs many classes and many batches still on the link; identical
+    # batches (one class) are the crowded-link test's business.
+    assume(fluid._mode == "virtual" and len(active) > 16)
 
     def one_by_one_s(batch: FlowBatch) -> float:
         top = fluid._top[id(batch)]

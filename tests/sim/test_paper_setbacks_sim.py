@@ -30,6 +30,8 @@ NUM_REPLICATIONS = 6
 def copy_runs_for_about_10k_iterations():
     """The 500M preset at 16 %/h, `copy` with a known setback, stopped by the clock after ≈ 10k iterations."""
     scenario = checkfree_500m_geo(PAPER_FAILURE_PROBABILITY_PER_STAGE_HOUR)
+    # The paper's emulator: a stage's replicas fail together, so every failure is a stage loss.
+    scenario = scenario.model_copy(update={"pipeline": scenario.pipeline.model_copy(update={"replicas_fail_together": True})})
     known = SetbackSpec(mean_iterations=COPY_SETBACK_ITERATIONS)
     convergence = scenario.convergence.model_copy(
         update={"setbacks": {**scenario.convergence.setbacks, "copy": MethodSetbacks(interior=known, edge=known)}, "sample_setbacks": False}

@@ -20,6 +20,8 @@ def checkfree_at_10pct(*, sample_setbacks: bool, seed: int = 0):
             "replications": NUM_REPLICATIONS,
             "seed": seed,
             "convergence": scenario.convergence.model_copy(update={"sample_setbacks": sample_setbacks}),
+            # The paper's emulator: a stage's replicas fail together, so every failure is a stage loss.
+            "pipeline": scenario.pipeline.model_copy(update={"replicas_fail_together": True}),
         }
     )
 

@@ -31,6 +31,11 @@ cheap, with the same floating-point operations:
   interrupted part, and the method's recovery is called again with the new failures, exactly as the
   event model re-enters it: the remaining wait is recomputed, never replayed event by event.
 
+- Data parallelism: the replica layer (`sim/model/replicas.py`) is the event model's, called at each
+  arrival; a heal's end is a background completion (`schedule`), which while training re-times the
+  chunk as a state change does; the fast paths (whole chunks, cycles) run only while no node is
+  missing.
+
 Each recovery method has a closed-form twin (`ClosedFormPolicy`, registered per policy class in
 `sim/model/closed_form/__init__.py`) that drives the policy object's own state (checkpointers, restart
 recoveries, rebuild sets) and mirrors its generators line by line; a policy without a twin (one a
@@ -66,6 +71,7 @@ from churnsim.calibration.scenario import Scenario
 from ..accounting import WAIT_CATEGORIES, Ledger
 from ..iteration import IterationModel
 from ..pipeline_state import PipelineState
+from ..replicas import ALREADY_DOWN, FEWER_REPLICAS_LABEL, HEAL, HEAL_CATEGORY, PAUSE_LABEL, ReplicaGroup, heal_track, replica_group_for
 from .interrupts import INTERRUPTED, Interrupted
 from .transfers import NodeTransfers, RunLinks, TierTransfers
 
@@ -75,7 +81,7 @@ if TYPE_CHECKING:
     from .checkpointing import SyncCheckpointerTwin
 
 _CREDIT_TOLERANCE = 1e-9  # relative: as sim/model/run.py
-_SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method"}
+_SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method", "replica_heal_s": "heal"}
 _INFINITY = math.inf
 
 
@@ -156,6 +162,7 @@ class ClosedFormRun:
         self.interrupted_iterations = 0.0
         self.rolled_back_iterations = 0.0
         self.setback_iterations = 0.0
+        self.replica_shortfall_s = 0.0
         self.now = 0.0
         self.deadline_s = scenario.target.max_wall_clock_s
         self.deadline_hit = False
@@ -186,6 +193,12 @@ class ClosedFormRun:
         self._fraction_done = 0.0
         self._training = False
         self._state_changed = False
+        self.replicas: ReplicaGroup | None = replica_group_for(scenario, policy.config)
+        """Data parallelism's replica layer (sim/model/replicas.py); None when D is 1."""
+        self._all_replicas_train = True
+        """No node is missing: the fast paths (whole chunks, cycles) may run."""
+        self._replica_lost = False
+        """A node loss healed from a survivor struck while training: the iteration in flight is lost."""
 
     # ----------------------------------------------------------------- the trainer (sim/model/run.py)
     def execute(self) -> None:
@@ -228,12 +241,14 @@ class ClosedFormRun:
                 if until_boundary is not None and until_boundary <= 0:
                     at_boundary(self)
                     continue
+                if not self._all_replicas_train and self._wait_for_heals():
+                    continue
                 chunk = remaining if until_boundary is None or remaining < until_boundary else until_boundary
                 # `_train` for a chunk nothing stops (the usual case), inline.
                 iteration_time_s = self.iteration_time_s
                 start_s = self.now
                 end_s = start_s + (chunk - 0.0) * iteration_time_s
-                if end_s < self.next_stop_s and self._state is self.healthy_state:
+                if end_s < self.next_stop_s and self._state is self.healthy_state and self._all_replicas_train:
                     self.book_unstopped_chunk(start_s, end_s, chunk, iteration_time_s)
                     continue
                 self._train(chunk)  # False when a failure or the deadline stopped it: the loop decides next
@@ -292,7 +307,7 @@ class ClosedFormRun:
         """
         iteration_time_s = self.iteration_time_s
         target_iterations = self.target_iterations
-        while self._state is self.healthy_state and not self.pending:
+        while self._state is self.healthy_state and not self.pending and self._all_replicas_train:
             remaining = math.ceil(target_iterations - self.progress - 1e-9)
             if remaining <= 0:
                 return
@@ -328,8 +343,11 @@ class ClosedFormRun:
         while goal > 0:
             iteration_time_s = self.iteration_time_s
             state = self._state  # the state trained in, whatever it is when this is booked
+            # An iteration with fewer replica pipelines is credited as its share of a full one.
+            share = 1.0 if self.replicas is None else self.replicas.batch_share
+            step_s = iteration_time_s if share == 1.0 else iteration_time_s / share
             start_s = self.now
-            end_s = start_s + (goal - self._fraction_done) * iteration_time_s
+            end_s = start_s + (goal - self._fraction_done) * step_s
             if end_s < self.next_stop_s:
                 stopped_s = None
             else:
@@ -338,13 +356,13 @@ class ClosedFormRun:
                 self._training = False
             if stopped_s is None:
                 self.now = end_s
-                self._book_training(start_s, iteration_time_s, state)
+                self._book_training(start_s, iteration_time_s, state, share)
                 self._complete(goal)
                 self._fraction_done = 0.0
                 return True
             self.now = stopped_s
             # `Run._credit`: whole iterations done (an interrupt at the very end of one credits it).
-            total = self._fraction_done + (stopped_s - start_s) / iteration_time_s
+            total = self._fraction_done + (stopped_s - start_s) / step_s
             whole = min(goal, int(math.floor(total + _CREDIT_TOLERANCE)))
             if whole >= 1:
                 self._fraction_done = max(total - whole, 0.0)
@@ -354,8 +372,9 @@ class ClosedFormRun:
             goal -= whole
             if goal == 0:
                 self._fraction_done = 0.0
-            self._book_training(start_s, iteration_time_s, state)
-            if self.pending or self.deadline_hit:
+            self._book_training(start_s, iteration_time_s, state, share)
+            if self.pending or self.deadline_hit or self._replica_lost:
+                self._replica_lost = False
                 self.interrupted_iterations += self._fraction_done
                 self._fraction_done = 0.0
                 return False
@@ -367,9 +386,16 @@ class ClosedFormRun:
         self.iterations_executed += iterations
         self.trajectory.extend((self.now, self.progress))
 
-    def _book_training(self, start_s: float, iteration_time_s: float, state: PipelineState) -> None:
+    def _book_training(self, start_s: float, iteration_time_s: float, state: PipelineState, share: float = 1.0) -> None:
         elapsed_s = self.now - start_s
         by_time = self.training_s_by_iteration_time
+        if share != 1.0:  # `Ledger.book_training_with_fewer_replicas`
+            delivered_s = elapsed_s * share
+            by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + delivered_s
+            self.replica_shortfall_s += elapsed_s - delivered_s
+            if elapsed_s > 0:
+                self.timeline.extend((FEWER_REPLICAS_LABEL, HEAL_CATEGORY, -1, start_s, self.now, None))
+            return
         by_time[iteration_time_s] = by_time.get(iteration_time_s, 0.0) + elapsed_s
         if elapsed_s > 0:
             if state is self.healthy_state:
@@ -453,14 +479,73 @@ class ClosedFormRun:
             label = self._failure_labels[event.kind] = f"failure ({event.kind})"
         self.timeline.extend((label, "failure", stage, now, now, None))
         if self._ignores_failures or stage in self._reliable_stages:
-            self.handled.extend((event.time_s, stage, event.kind, "ignored", int(self.progress)))
+            self.handled.extend((event.time_s, stage, event.kind, "ignored", int(self.progress), event.replica))
             return False
         if now < self.down_until.get(stage, -_INFINITY):
-            self.handled.extend((event.time_s, stage, event.kind, "already_down", int(self.progress)))
+            self.handled.extend((event.time_s, stage, event.kind, "already_down", int(self.progress), event.replica))
             return False
+        if self.replicas is not None:
+            outcome = self._node_lost(event)
+            if outcome is not None:
+                return outcome
         self.down_until[stage] = now + self._join_delay_s
         self.node_generation[stage] += 1
         self.pending.append(event)
+        return True
+
+    # ----------------------------------------------------------------- data parallelism (sim/model/replicas.py)
+    def _node_lost(self, event: FailureEvent) -> bool | None:
+        """The replica layer's part of an arrival (`Run._node_lost`): True or False as `_arrive`
+        returns, or None for a stage loss, which goes on to the policy as at D = 1."""
+        replicas = self.replicas
+        assert replicas is not None
+        now = self.now
+        outcome, scheduled, abandoned = replicas.lose(event.stage, event.replica, now)
+        for node, heal in abandoned:
+            self.timeline.extend(("replica heal (abandoned)", HEAL_CATEGORY, node[0], heal.lost_s, now, heal_track(*node)))
+        if outcome == ALREADY_DOWN:
+            self.handled.extend((event.time_s, event.stage, event.kind, ALREADY_DOWN, int(self.progress), event.replica))
+            return False
+        self._all_replicas_train = not replicas.missing
+        if outcome != HEAL:
+            return None
+        self.handled.extend((event.time_s, event.stage, event.kind, HEAL, int(self.progress), event.replica))
+        for node, delay_s, token in scheduled:
+            self.schedule(now + delay_s, self._heal_callback(node, token))
+        if self._training:
+            self._replica_lost = True
+            return True
+        return False
+
+    def _heal_callback(self, node: tuple[int, int], token: int) -> Callable[[], None]:
+        return lambda: self._heal_done(node, token)
+
+    def _heal_done(self, node: tuple[int, int], token: int) -> None:
+        replicas = self.replicas
+        assert replicas is not None
+        heal = replicas.complete(node, token)
+        if heal is None:
+            return  # abandoned (a stage loss) or restarted (its source was lost)
+        self.timeline.extend(("replica heal", HEAL_CATEGORY, node[0], heal.lost_s, self.now, heal_track(*node)))
+        setback = replicas.reinitialised_setback_iterations(heal)
+        if setback > 0:
+            self.apply_setback(setback)
+        self._all_replicas_train = not replicas.missing
+        if self._training:
+            self._state_changed = True
+
+    def _wait_for_heals(self) -> bool:
+        """While no replica pipeline can train: wait until heals let one (`Run._wait_for_heals`);
+        True if it waited (the loop looks again), False if training may go on."""
+        replicas = self.replicas
+        assert replicas is not None
+        if not replicas.paused:
+            return False
+        delay_s = replicas.pause_end_s() - self.now
+        if delay_s > 0:
+            self.wait(delay_s, "replica_heal_s", PAUSE_LABEL)
+        else:
+            self.advance(self.now)  # a heal due now ends first
         return True
 
     def schedule(self, time_s: float, callback: Callable[[], None]) -> None:
@@ -612,7 +697,7 @@ class ClosedFormRun:
         return applied
 
     def record_failure(self, event: FailureEvent, handled_as: str) -> None:
-        self.handled.extend((event.time_s, event.stage, event.kind, handled_as, int(self.progress)))
+        self.handled.extend((event.time_s, event.stage, event.kind, handled_as, int(self.progress), event.replica))
 
     def span(self, name: str, category: str, start_s: float, *, end_s: float | None = None, stage: int = -1, track: str | None = None) -> None:
         self.timeline.extend((name, category, stage, start_s, self.now if end_s is None else end_s, track))
@@ -632,4 +717,5 @@ class ClosedFormRun:
             rolled_back_iterations=self.rolled_back_iterations,
             setback_iterations=self.setback_iterations,
             iterations_executed=self.iterations_executed,
+            replica_shortfall_s=self.replica_shortfall_s,
         )
