@@ -83,6 +83,8 @@ def _run_with_agent(scenario: Any, *, out: Path, replication: int, resume: bool,
 
     if resume:
         raise InputError("--resume with --agent: the agent continues a run through its own restarts; start without --resume")
+    if scenario.pipeline.data_parallel_degree > 1:
+        raise InputError("--agent: pipeline.data_parallel_degree > 1 is not supported under torchrun's agent yet; run without --agent")
     with tempfile.TemporaryDirectory(prefix="churnsim-agent-") as directory:
         scenario_file = Path(directory) / "scenario.json"
         save_scenario(scenario, str(scenario_file))
