@@ -56,9 +56,9 @@ def torchrun_command(scenario: Any, scenario_file: Path, token_file: Path, token
     replacement started with the same line takes a lost stage), restarts up to the scenario's
     `recovery.max_replacements`, a dead machine noticed after 3 missed 1 s keep-alives (torch's
     default: 15 s). The rendezvous id derives from the run's token, so two runs never meet. The
-    workers get a store of their own in each round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): when the
-    agent that served the shared one changes rank between rounds, torch's agents wait for each other
-    on different stores."""
+    workers get a store of their own in each round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): with the
+    shared one, an agent that joins a later round (a replacement machine) waits forever for the
+    workers' address, which the rank-0 agent publishes only when it first creates that store."""
     from churnsim.real.run_secret import TOKEN_VARIABLE, derive
 
     num_stages = scenario.pipeline.num_stages
