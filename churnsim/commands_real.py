@@ -66,7 +66,7 @@ def torchrun_command(scenario: Any, scenario_file: Path, token_file: Path, token
         f"{TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes={nodes}:{nodes} --nproc-per-node={num_stages // nodes} "
         f"--rdzv-backend=c10d --rdzv-endpoint={host}:{port} --rdzv-id=churnsim-{derive(token, 'rendezvous-id')[:16]} "
         f"--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3 --max-restarts={scenario.recovery.max_replacements} "
-        f"-m churnsim.real.launch --scenario {scenario_file} --replication {replication} --run-dir {out}"
+        f"-m churnsim.real.launch --scenario {scenario_file}{f' --replication {replication}' if replication else ''} --run-dir {out}"
     )
 
 
