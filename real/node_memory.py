@@ -14,7 +14,8 @@ recovers it.
 derives from the run's secret (nobody else's run shares it); `<node>`: `CHURNSIM_NODE_ID`, else the
 host name and the agent's process id (a new agent on the same machine is a new node, as a
 replacement machine would be). The directory is the user's only (mode 0700). A finished run removes
-its snapshots; a run the agents gave up on leaves them (`rm -r /dev/shm/churnsim-*` frees them). A snapshot carries an
+its snapshots; a run the agents gave up on leaves them (`rm -r /dev/shm/churnsim-*` frees them),
+and agents started again with the same token on the same machines continue from them. A snapshot carries an
 HMAC keyed by the run's secret and is decoded with the safe codec (JSON + raw tensors, no code).
 """
 
