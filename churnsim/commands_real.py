@@ -51,6 +51,54 @@ def resolve_real_scenario(scenario_path: Optional[Path], preset_name: Optional[s
     return build_scenario(source, methods=(method,), settings=parse_settings(settings))
 
 
+def torchrun_command(scenario: Any, scenario_file: Path, token_file: Path, token: str, *, nodes: int, host: str, port: int, replication: int, out: Path) -> str:
+    """The torchrun line every machine of a run starts: c10d rendezvous (nodes can leave and join; a
+    replacement started with the same line takes a lost stage), restarts up to the scenario's
+    `recovery.max_replacements`, a dead machine noticed after 3 missed 1 s keep-alives (torch's
+    default: 15 s). The rendezvous id derives from the run's token, so two runs never meet. The
+    workers get a store of their own in each round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): with the
+    shared one, an agent that joins a later round (a replacement machine) waits forever for the
+    workers' address, which the rank-0 agent publishes only when it first creates that store."""
+    from churnsim.real.run_secret import TOKEN_VARIABLE, derive
+
+    num_stages = scenario.pipeline.num_stages
+    return (
+        f"{TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes={nodes}:{nodes} --nproc-per-node={num_stages // nodes} "
+        f"--rdzv-backend=c10d --rdzv-endpoint={host}:{port} --rdzv-id=churnsim-{derive(token, 'rendezvous-id')[:16]} "
+        f"--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3 --max-restarts={scenario.recovery.max_replacements} "
+        f"-m churnsim.real.launch --scenario {scenario_file}{f' --replication {replication}' if replication else ''} --run-dir {out}"
+    )
+
+
+def _run_with_agent(scenario: Any, *, out: Path, replication: int, resume: bool, rendezvous_host: str) -> None:
+    """`real run --agent`: one torchrun agent in this process, one worker per stage (real/agent_launch.py)."""
+    import tempfile
+
+    from rich.console import Console
+
+    from churnsim.calibration.errors import InputError
+    from churnsim.calibration.scenario import save_scenario
+    from churnsim.real.agent_launch import AgentRunFailed, launch_with_agent
+    from churnsim.real.run_secret import new_token
+
+    if resume:
+        raise InputError("--resume with --agent: the agent continues a run through its own restarts; start without --resume")
+    if scenario.pipeline.data_parallel_degree > 1:
+        raise InputError("--agent: pipeline.data_parallel_degree > 1 is not supported under torchrun's agent yet; run without --agent")
+    with tempfile.TemporaryDirectory(prefix="churnsim-agent-") as directory:
+        scenario_file = Path(directory) / "scenario.json"
+        save_scenario(scenario, str(scenario_file))
+        try:
+            launch_with_agent(
+                scenario_file, num_stages=scenario.pipeline.num_stages, token=new_token(), run_dir=out, replication=replication,
+                max_restarts=scenario.recovery.max_replacements, rendezvous_host=rendezvous_host,
+            )  # fmt: skip
+        except AgentRunFailed as error:
+            sys.stderr.write(f"churnsim: error: {error}\n")
+            raise typer.Exit(1) from None
+    Console().print(f"the run finished under torchrun's agent; its record is in {out}", soft_wrap=True)
+
+
 @real_app.command("run")
 def real_run_command(
     scenario_path: Optional[Path] = typer.Argument(None, help="Scenario JSON file (the same file `churnsim simulate` takes)."),
@@ -68,6 +116,15 @@ def real_run_command(
     ),
     rendezvous_host: str = typer.Option(
         "127.0.0.1", "--rendezvous-host", help="Address this machine's run store listens on; loopback unless you name one (only processes holding the run's token may use it)."
+    ),
+    nodes: Optional[int] = typer.Option(
+        None, "--nodes", help="With --write-config: how many machines (torchrun agents) share the stages; default one per stage."
+    ),
+    rendezvous_port: int = typer.Option(
+        29400, "--rendezvous-port", help="With --write-config: the port of the torchrun rendezvous on --rendezvous-host."
+    ),
+    agent: bool = typer.Option(
+        False, "--agent", help="Run through torchrun's elastic agent on this machine (the code path of several machines: the agent restarts the stage processes, survivors reload from node memory)."
     ),
 ) -> None:
     """A real pipeline run of a scenario on this machine: its model, pipeline, method, churn and target → a run record."""
@@ -93,15 +150,21 @@ def real_run_command(
 
         from churnsim.real.run_secret import TOKEN_VARIABLE, new_token, write_secret_file
 
+        num_stages = scenario.pipeline.num_stages
+        nodes = num_stages if nodes is None else nodes
+        if nodes < 1 or num_stages % nodes:
+            raise InputError(f"--nodes {nodes}: must divide pipeline.num_stages = {num_stages} (each machine runs as many stages)")
+        if not 0 < rendezvous_port < 65536:
+            raise InputError(f"--rendezvous-port {rendezvous_port}: give a port between 1 and 65535")
         token_file = write_config.with_name(write_config.name + ".token")
         check_writable_file(token_file, flag="--write-config (its token file)", overwrite=overwrite)
+        token = new_token()
         save_scenario(scenario, str(write_config))
-        write_secret_file(token_file, new_token())
+        write_secret_file(token_file, token)
         Console().print(
             f"wrote {write_config} and the run's token {token_file} (mode 0600: copy it to every machine over a channel you trust); "
-            f"on every machine, with nodes × processes = {scenario.pipeline.num_stages} ranks in all, run:\n"
-            f"  {TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 torchrun --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT "
-            f"-m churnsim.real.launch --scenario {write_config} --replication {replication} --run-dir {out}",
+            f"on each of the {nodes} machines (and on any machine that replaces one), run:\n"
+            f"  {torchrun_command(scenario, write_config, token_file, token, nodes=nodes, host=rendezvous_host, port=rendezvous_port, replication=replication, out=out)}",
             soft_wrap=True,
         )
         return
@@ -122,6 +185,9 @@ def real_run_command(
     from churnsim.real.scenario_run import check_fits_machine, training_config
 
     check_fits_machine(scenario)
+    if agent:
+        _run_with_agent(scenario, out=out, replication=replication, resume=resume, rendezvous_host=rendezvous_host)
+        return
     config = training_config(scenario, method_config, replication=replication)
     if config.device == "cuda":
         import torch

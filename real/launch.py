@@ -4,7 +4,11 @@ Each rank runs `trainer.train_stage`; the per-rank results (iteration rows, span
 recovery outcomes) are gathered to rank 0 over the process group, merged, and written as a run
 record (calibration/run_record.py) when a run directory is given.
 
-Hard failures (`failure_mode = "hard"`, local launches only): the launcher supervises its stage
+Hard failures under torchrun (and `churnsim real run --agent`, one agent on this machine) are
+torch.distributed.elastic's: its agents restart the stage processes and the stage policy is
+real/agent_membership.py's (`main` hands them to real/agent_worker.py).
+
+Hard failures of a local launch (`failure_mode = "hard"`, `launch_local`): the launcher supervises its stage
 processes (`_Supervisor`). When one is killed by a signal (the failure injector's SIGKILL, or anyone
 else's) after the run started, it deletes that stage's node-local checkpoint level, tells the
 survivors to abandon their process group, offers them a group of their own where the method can
@@ -1038,18 +1042,19 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if config.failure_mode == "hard":
-        print(
-            "error: training.failure_mode = 'hard' needs `churnsim real run`, whose launcher replaces killed stage "
-            "processes; torchrun runs use 'soft' (torchrun --max-restarts with --resume restarts every rank instead)",
-            file=sys.stderr,
-        )
-        return 2
     try:
         token = token_from_environment()
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             if name not in os.environ:
                 raise InputError(f"environment variable {name} is not set: start the ranks with torchrun")
+        if config.failure_mode == "hard":
+            if arguments.resume:
+                raise InputError("--resume: hard-failure runs under torchrun continue through the agent's restarts; start without --resume")
+            from .agent_worker import run_worker
+
+            keep_connections_on(os.environ["MASTER_ADDR"])
+            # torchrun's agent replaces killed workers; the stage policy is real/agent_membership.py's.
+            return run_worker(config, token, Path(arguments.run_dir) if arguments.run_dir else None, scenario=scenario, replication=arguments.replication)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -26,6 +26,8 @@ RECOVERY_TABLE_COLUMNS = (
     "join_s", "rendezvous_s", "transfer_s", "load_s", "rebuild_s", "recovery_s", "stalled_s",
     "network_bytes", "file_bytes", "levels_read", "notes",
     "replica", "handled_as", "failed_nodes", "heals", "heal_s", "heal_bytes", "replicas_waited",
+    "restart_round", "detection_s", "agent_restart_s", "process_start_s", "survivor_reload_s", "survivor_reload_bytes",
+    "survivor_restart_s",
 )  # fmt: skip
 """recoveries.csv: per recovery, seconds of each phase (max over ranks: they work in parallel) and
 bytes moved (sum over ranks): `network_bytes` received over the process group, `file_bytes` read
@@ -38,7 +40,16 @@ Data parallelism adds (empty in one-pipeline runs): `handled_as` (`replica_heal`
 from a surviving replica of their stage; `stage_loss`: the method's recovery, one row per replica
 pipeline, `replica` naming it), `failed_nodes` ([stage, replica] pairs lost at that boundary),
 `heals` (each healed node and its source replica), `heal_s` (the slowest heal's copy), `heal_bytes`
-(bytes the replacements received) and `replicas_waited` (every replica waited for the heal)."""
+(bytes the replacements received) and `replicas_waited` (every replica waited for the heal).
+
+Under torchrun's agent (real/agent_membership.py; empty otherwise), where every worker restarts:
+`restart_round` the rendezvous round; `detection_s` from the injector's kill to the first worker an
+agent stopped (empty for a kill from outside); `agent_restart_s` from that stop to the last new
+worker process started (the agents stopping their workers, torch's c10d rendezvous round, the
+spawn); `process_start_s` the slowest new process from its start to ready (interpreter, imports,
+model build, snapshot reload); `survivor_reload_s` / `survivor_reload_bytes` reading the survivors'
+snapshots back from node memory (slowest, and bytes summed); `survivor_restart_s` from the death's
+detection to the last survivor ready again."""
 
 
 @dataclass(kw_only=True)

@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -582,6 +583,11 @@ def train_stage(
     return result
 
 
+def _unix_offset_s() -> float:
+    """time.time() - time.perf_counter(): this process's perf_counter in wall-clock seconds."""
+    return time.time() - time.perf_counter()
+
+
 def _apply_failures(config: TrainingConfig, failed: frozenset[int], step: int, iteration: int, parts: _Stage) -> int:
     """Destroy the failed stages' state, run the collective recovery; returns the iteration to run."""
     method, runtime, spans = parts.method, parts.runtime, parts.spans
@@ -907,6 +913,10 @@ class _HardFailureTrainer:
         """A replacement: from its predecessor's death to ready to rendezvous."""
         self._join_recorded = False
         self.rendezvous_s = 0.0
+        self.restart_costs: dict[str, Any] = {}
+        """torchrun: what the agent's restart of the workers cost (`_note_restart_costs`), for the recovery row."""
+        self.kill_unix_s: float | None = None
+        """torchrun: when the injector decided the kill the group is re-forming for (snapshots carry it)."""
 
     def _build_parts(self, run_dir: Path | None) -> _Stage:
         return _Stage(self.config, self.world, run_dir, run_started_ns=self.membership.settings.run_started_unix_ns)
@@ -917,10 +927,13 @@ class _HardFailureTrainer:
         config, parts, membership = self.config, self.parts, self.membership
         needs_group = True
         try:
-            if membership.is_replacement:
+            # Under torchrun's agent every process of a later round starts anew (real/agent_membership.py).
+            if membership.is_replacement or getattr(membership, "is_restart", False):
                 self.journal.replay()
                 if parts.stage == 0:
                     self.due_failures.skip_handed_out(parts.result.failures)
+                if getattr(membership, "restored", None) is not None:
+                    self._restore_snapshot(membership.restored)
             else:
                 self._join_first_generation()
                 needs_group = False
@@ -963,6 +976,7 @@ class _HardFailureTrainer:
             if parts.stage == 0:
                 row = outcome.as_row(step=self.step, iteration=self.iteration)
                 parts.result.recoveries.append(row | {"recovery_s": time.perf_counter() - started})
+        self._save_snapshot()
 
     def _joined_group(self) -> None:
         """A new generation of the group formed (data parallelism: the grid's communicators restart)."""
@@ -983,9 +997,15 @@ class _HardFailureTrainer:
         if failed and parts.method.destroys_state_on_failure:
             if parts.stage in failed:
                 self.journal.flush()
+                if hasattr(self.membership, "before_own_kill"):  # torchrun: the node dies, memory and disk
+                    self.membership.before_own_kill()
+                    if parts.context.run_dir is not None:
+                        shutil.rmtree(Path(parts.context.run_dir) / "local" / f"stage-{parts.stage}", ignore_errors=True)
                 os.kill(os.getpid(), signal.SIGKILL)  # the injector: this stage's process dies here
                 time.sleep(60)  # SIGKILL is not deliverable late; never reached
             self.scheduled_kills |= failed
+            self.kill_unix_s = time.time()
+            self._save_snapshot()  # a restarted survivor must not decide these failures again
             return True  # also when a newer generation exists: the kill comes first
         if switch:
             return True
@@ -998,9 +1018,61 @@ class _HardFailureTrainer:
 
         row = parts.run_iteration(step, iteration, after_update=applied)
         self.journal.flush()
+        self._save_snapshot()
         if self.on_iteration_done is not None and parts.pipeline.runs_head and parts.replica == 0:
             self.on_iteration_done(row)
         return False
+
+    # -- host-memory snapshots (torchrun: real/agent_membership.py) --------------------------------
+
+    def _save_snapshot(self) -> None:
+        """Keep this stage's state in its node's memory, so that a restart of the process (not of the
+        node) loses nothing: weights, optimizer, RNG, what the method holds in memory, the counters."""
+        save = getattr(self.membership, "save_snapshot", None)
+        if save is None or not self.has_state:
+            return
+        from .methods.stage_state import capture_stage_state
+
+        parts = self.parts
+        runtime = parts.runtime
+        with parts.spans.span("host_snapshot", self.step):
+            save(self.step, kill_unix_s=self.kill_unix_s, payload={
+                "state": capture_stage_state(runtime.module, runtime.optimizer), "lr_scale": runtime.lr_scale,
+                "rng": torch.get_rng_state(), "method": parts.method.heal_state(),  # what a heal would copy: replicas, norms
+                "step": self.step, "iteration": self.iteration, "decided_through": self.decided_through,
+                "scheduled_kills": sorted(self.scheduled_kills), "handled_deaths": sorted(self.handled_deaths),
+                "origin_unix_s": parts.spans.origin_s + _unix_offset_s(),
+            })  # fmt: skip
+
+    def _restore_snapshot(self, payload: dict[str, Any]) -> None:
+        from .methods.stage_state import restore_stage_state
+
+        parts = self.parts
+        restore_stage_state(parts.runtime, parts.make_optimizer, payload["state"])
+        parts.runtime.lr_scale = float(payload["lr_scale"])
+        torch.set_rng_state(payload["rng"])
+        parts.method.adopt_heal_state(payload["method"])
+        parts.spans.set_origin(float(payload["origin_unix_s"]) - _unix_offset_s())
+        self.step, self.iteration = int(payload["step"]), int(payload["iteration"])
+        self.decided_through = int(payload["decided_through"])
+        self.scheduled_kills = {int(stage) for stage in payload["scheduled_kills"]}
+        self.handled_deaths = {int(death) for death in payload["handled_deaths"]}
+        self.has_state = True
+
+    def _note_restart_costs(self, gathered: list[dict[str, Any]]) -> None:
+        """torchrun: the costs of the agent's restart, the same on every rank (wall clock, seconds)."""
+        measured = getattr(self.membership, "restart_costs", None)
+        if not measured:
+            self.restart_costs = {}
+            return
+        survivors = [each for each in gathered if each["restore_bytes"]]
+        detected = self.membership.deaths[0]["detected_perf_s"] + _unix_offset_s() if self.membership.deaths else None
+        self.restart_costs = dict(measured) | {
+            "process_start_s": max(each["ready_unix_s"] - each["started_unix_s"] for each in gathered if each["started_unix_s"] is not None),
+            "survivor_reload_s": max((each["restore_s"] for each in survivors), default=0.0),
+            "survivor_reload_bytes": int(sum(each["restore_bytes"] for each in survivors)),
+            "survivor_restart_s": max((each["ready_unix_s"] for each in survivors), default=detected) - detected if detected is not None else None,
+        }
 
     # -- re-forming the group ------------------------------------------------------------------
 
@@ -1033,16 +1105,23 @@ class _HardFailureTrainer:
             "iteration": self.iteration,
             "decided_through": self.decided_through,
             "origin_s": parts.spans.origin_s if self.has_state else None,
+            "origin_unix_s": parts.spans.origin_s + _unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             "hostable": sorted(method.hostable_stages()) if self.has_state else [],
             "scheduled_kills": sorted(self.scheduled_kills),
             "handled_deaths": sorted(self.handled_deaths),
-            "arrived_perf_s": announcement.arrived_perf_s,
-            "formed_perf_s": announcement.formed_perf_s,
+            # Wall clock: perf_counter's origin differs between machines.
+            "arrived_unix_s": announcement.arrived_perf_s + _unix_offset_s(),
+            "formed_unix_s": announcement.formed_perf_s + _unix_offset_s(),
+            "ready_unix_s": self.ready_perf_s + _unix_offset_s(),
+            "started_unix_s": getattr(self.membership, "started_unix_s", None),
+            "restore_s": getattr(self.membership, "restore_s", 0.0),
+            "restore_bytes": getattr(self.membership, "restore_bytes", 0),
         }
         gathered = communicator.all_gather_objects(mine)
         # The rendezvous proper: from the last member's arrival to the group formed everywhere.
-        self.rendezvous_s = max(each["formed_perf_s"] for each in gathered) - max(each["arrived_perf_s"] for each in gathered)
+        self.rendezvous_s = max(each["formed_unix_s"] for each in gathered) - max(each["arrived_unix_s"] for each in gathered)
+        self._note_restart_costs(gathered)
         survivors = [each for each in gathered if each["has_state"]]
         if not survivors:
             raise RuntimeError(
@@ -1052,7 +1131,7 @@ class _HardFailureTrainer:
         first = survivors[0]
         if not self.has_state:
             # A replacement: the run's clock and the state every rank keeps alike, from a survivor.
-            parts.spans.set_origin(first["origin_s"])
+            parts.spans.set_origin(first["origin_unix_s"] - _unix_offset_s())
             method.adopt_replicated_metadata([each["metadata"] for each in survivors])
         furthest = max(survivors, key=lambda each: each["step"])
         step, iteration = furthest["step"], furthest["iteration"]
@@ -1146,6 +1225,7 @@ class _HardFailureTrainer:
         runtime = parts.runtime
         parts.set_hosted({}, None)
         self.full_group = True
+        self.kill_unix_s = None
         if not self.has_state:
             # The replacement's own start: fresh random weights, as a soft failure's re-initialisation.
             runtime.module.reset_parameters(derive_seed(config.seed, _FAILURE_INIT_STREAM, parts.stage, step))
@@ -1177,8 +1257,11 @@ class _HardFailureTrainer:
                 row["rebuilt_from"] |= {stage: "random init (the method has no recovery for this stage)" for stage in unplanned}
             if behind:
                 row["notes"] = [*row["notes"], f"stages {behind} had not applied the update of step {step - 1} when the group broke; they skip it"]
-            parts.result.recoveries.append(row | {"failure_mode": "hard", "degraded": False, "generation": announcement.generation} | costs)
+            parts.result.recoveries.append(
+                row | {"failure_mode": "hard", "degraded": False, "generation": announcement.generation} | costs | self.restart_costs
+            )
         self.journal.flush()
+        self._save_snapshot()
 
 
 class _HardFailureGridTrainer(_HardFailureTrainer):

@@ -124,6 +124,7 @@ class RedundantMethod(RecoveryMethod):
     def replicated_metadata(self) -> Any:
         return self.fallback.replicated_metadata()
 
+
     def adopt_replicated_metadata(self, survivors: list[Any]) -> None:
         self.fallback.adopt_replicated_metadata(survivors)
 

@@ -388,14 +388,24 @@ def test_a_remote_checkpoint_dir_that_cannot_hold_checkpoints_is_one_line(tmp_pa
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def test_torchrun_refuses_hard_failures_in_one_line(tmp_path, capsys):
+def test_a_hard_failure_rank_outside_torchrun_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """Hard failures run under torchrun's agent (tests/real/test_agent_membership.py); a rank started
+    without its token or its variables is refused before anything starts."""
     scenario = preset("cpu-tiny")
     scenario = scenario.model_copy(update={"training": scenario.training.model_copy(update={"failure_mode": "hard"})})
     path = tmp_path / "scenario.json"
     save_scenario(scenario, str(path))
+    monkeypatch.delenv("CHURNSIM_RUN_TOKEN", raising=False)
     assert main(["--scenario", str(path), "--method", "checkpoint"]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "failure_mode = 'hard' needs `churnsim real run`" in error
+    assert error.count("\n") == 1 and "CHURNSIM_RUN_TOKEN is not set" in error
+    monkeypatch.setenv("CHURNSIM_RUN_TOKEN", "ab" * 32)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["--scenario", str(path), "--method", "checkpoint"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "start the ranks with torchrun" in error
+    assert [p.name for p in tmp_path.iterdir()] == ["scenario.json"]
 
 
 # -- the command line ------------------------------------------------------------------------------
