@@ -25,7 +25,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 SBATCH_SCRIPT = REPOSITORY / "recipes" / "slurm" / "calibrate-and-validate.sbatch"
 PYTORCHJOB = REPOSITORY / "recipes" / "kubernetes" / "pytorchjob.yaml"
 CLUSTER_PAGE = REPOSITORY / "docs" / "how-to" / "cluster.md"
-WRITE_CONFIG_LINE = "torchrun --nnodes=N:N --nproc-per-node=P --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=RUN_ID --max-restarts=R -m churnsim.real.launch"
+WRITE_CONFIG_LINE = "torchrun --nnodes=N:N --nproc-per-node=P --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=RUN_ID --rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3 --max-restarts=R -m churnsim.real.launch"
 
 STANDIN_SRUN = '''
 """Stand-in srun: the step's command once per node (--nodes, else SLURM_NNODES; --ntasks=1: once), here, at once."""
@@ -99,7 +99,7 @@ def _documented_commands() -> list[str]:
     return [line for line in blocks[0].splitlines() if line.strip()]
 
 
-ENVIRONMENT_VARIABLES = frozenset({"CHURNSIM_RUN_TOKEN", "PYTHONSAFEPATH"})
+ENVIRONMENT_VARIABLES = frozenset({"CHURNSIM_RUN_TOKEN", "PYTHONSAFEPATH", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"})
 
 
 def _pattern(template: str) -> re.Pattern:
@@ -234,6 +234,7 @@ def test_the_pytorchjob_is_elastic_on_c10d_and_runs_the_write_config_command():
     environment = {variable["name"]: variable for variable in container["env"]}
     assert environment["CHURNSIM_RUN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "churnsim-run-token"
     assert environment["PYTHONSAFEPATH"]["value"] == "1"
+    assert environment["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"  # a replacement pod can join a later round
     mounted = {mount["mountPath"] for mount in container["volumeMounts"]}
     assert match["CONFIG"].startswith("/churnsim/config/") and "/churnsim/config" in mounted
     assert match["DIR"].startswith("/churnsim/runs/") and "/churnsim/runs" in mounted
