@@ -664,7 +664,8 @@ def _fit_latency_and_bandwidth(latencies: np.ndarray, scaled_bytes: np.ndarray, 
         inverse_bandwidth = float(np.sum(weights**2 * scaled_bytes * seconds) / np.sum(weights**2 * scaled_bytes**2))
     predicted = latencies * latency_s + scaled_bytes * inverse_bandwidth
     total = float(np.sum((seconds - seconds.mean()) ** 2))
-    r_squared = float(1.0 - np.sum((seconds - predicted) ** 2) / total) if total > 0 and len(seconds) > 1 else None
+    # r² of a line through the origin fitted to one size says nothing: none is given.
+    r_squared = float(1.0 - np.sum((seconds - predicted) ** 2) / total) if distinct and total > 0 and len(seconds) > 1 else None
     return LinkProfile(latency_s=float(latency_s), bandwidth_bytes_per_s=float(1.0 / inverse_bandwidth), r_squared=r_squared, num_points=num_points)
 
 
