@@ -104,3 +104,15 @@ def test_a_measured_allreduce_changes_the_prediction_of_a_data_parallel_scenario
     assert parallel_old.network.allreduce_latency_s == data_parallel.network.allreduce_latency_s  # kept without a measurement
     assert (parallel_new.network.allreduce_latency_s, parallel_new.network.allreduce_bandwidth_bytes_per_s) == (5e-3, 1e7)
     assert _healthy_iteration_s(parallel_new) > _healthy_iteration_s(parallel_old)
+
+
+def test_the_calibration_summary_shows_the_all_reduce_and_heal_only_where_measured(capsys):
+    from churnsim.calibration_report import print_calibration
+
+    old = load_calibration(str(builtin_calibration_path("cpu-tiny")))
+    print_calibration(old)
+    assert "all-reduce" not in capsys.readouterr().out
+    print_calibration(old.model_copy(update={"allreduce": LinkProfile(latency_s=0.0, bandwidth_bytes_per_s=8e7, num_points=12),
+                                             "replica_heal": LinkProfile(latency_s=0.0, bandwidth_bytes_per_s=3e8, num_points=2)}))  # fmt: skip
+    shown = capsys.readouterr().out
+    assert "data-parallel all-reduce: latency 0, bandwidth 80 MB/s (12 spans)" in shown and "bandwidth 300 MB/s (2 heals)" in shown
