@@ -507,6 +507,11 @@ def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord 
         record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=1.0
     )
     notes = [*mode_notes, *notes]
+    if record.manifest.real_settings.pipeline.data_parallel_degree > 1 and calibration.allreduce is None:  # type: ignore[union-attr]
+        notes.append(
+            f"calibration {calibration.name!r} measured no data-parallel all-reduce: the replay's all-reduce and heal copies cost "
+            "nothing; re-run churnsim calibrate (its suite measures them)"
+        )
     if twin_target is not None:
         notes.append(f"time to target: the loss no-failure twin {twin_target.run_id!r} reached after {twin_target.progress_iterations} iterations")
     # Load normalisation: the run's own steady step against the predicted healthy one tells how much

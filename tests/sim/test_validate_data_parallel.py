@@ -51,6 +51,9 @@ def test_a_real_2x2_run_is_predicted_with_a_finite_error_and_both_a_heal_and_a_s
     validation = validate_record(record, calibration)
     wall = validation.rows.set_index("quantity").loc["total_wall_clock_s"]
     assert wall["measured"] > 0 and math.isfinite(wall["relative_error"])
+    assert not any("measured no data-parallel all-reduce" in note for note in validation.notes)
+    without = validate_record(record, calibration.model_copy(update={"allreduce": None}))
+    assert any("measured no data-parallel all-reduce" in note for note in without.notes)
     handled = validation.predicted_handled_as
     # Stage 1's lost replica heals; of stage 0's two nodes lost at one boundary, the first starts a
     # heal that the second abandons: the stage is lost and goes to the method (checkpoint: a rollback).
