@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from held_out_validation import _median_figures, _run, _without_paths  # noqa: E402
-from report import add_report_option, write_report  # noqa: E402
+from report import add_report_option, report_if_asked  # noqa: E402
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS_FILE = REPOSITORY / "benchmarks" / "results" / "data-parallel-validation.json"
@@ -214,8 +214,7 @@ def main() -> None:
         print(f"median |wall-clock error|: {100 * figures['absolute']:.1f} % [{100 * low:.1f}, {100 * high:.1f}] over {figures['runs']} runs "
               f"(target {100 * TARGET_WALL_CLOCK:.0f} %: {result['target_verdict']})")
     print(f"wrote {RESULTS_FILE} and {TABLE_FILE}")
-    if arguments.report:  # under the recorded command, which names the working directory by its flag, not its path
-        print(f"wrote {write_report('data-parallel-validation', RESULTS_FILE, command=result['command'])}")
+    report_if_asked(arguments, "data-parallel-validation", RESULTS_FILE)
 
 
 if __name__ == "__main__":
