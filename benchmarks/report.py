@@ -125,6 +125,16 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "python benchmarks/held_out_validation.py",
         "median |load-normalised wall-clock error| at most 3 %, median |wall-clock error| at most 10 %"),
     Benchmark(
+        "data-parallel-validation", "data_parallel_validation.py",
+        "Validation of data-parallel runs: one `churnsim calibrate --quick` (its suite's 2 × 2 run measures the "
+        "all-reduce and the replica heal), then real runs of the tiny model in 2 × 2 and 4 × 2 grids (stages × "
+        "replicas) under failure schedules of replica losses (healed from a surviving replica) and of a stage loss "
+        "(both replicas of a stage at once: the method's recovery), each validated against that calibration. The "
+        "median |relative error| of the total wall-clock with a 95 % bootstrap interval, quartiles and range, per "
+        "grid, schedule and method, and how the runs handled their failures.",
+        "python benchmarks/data_parallel_validation.py",
+        "median |wall-clock error| at most 10 %"),
+    Benchmark(
         "carry-by-shape", "carry_by_shape.py",
         "How well the compute model carries a calibration to other pipeline shapes on shared cores: no-failure "
         "real runs of six shapes (stages × layers per stage), interleaved each round; per shape its steady step "

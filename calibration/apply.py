@@ -14,8 +14,12 @@ Two modes:
                 `run_speed_log_sd` from the calibration's run speeds (calibration/speed_uncertainty.py).
                 Local CPU calibrations set `shared_cores`: the times are core-seconds and the
                 simulator shares the machine's cores among the stage processes.
-    network     UniformNetwork(latency, bandwidth) from the link profile; the scenario's all-reduce
-                latency/bandwidth are kept (not measured)
+    network     UniformNetwork(latency, bandwidth) from the link profile; with D > 1 and a
+                calibration that measured the all-reduce (`Calibration.allreduce`, from
+                data-parallel runs), its latency and bandwidth, which the simulator also charges a
+                replica heal's copy over; otherwise the scenario's all-reduce latency/bandwidth are
+                kept (not measured). The measured heal (`Calibration.replica_heal`) is not applied:
+                the simulator has no heal link of its own (approximation)
     storage     tiers named in the calibration take its read/write bandwidths; their capacity and
                 survival flags, and the bandwidths of tiers the calibration lacks, stay as they were
                 (a calibration tier absent from the scenario is ignored: whether it survives node
@@ -184,11 +188,16 @@ def recovery_for_failure_mode(
 
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
     compute = calibrated_compute(scenario, calibration)
+    allreduce_latency_s = scenario.network.allreduce_latency_s
+    allreduce_bandwidth_bytes_per_s = scenario.network.allreduce_bandwidth_bytes_per_s
+    if scenario.pipeline.data_parallel_degree > 1 and calibration.allreduce is not None:
+        allreduce_latency_s = calibration.allreduce.latency_s
+        allreduce_bandwidth_bytes_per_s = calibration.allreduce.bandwidth_bytes_per_s
     network = UniformNetwork(
         latency_s=calibration.link.latency_s,
         bandwidth_bytes_per_s=calibration.link.bandwidth_bytes_per_s,
-        allreduce_latency_s=scenario.network.allreduce_latency_s,
-        allreduce_bandwidth_bytes_per_s=scenario.network.allreduce_bandwidth_bytes_per_s,
+        allreduce_latency_s=allreduce_latency_s,
+        allreduce_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
     )
     measured_tiers = {tier.name: tier for tier in calibration.storage}
     storage = tuple(

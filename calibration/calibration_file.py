@@ -152,6 +152,16 @@ class Calibration(FiniteNumbersModel):
     """Per method, its recovery parts under hard failures (the process killed, a replacement started,
     a rendezvous): what a run of `training.failure_mode = "hard"` is charged (calibration.apply).
     Empty where no calibration run had hard failures."""
+    allreduce: LinkProfile | None = None
+    """Data parallelism: the gradient all-reduce's link, fitted from data-parallel runs' `allreduce`
+    spans as the simulator's ring all-reduce (2(D-1) latencies + 2(D-1)/D of the bytes over the
+    bandwidth); what `network.allreduce_*` of a D > 1 scenario gets. None where no calibration run
+    had D > 1 (older calibrations too)."""
+    replica_heal: LinkProfile | None = None
+    """Data parallelism: a replica heal's copy (seconds against the stage state's bytes, from the
+    `recovery.heal` spans), fitted as latency + bytes / bandwidth. Kept beside `allreduce` to show
+    how far the simulator's heal, charged over the all-reduce link, is from the measured one. None
+    where no calibration run healed a replica."""
     convergence: ConvergenceSpec
     speed_reference: SpeedReference | None = None
     """The machine's speed on the probe workload at calibration time (`SpeedReference`); None in

@@ -32,8 +32,11 @@ from .fit_timing import (
     Predictor,
     fit_checkpoint_write_latency_s,
     fit_evaluation,
+    data_parallel_degree_of,
+    fit_allreduce,
     fit_compute_cost_model,
     fit_link_profile,
+    fit_replica_heal,
     fit_method_iteration_extra_s,
     fit_optimizer_step,
     fit_recovery_times,
@@ -110,7 +113,12 @@ def build_calibration(
     `predict_method_extra_s`, when given, its extra for a method (`Calibration.method_model_extra_s`).
     """
     all_records = fit_records
-    settings, fit_records, shape_records = _calibrated_setup(all_records)
+    # Data-parallel runs beside D = 1 ones (the suite's data-parallel shape) measure only the
+    # all-reduce and the heal; the rest of the calibration is fitted on the D = 1 runs.
+    data_parallel_records = [record for record in all_records if data_parallel_degree_of(record) > 1]
+    if len(data_parallel_records) < len(all_records):
+        fit_records = [record for record in all_records if data_parallel_degree_of(record) == 1]
+    settings, fit_records, shape_records = _calibrated_setup(fit_records)
     stage_timings = fit_stage_timings(fit_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
     if len(stage_timings) != settings.pipeline.num_stages:
         raise InputError(
@@ -182,6 +190,8 @@ def build_calibration(
         storage=tuple(tier_bandwidths),
         recovery=fit_recovery_times(fit_records, failure_mode="soft"),
         hard_failure_recovery=fit_recovery_times(fit_records, failure_mode="hard"),
+        allreduce=fit_allreduce(data_parallel_records, num_warmup_iterations=num_warmup_iterations),
+        replica_heal=fit_replica_heal(data_parallel_records),
         convergence=ConvergenceSpec(
             baseline=curve,
             setbacks=setbacks,

@@ -607,3 +607,95 @@ def fit_recovery_times(
             num_samples=int(len(rows)),
         )
     return result
+
+
+def data_parallel_degree_of(record: RunRecord) -> int:
+    """D of a real run (1 where its settings do not say)."""
+    settings = record.manifest.real_settings
+    return int(settings.pipeline.data_parallel_degree) if settings is not None else 1
+
+
+def _data_parallel_points(records: Sequence[RunRecord], kind: str, num_warmup_iterations: int) -> pd.DataFrame:
+    """Median seconds of the `kind` spans that moved bytes, per (D, bytes): columns degree, bytes, seconds, spans."""
+    frames = []
+    for record in records:
+        spans = record.spans
+        if "bytes" not in spans.columns or data_parallel_degree_of(record) < 2:
+            continue
+        moved = pd.to_numeric(spans["bytes"], errors="coerce")
+        chosen = spans[(spans["kind"] == kind) & (moved > 0) & (spans["iteration"] >= num_warmup_iterations)]
+        if chosen.empty:
+            continue
+        frames.append(
+            pd.DataFrame(
+                {
+                    "degree": data_parallel_degree_of(record),
+                    "bytes": pd.to_numeric(chosen["bytes"]).astype(float),
+                    "seconds": (chosen["end_s"] - chosen["start_s"]).astype(float),
+                }
+            )
+        )
+    if not frames:
+        return pd.DataFrame(columns=["degree", "bytes", "seconds", "spans"])
+    points = pd.concat(frames, ignore_index=True)
+    points = points[points["seconds"] > 0]
+    return points.groupby(["degree", "bytes"], as_index=False).agg(seconds=("seconds", "median"), spans=("seconds", "size"))
+
+
+SEPARABLE_SIZE_RATIO = 1.5
+"""Bytes (per latency) must span at least this ratio for a fit to tell latency from bandwidth."""
+
+
+def _fit_latency_and_bandwidth(latencies: np.ndarray, scaled_bytes: np.ndarray, seconds: np.ndarray, num_points: int) -> LinkProfile:
+    """Least squares of seconds = latencies · latency_s + scaled_bytes / bandwidth, weighted by
+    1 / seconds (relative errors, as `fit_link_profile`). Where the points cannot tell latency from
+    bandwidth (one size only) or the fit says a latency below zero, the latency is taken as zero
+    and the bandwidth is the one through the origin (an approximation the caller's docs state)."""
+    weights = 1.0 / seconds
+    per_latency = scaled_bytes / np.maximum(latencies, 1e-300)
+    # Sizes within a factor SEPARABLE_SIZE_RATIO of each other give a near-singular fit: noise decides the latency.
+    distinct = float(per_latency.max()) >= SEPARABLE_SIZE_RATIO * float(per_latency.min())
+    latency_s, inverse_bandwidth = 0.0, 0.0
+    if distinct:
+        design = np.column_stack([latencies, scaled_bytes]) * weights[:, None]
+        (latency_s, inverse_bandwidth), *_ = np.linalg.lstsq(design, seconds * weights, rcond=None)
+    if not distinct or latency_s < 0 or inverse_bandwidth <= 0:
+        latency_s = 0.0
+        inverse_bandwidth = float(np.sum(weights**2 * scaled_bytes * seconds) / np.sum(weights**2 * scaled_bytes**2))
+    predicted = latencies * latency_s + scaled_bytes * inverse_bandwidth
+    total = float(np.sum((seconds - seconds.mean()) ** 2))
+    # r² of a line through the origin fitted to one size says nothing: none is given.
+    r_squared = float(1.0 - np.sum((seconds - predicted) ** 2) / total) if distinct and total > 0 and len(seconds) > 1 else None
+    return LinkProfile(latency_s=float(latency_s), bandwidth_bytes_per_s=float(1.0 / inverse_bandwidth), r_squared=r_squared, num_points=num_points)
+
+
+def fit_allreduce(records: Sequence[RunRecord], *, num_warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> LinkProfile | None:
+    """The gradient all-reduce's latency and bandwidth from the `allreduce` spans (seconds, bytes) of
+    runs with D > 1, inverted through the simulator's ring all-reduce: seconds = 2(D-1) · latency_s +
+    2(D-1)/D · bytes / bandwidth (sim/model/iteration.py). Each (D, bytes) gives one point, the
+    median of its spans past warm-up; `num_points` counts the spans. None without such spans.
+
+    Approximation: a span times the whole collective on one rank, waits for the slowest replica
+    included."""
+    points = _data_parallel_points(records, "allreduce", num_warmup_iterations)
+    if points.empty:
+        return None
+    degree = points["degree"].to_numpy(dtype=float)
+    return _fit_latency_and_bandwidth(
+        2.0 * (degree - 1.0),
+        2.0 * (degree - 1.0) / degree * points["bytes"].to_numpy(dtype=float),
+        points["seconds"].to_numpy(dtype=float),
+        int(points["spans"].sum()),
+    )
+
+
+def fit_replica_heal(records: Sequence[RunRecord]) -> LinkProfile | None:
+    """A heal's copy: seconds = latency_s + bytes / bandwidth from the `recovery.heal` spans of runs
+    with D > 1 (each side of a copy records one: the source its bytes sent, the replacement its
+    bytes received). None without heals."""
+    points = _data_parallel_points(records, "recovery.heal", 0)
+    if points.empty:
+        return None
+    return _fit_latency_and_bandwidth(
+        np.ones(len(points)), points["bytes"].to_numpy(dtype=float), points["seconds"].to_numpy(dtype=float), int(points["spans"].sum())
+    )

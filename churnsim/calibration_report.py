@@ -46,6 +46,9 @@ def print_calibration(calibration) -> None:
         if link.r_squared is not None
         else f"link: latency {_seconds(link.latency_s)}, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s",
     ]
+    for label, fitted, what in (("data-parallel all-reduce", calibration.allreduce, "spans"), ("replica heal copy (not applied)", calibration.replica_heal, "heals")):
+        if fitted is not None:
+            lines.append(f"{label}: latency {_seconds(fitted.latency_s)}, bandwidth {fitted.bandwidth_bytes_per_s / 1e6:.0f} MB/s ({fitted.num_points} {what})")
     lines += [
         f"tier {tier.name}: write {tier.write_bandwidth_bytes_per_s / 1e6:.0f} MB/s, read {tier.read_bandwidth_bytes_per_s / 1e6:.0f} MB/s"
         for tier in calibration.storage

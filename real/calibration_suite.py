@@ -174,7 +174,7 @@ def measure_storage_bandwidth(
 @dataclass(frozen=True, kw_only=True)
 class SuiteRun:
     run_id: str
-    purpose: Literal["baseline", "failures", "shape", "held_out"]
+    purpose: Literal["baseline", "failures", "shape", "data_parallel", "held_out"]
     config: TrainingConfig
     failure_rate_per_stage_hour: float | None = None
     """Recorded in the manifest when the failures were sampled from an hourly rate."""
@@ -207,6 +207,10 @@ def quick_settings() -> SuiteSettings:
 
 
 SHAPE_ITERATIONS = 40
+DATA_PARALLEL_DEGREE = 2
+"""Replicas of the suite's data-parallel run (`data_parallel_run`)."""
+DATA_PARALLEL_FAILURE_STEPS: tuple[tuple[int, int, int], ...] = ((12, 0, 1), (26, 1, 0))
+"""(step, stage, replica) of its soft replica losses: one per stage, so the heals copy two sizes of state."""
 SHAPE_SCENARIO_FIELDS: dict[str, str] = {
     "num_stages": "pipeline.num_stages",
     "num_microbatches": "pipeline.num_microbatches",
@@ -322,6 +326,7 @@ def training_config(
     num_layers: int | None = None,
     dim: int | None = None,
     seq_len: int | None = None,
+    data_parallel_degree: int = 1,
 ) -> TrainingConfig:
     """The suite's model and pipeline (the tiny model in 4 stages unless the settings name others);
     the keyword sizes give another setup."""
@@ -343,7 +348,23 @@ def training_config(
         corpus_max_bytes=settings.corpus_max_bytes,
         device=device,
         num_threads=1,
+        data_parallel_degree=data_parallel_degree,
     )
+
+
+def data_parallel_run(settings: SuiteSettings, *, method: str, device: str = "cpu", prefix: str = "fit") -> SuiteRun:
+    """A short run of the suite's model in 2 stages (the suite's own stages where the layers do not
+    split in two) × `DATA_PARALLEL_DEGREE` replicas, with one soft replica loss per stage: its
+    `allreduce` spans and its heals' `recovery.heal` spans give the calibration the all-reduce and
+    the heal (calibration.fit_timing.fit_allreduce, fit_replica_heal). No stage is lost, so the
+    method's own recovery is not part of it."""
+    model = settings.model or model_preset("tiny")
+    num_stages = 2 if model.num_layers % 2 == 0 else settings.num_stages
+    config = training_config(
+        settings, method=method, seed=settings.seeds[0], device=device, num_stages=num_stages, num_iterations=SHAPE_ITERATIONS,
+        failures=DATA_PARALLEL_FAILURE_STEPS, data_parallel_degree=DATA_PARALLEL_DEGREE,
+    )
+    return SuiteRun(run_id=f"{prefix}-data-parallel-{num_stages}x{DATA_PARALLEL_DEGREE}", purpose="data_parallel", config=config)
 
 
 def registered_methods() -> tuple[str, ...]:
@@ -365,7 +386,8 @@ def suite_plan(
 ) -> tuple[SuiteRun, ...]:
     """Baseline runs (the reference method `none`, no failures) per seed, no-failure runs of other
     shapes (`suite_shapes`, `shared_cores` the CPU cores the stage processes share: None with a
-    device each; required, since it decides whether the double-depth shape runs), then one failure run per method (by default every registered method the pipeline
+    device each; required, since it decides whether the double-depth shape runs), a data-parallel
+    run with replica losses (`data_parallel_run`), then one failure run per method (by default every registered method the pipeline
     can take: CheckFree+ needs 4 stages)."""
     chosen = tuple(methods) if methods is not None else tuple(
         name for name in registered_methods() if method_traits(name).minimum_stages <= settings.num_stages
@@ -389,8 +411,11 @@ def suite_plan(
         )
         for shape, sizes in suite_shapes(settings, shared_cores=shared_cores)
     ]
+    failing = [method for method in chosen if not method_traits(method).ignores_failures]
+    if failing:  # a method that handles failures: a stage loss would go to it, a replica loss heals
+        runs.append(data_parallel_run(settings, method=failing[0], device=device, prefix=prefix))
     failures = failure_steps(settings.num_iterations, settings.failure_spacing_iterations, num_stages=settings.num_stages)
-    for index, name in enumerate(method for method in chosen if not method_traits(method).ignores_failures):
+    for index, name in enumerate(failing):
         seed = settings.seeds[index % len(settings.seeds)]
         runs.append(
             SuiteRun(

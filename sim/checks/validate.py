@@ -141,6 +141,9 @@ class RunValidation:
     notes: tuple[str, ...] = ()
     through_compute_model: bool = False
     """A real run of a setup other than the calibrated one, predicted through the compute model."""
+    predicted_handled_as: tuple[str, ...] = ()
+    """How the replay handled each of the run's failures, in order (`HandledFailure.handled_as`: e.g.
+    `replica_heal`, `stage_loss` with data parallelism); () for simulated records."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -467,6 +470,7 @@ class _RealComparison:
     """Predicted at the machine's 2.5 % and 97.5 % speed (None: the calibration measured no spread)."""
     target_loss: float
     notes: list[str]
+    handled_as: tuple[str, ...] = ()
 
 
 def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: Calibration) -> tuple[Scenario, list[str]]:
@@ -503,6 +507,11 @@ def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord 
         record, scenario, calibration, target_loss=target_loss, twin_target=twin_target, compute_factor=1.0
     )
     notes = [*mode_notes, *notes]
+    if record.manifest.real_settings.pipeline.data_parallel_degree > 1 and calibration.allreduce is None:  # type: ignore[union-attr]
+        notes.append(
+            f"calibration {calibration.name!r} measured no data-parallel all-reduce: the replay's all-reduce and heal copies cost "
+            "nothing; re-run churnsim calibrate (its suite measures them)"
+        )
     if twin_target is not None:
         notes.append(f"time to target: the loss no-failure twin {twin_target.run_id!r} reached after {twin_target.progress_iterations} iterations")
     # Load normalisation: the run's own steady step against the predicted healthy one tells how much
@@ -527,7 +536,8 @@ def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord 
         )
         interval = (at_fast, at_slow)
     return _RealComparison(
-        measured=measured, predicted=predicted, load_normalised=load_normalised, interval=interval, target_loss=target_loss, notes=notes
+        measured=measured, predicted=predicted, load_normalised=load_normalised, interval=interval, target_loss=target_loss, notes=notes,
+        handled_as=tuple(failure.handled_as for failure in wall_run.failures),
     )
 
 
@@ -575,12 +585,14 @@ def validate_record(
     manifest = record.manifest
     load_normalised: Observed | None = None
     interval: tuple[Observed, Observed] | None = None
+    handled_as: tuple[str, ...] = ()
     if manifest.real_settings is not None:
         if calibration is None:
             raise InputError(f"run record {manifest.run_id!r} is a real run: replaying it needs a calibration (--calibration FILE)")
         comparison = _validate_real(record, calibration, twin)
         measured, predicted, target_loss, notes = comparison.measured, comparison.predicted, comparison.target_loss, comparison.notes
         load_normalised, interval = comparison.load_normalised, comparison.interval
+        handled_as = comparison.handled_as
         probability = (
             failure_probability_of(manifest.scenario) if manifest.scenario is not None else manifest.real_settings.failure_rate_per_stage_hour
         )
@@ -639,6 +651,7 @@ def validate_record(
     return RunValidation(
         run_id=manifest.run_id, method=manifest.method, source=manifest.source, rows=table, target_loss=target_loss, notes=tuple(notes),
         through_compute_model=manifest.real_settings is not None and not calibrated_setup,
+        predicted_handled_as=handled_as,
     )
 
 

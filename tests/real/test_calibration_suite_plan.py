@@ -18,7 +18,7 @@ def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_six_shapes_
     plan = suite_plan(quick_settings(), shared_cores=2)
     assert [run.run_id for run in plan] == [
         "fit-none-s0", "fit-none-s1", "fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16", "fit-shape-8-layers",
-        "fit-shape-width-32", "fit-shape-seq-128", "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
+        "fit-shape-width-32", "fit-shape-seq-128", "fit-data-parallel-2x2", "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
         "fit-copy-s1", "fit-uniform-s0", "fit-random-s1",
     ]  # fmt: skip
     by_id = {run.run_id: run.config for run in plan}
@@ -26,6 +26,10 @@ def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_six_shapes_
     assert all(config.model == model_preset("tiny") for run_id, config in by_id.items() if run_id not in reshaped)
     assert (by_id["fit-shape-2-stages"].num_stages, by_id["fit-shape-8-microbatches"].num_microbatches, by_id["fit-shape-microbatch-16"].microbatch_size) == (2, 8, 16)
     assert by_id["fit-checkfree-s1"].failures == ((25, 1), (50, 3), (75, 2))  # interior, edge, interior
+    # The data-parallel run: 2 stages × 2 replicas, one replica of each stage lost (healed, never a stage loss).
+    data_parallel = by_id["fit-data-parallel-2x2"]
+    assert (data_parallel.num_stages, data_parallel.data_parallel_degree) == (2, 2)
+    assert data_parallel.failures == ((12, 0, 1), (26, 1, 0))
     deeper = by_id["fit-shape-8-layers"]
     assert (deeper.model.num_layers, deeper.num_stages, deeper.model.dim) == (8, 4, model_preset("tiny").dim)
     narrower, longer = by_id["fit-shape-width-32"].model, by_id["fit-shape-seq-128"].model
