@@ -251,7 +251,7 @@ def test_a_closed_form_run_is_freed_as_soon_as_it_ends(name):
     raise), nor a reference cycle through background work that never came (a redundant replacement).
     Watched through its policy, which the run holds: the compiled run takes no weak reference."""
     scenario = preset("checkfree-500m-geo-16pct", {"pipeline.replicas_fail_together": True}, methods=(name,))
-    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=3000, max_wall_clock_s=1e9)})
+    scenario = scenario.model_copy(update={"target": TargetSpec(iterations=3000, max_wall_clock_s=1e7)})
     policy = build_policy(scenario.methods[0], scenario)
     run = ClosedFormRun(
         scenario, policy, twin_for(policy, scenario), failures_for_replication(scenario),
