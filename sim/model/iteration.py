@@ -24,8 +24,11 @@ Shared cores (`PipelineState.shared_cores`, a local run whose stage processes ou
 cores): every node is a one-thread process on one host, and the operations running at the same
 time share the host's cores equally (processor sharing, `_SharedCores`): with n running, each does
 min(1, cores / n) core-seconds of its work per second. Operation times are then core-seconds of
-work (what a run measures when its process has a core to itself), not wall time. Approximation:
-the operating system's scheduler is taken as perfectly fair and switching as free.
+work (what a run measures when its process has a core to itself), not wall time. With data
+parallelism the host runs every replica's pipeline, D copies of the one simulated here doing the
+same operations at the same time, so the simulated replica gets cores / D of the host. Approximation:
+the operating system's scheduler is taken as perfectly fair and switching as free, and the replicas
+as in lockstep.
 
 A separate (de)embedding node (`PipelineState.embedding_node`, the authors' CheckFree layout): it
 runs two schedule parts, the embedding (first hop) and the head (last hop), as two processes that
@@ -128,7 +131,7 @@ class _SharedCores:
     # Work left below this many core-seconds counts as done (floating-point residue of the rates).
     _DONE_CORE_S = 1e-12
 
-    def __init__(self, env: simpy.Environment, cores: int) -> None:
+    def __init__(self, env: simpy.Environment, cores: float) -> None:
         self.env = env
         self.cores = cores
         self.remaining_core_s: dict[object, float] = {}
@@ -303,7 +306,11 @@ class _IterationRun:
             (state.embedding_gradient_bytes, state.head_gradient_bytes) if separate else ()
         )
         self.busy_s = [0.0] * (num_stages + 1 if separate else num_stages)
-        cores = _SharedCores(self.env, state.shared_cores) if state.shared_cores is not None else None
+        cores = (
+            _SharedCores(self.env, state.shared_cores / state.data_parallel_degree)
+            if state.shared_cores is not None
+            else None
+        )
         self.nodes = {node: _Node(self.env, self._record, cores) for node in set(self.unit_node)}
         self.links: dict[tuple[int, int], FifoMessageLink] = {}
         self.allreduce_links: dict[int, ProcessorSharingLink] = {}

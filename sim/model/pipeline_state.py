@@ -83,7 +83,8 @@ class PipelineState:
     shared_cores: int | None = None
     """None: every node computes on a processor of its own. A number: every node is a one-thread
     process on one host with this many CPU cores, which running operations share (see
-    sim.model.iteration); operation times are then core-seconds of work."""
+    sim.model.iteration); operation times are then core-seconds of work. With data parallelism the
+    host runs all `data_parallel_degree` replicas' processes, so one replica gets cores / D."""
     _num_nodes: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ from churnsim.sim.model.pipeline_state import PipelineState
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.01, 0.02, 0.005
 
 
-def _state(*, cores: int | None, redundant: bool = False, schedule: str = "1f1b", num_stages: int = 4, num_microbatches: int = 4) -> PipelineState:
+def _state(*, cores: int | None, redundant: bool = False, schedule: str = "1f1b", num_stages: int = 4, num_microbatches: int = 4, data_parallel_degree: int = 1) -> PipelineState:
     return PipelineState.uniform(
         num_stages=num_stages,
         num_microbatches=num_microbatches,
@@ -21,6 +21,7 @@ def _state(*, cores: int | None, redundant: bool = False, schedule: str = "1f1b"
         optimizer_step_s=OPTIMIZER_S,
         redundant_forward=redundant,
         shared_cores=cores,
+        data_parallel_degree=data_parallel_degree,
     )
 
 
@@ -46,6 +47,21 @@ def test_fewer_cores_never_speed_an_iteration_up():
     times = [simulate_iteration(_state(cores=cores, num_stages=6, num_microbatches=8)).time_s for cores in (6, 4, 3, 2, 1)]
     assert times == sorted(times)
     assert times[-1] > times[0]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("replicas", "cores"), [(2, 4), (2, 2), (4, 4), (3, 6)])
+def test_replicas_on_one_host_share_its_cores(schedule, replicas, cores):
+    # D replicas doing the same operations at the same time leave each replica cores / D of the host:
+    # on cores = D x c the iteration is that of one replica on c cores.
+    with_replicas = _state(cores=cores, schedule=schedule, data_parallel_degree=replicas)
+    one_replica = _state(cores=cores // replicas, schedule=schedule)
+    assert simulate_iteration(with_replicas).time_s == pytest.approx(simulate_iteration(one_replica).time_s, rel=1e-9)
+
+
+def test_replicas_on_one_core_take_replicas_times_the_work():
+    one = simulate_iteration(_state(cores=1)).time_s
+    assert simulate_iteration(_state(cores=1, data_parallel_degree=3)).time_s == pytest.approx(3 * one, rel=1e-9)
 
 
 def test_shared_cores_must_be_a_positive_integer():
