@@ -36,7 +36,11 @@ Two modes:
                 for methods the calibration did not measure. Hard, where the calibration measured
                 hard failures: join_delay_s = the configured join delay + the measured process start
                 (a replacement process built from nothing), restart = the measured rendezvous +
-                `unrecorded_s`. Transfer, load and rebuild times are
+                `unrecorded_s`; and, where the calibration fitted the components of a hard failure
+                under the agent (`hard_failure_costs`), survivor_restart_s = detection + the
+                agent's restart + process start + the reload of this scenario's largest stage's
+                snapshot (charged by the simulator when `training.hard_failure_launch` is "agent").
+                Transfer, load and rebuild times are
                 not copied: the simulator derives them from bytes, the link and the tiers, which the
                 calibration sets. Under redundant computation the simulator's restart is the
                 replacement's, off the training path: the stall of a failover is not charged
@@ -186,6 +190,16 @@ def recovery_for_failure_mode(
     )
 
 
+def survivor_restart_for(scenario: Scenario, calibration: Calibration, failure_mode: Literal["soft", "hard"]) -> float:
+    """The survivors' restart of a hard failure on the scenario's model and pipeline, from the
+    calibration's fitted components (`Calibration.hard_failure_costs`); the scenario's own
+    `recovery.survivor_restart_s` where the failures are soft or the calibration fitted none."""
+    costs = calibration.hard_failure_costs
+    if failure_mode != "hard" or costs is None:
+        return scenario.recovery.survivor_restart_s
+    return costs.survivor_restart_s(scenario.model, scenario.pipeline)
+
+
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
     compute = calibrated_compute(scenario, calibration)
     allreduce_latency_s = scenario.network.allreduce_latency_s
@@ -215,6 +229,7 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
     training = scenario.training
     configured_delay_s = training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s
     recovery = recovery_for_failure_mode(scenario.recovery, calibration, training.failure_mode, configured_delay_s)
+    recovery = recovery.model_copy(update={"survivor_restart_s": survivor_restart_for(scenario, calibration, training.failure_mode)})
     return {
         "compute": compute.model_dump(),
         "network": network.model_dump(),

@@ -16,6 +16,7 @@ from .apply import calibrated_setup_compute
 from .calibration_file import Calibration, Provenance, TierBandwidth
 from .convergence import ConvergenceSpec
 from .errors import InputError
+from .hard_failure_costs import agent_recovery_points, fit_hard_failure_costs
 from .fit_convergence import (
     DEFAULT_WINDOW_ITERATIONS,
     SetbackSample,
@@ -190,6 +191,13 @@ def build_calibration(
         storage=tuple(tier_bandwidths),
         recovery=fit_recovery_times(fit_records, failure_mode="soft"),
         hard_failure_recovery=fit_recovery_times(fit_records, failure_mode="hard"),
+        hard_failure_costs=fit_hard_failure_costs(
+            [
+                agent_recovery_points(record.recoveries, record.manifest.real_settings.model, record.manifest.real_settings.pipeline)
+                for record in fit_records
+                if record.recoveries is not None and record.manifest.real_settings is not None
+            ]
+        ),
         allreduce=fit_allreduce(data_parallel_records, num_warmup_iterations=num_warmup_iterations),
         replica_heal=fit_replica_heal(data_parallel_records),
         convergence=ConvergenceSpec(
