@@ -147,3 +147,15 @@ def test_a_bad_recoveries_table_is_refused_with_its_line(tmp_path):
     with pytest.raises(InputError, match=r"recoveries.csv: line 3: column survivor_restart_s holds 'soon'"):
         read_recoveries(tmp_path)
     assert read_recoveries(tmp_path / "nowhere") is None
+
+
+def test_calibrate_s_report_shows_each_part_with_its_points_and_r_squared(capsys):
+    from churnsim.calibration_report import print_calibration
+
+    calibration = load_builtin_calibration("cpu-tiny")[0]
+    print_calibration(calibration.model_copy(update={"hard_failure_costs": fit_hard_failure_costs(_points(hidden_sizes=(64,), failed=(1,)))}))
+    shown = capsys.readouterr().out
+    assert "a hard failure's restart under torchrun's agent (1" in shown and "survivors' reload" in shown
+    assert "note: only 1 hard-failure recovery" in shown
+    print_calibration(calibration)
+    assert "torchrun's agent" not in capsys.readouterr().out
