@@ -16,7 +16,9 @@ For each run record:
 2. **Failures.** A real run's failures strike where they struck it: before the same step
    (`calibrated.replay_failures_at_steps`), each placed at the instant the simulated run, with the
    earlier ones placed, begins that step, after the work at its boundary such as a checkpoint write
-   (a real local run checks for failures between steps and loses no partial iteration).
+   (a real local run checks for failures between steps and loses no partial iteration). A failure
+   that fell due during an earlier one's recovery (recorded at the same step, seconds later: a hard
+   failure's restart under torchrun's agent) is placed after that recovery (`failure_rounds`).
    So a prediction keeps the run's failure pattern (the checkpoint a rollback returns to, the
    failures that overlap a recovery) when its speed differs from the run's; replayed at measured
    times, a failure of a run slower than predicted can land after the simulated run's end or

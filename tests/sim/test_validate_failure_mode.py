@@ -138,3 +138,29 @@ def test_the_survivors_restart_fitted_from_agent_recoveries_changes_a_hard_run_s
 def test_a_calibration_with_hard_failures_but_no_agent_components_says_the_survivors_restart_is_not_charged():
     _, notes = _predicted_wall_s(_record("held-out", hard=True), WITH_HARD)
     assert any("survivors' restart under torchrun's agent is not charged" in note for note in notes)
+
+
+def test_a_failure_that_fell_due_during_an_earlier_one_s_restart_is_replayed_after_it():
+    """Under torchrun's agent a kill scheduled during another kill's restart fires at the same step,
+    seconds later: the replay places it after the first recovery, where it costs its own restart."""
+    import dataclasses
+
+    from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
+    from churnsim.sim.model.calibrated import failure_rounds
+
+    base = _record("same-step", hard=True, failures=((10, 1),))
+    first_s = base.failures.failures[0].time_s
+
+    def with_failures(*times_and_stages):
+        failures = tuple(ScheduledFailure(time_s=time_s, iteration=10, stage=stage, kind="stage_failure") for time_s, stage in times_and_stages)
+        return dataclasses.replace(base, failures=FailureSchedule(failures=failures))
+
+    apart = with_failures((first_s, 1), (first_s + 5.0, 2))
+    together = with_failures((first_s, 1), (first_s, 2))
+    assert [len(group) for group in failure_rounds(list(apart.failures.failures), 0.075)] == [1, 1]
+    assert [len(group) for group in failure_rounds(list(together.failures.failures), 0.075)] == [2]
+    calibration = WITH_HARD.model_copy(update={"hard_failure_costs": _agent_costs(process_start_s=1.5)})
+    survivors_s = calibration.hard_failure_costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline)
+    apart_s, _ = _predicted_wall_s(apart, calibration)
+    together_s, _ = _predicted_wall_s(together, calibration)
+    assert apart_s - together_s == pytest.approx(survivors_s, rel=0.1)
