@@ -138,7 +138,7 @@ def _failed_stages(text: object) -> list[int]:
 def agent_recovery_points(recoveries: pd.DataFrame, model: ModelSpec, pipeline: PipelineSpec) -> pd.DataFrame:
     """The agent-path rows of one run's recoveries.csv with the bytes of its largest survivor and the
     snapshot bytes per parameter; empty where the run did not recover under the agent."""
-    if recoveries is None or recoveries.empty or not set(AGENT_COLUMNS) <= set(recoveries.columns):
+    if recoveries is None or recoveries.empty or not {"failure_mode", *AGENT_COLUMNS} <= set(recoveries.columns):
         return pd.DataFrame()
     rows = recoveries[(recoveries["failure_mode"] == "hard") & recoveries["survivor_restart_s"].notna()]
     if "degraded" in rows.columns:

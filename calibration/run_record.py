@@ -273,7 +273,7 @@ def read_recoveries(directory: str | Path) -> pd.DataFrame | None:
     path = Path(directory) / RECOVERIES_FILE
     if not path.exists():
         return None
-    frame = _read_table(path, ("failure_mode",), ("step", "failed_stages", "degraded", *RECOVERY_NUMBER_COLUMNS))
+    frame = _read_table(path, (), ("step", "failure_mode", "failed_stages", "degraded", *RECOVERY_NUMBER_COLUMNS))
     for column in RECOVERY_NUMBER_COLUMNS:
         if column not in frame.columns:
             continue

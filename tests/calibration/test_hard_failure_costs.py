@@ -147,6 +147,10 @@ def test_a_bad_recoveries_table_is_refused_with_its_line(tmp_path):
     with pytest.raises(InputError, match=r"recoveries.csv: line 3: column survivor_restart_s holds 'soon'"):
         read_recoveries(tmp_path)
     assert read_recoveries(tmp_path / "nowhere") is None
+    # An older run's table without the columns of the agent path still loads, and gives no costs.
+    pd.DataFrame({"step": [3], "join_s": [0.5]}).to_csv(tmp_path / "recoveries.csv", index=False)
+    older = read_recoveries(tmp_path)
+    assert older["join_s"].tolist() == [0.5] and agent_recovery_points(older, _model(64), PIPELINE).empty
 
 
 def test_calibrate_s_report_shows_each_part_with_its_points_and_r_squared(capsys):
