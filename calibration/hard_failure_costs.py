@@ -106,6 +106,12 @@ class HardFailureCosts(StrictModel):
     survivors' restart (from the kill, where detection was measured)."""
     notes: tuple[str, ...] = ()
 
+    @property
+    def replacement_start_s(self) -> float:
+        """From a kill to the lost stage's new process ready, beyond any join delay: detection, the
+        agent's restart and a process start (a replacement has no snapshot to reload)."""
+        return self.detection.median_s + self.agent_restart.median_s + self.process_start.median_s
+
     def survivor_restart_s(self, model: ModelSpec, pipeline: PipelineSpec) -> float:
         """Seconds from a kill until the survivors are ready again on this model and pipeline."""
         largest = max(stage_parameters(model, pipeline))

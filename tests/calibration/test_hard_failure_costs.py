@@ -163,3 +163,25 @@ def test_calibrate_s_report_shows_each_part_with_its_points_and_r_squared(capsys
     assert "note: only 1 hard-failure recovery" in shown
     print_calibration(calibration)
     assert "torchrun's agent" not in capsys.readouterr().out
+
+
+def test_a_quick_calibration_s_components_give_the_replacement_start_and_a_rendezvous_to_every_method():
+    """The suite's hard-failure run does not say its join delay and runs one method: the components
+    give the replacement's start after a scenario's configured delay, and every soft-measured method
+    its soft restart plus the fitted rendezvous."""
+    from churnsim.calibration.apply import recovery_for_failure_mode
+    from churnsim.calibration.calibration_file import RecoveryTimes
+    from churnsim.calibration.scenario import RecoverySpec
+
+    calibration = load_builtin_calibration("cpu-tiny")[0]
+    costs = fit_hard_failure_costs(_points())
+    measured_once = {"checkfree": RecoveryTimes(join_s=2.9, rendezvous_s=0.004, unrecorded_s=0.02, num_samples=2)}  # process start not told apart
+    fitted = calibration.model_copy(update={"hard_failure_costs": costs, "hard_failure_recovery": measured_once})
+    hard = recovery_for_failure_mode(RecoverySpec(), fitted, "hard", 2.0)
+    assert hard.join_delay_s == pytest.approx(2.0 + DETECTION_S + AGENT_RESTART_S + PROCESS_START_S)
+    assert hard.restart_s_for("checkfree") == pytest.approx(0.024)
+    soft_checkpoint = calibration.recovery["checkpoint"]
+    assert hard.restart_s_for("checkpoint") == pytest.approx(RENDEZVOUS_S + soft_checkpoint.unrecorded_s)
+    # Without the components the old charge stays: the measured join whole, the soft restart.
+    old = recovery_for_failure_mode(RecoverySpec(), calibration.model_copy(update={"hard_failure_recovery": measured_once}), "hard", 2.0)
+    assert old.join_delay_s == pytest.approx(2.9) and old.restart_s_for("checkpoint") == pytest.approx(soft_checkpoint.unrecorded_s)
