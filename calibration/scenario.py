@@ -438,7 +438,9 @@ class TrainingSpec(StrictModel):
     update: the iteration in flight), and the simulator charges their restart
     (`recovery.survivor_restart_s`, badput `survivor_restart_s`). in_process: the survivors' processes
     keep running and only the replacement starts (torchft, a rendezvous without the agent); nothing
-    more is charged. The simulator reads this field and `failure_mode`, and no other of this section."""
+    more is charged. `churnsim real run` always launches under the agent: in_process is for
+    predicting an engine that keeps the survivors. The simulator reads this field and
+    `failure_mode`, and no other of this section."""
     remote_checkpoint_dir: str | None = None
     """Directory of the checkpoints' remote level (`checkpoint`'s remote tier, `async_checkpoint`'s
     second level, the fallback and edge checkpoints), e.g. on another file system; each run keeps
