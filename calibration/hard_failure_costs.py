@@ -26,7 +26,6 @@ seconds with no latency (the note says so), as a storage tier's bandwidth is. Th
 checked against the measured `survivor_restart_s` of every recovery (`survivor_restart_check`).
 """
 
-
 import json
 import math
 from collections.abc import Iterable, Sequence
