@@ -135,6 +135,16 @@ BENCHMARKS = {benchmark.name: benchmark for benchmark in (
         "python benchmarks/data_parallel_validation.py",
         "median |wall-clock error| at most 10 %"),
     Benchmark(
+        "two-agent-validation", "two_agent_validation.py",
+        "Validation of runs on two torchrun agents of one machine: one `churnsim calibrate --quick` (its suite's "
+        "hard-failure run measures the components of a hard failure under the agent), then real runs of the tiny "
+        "model in 2 stages, one per agent, launched with the torchrun line `churnsim real run --write-config` prints, "
+        "under soft and hard failures for two methods, each validated against that calibration with its own failure "
+        "mode's costs. The median |relative error| of the total wall-clock with a 95 % bootstrap interval, quartiles "
+        "and range, per failure mode and method, and the join, rendezvous, transfer, detection, restart and reload "
+        "costs the runs measured beside those the calibration charges.",
+        "python benchmarks/two_agent_validation.py"),
+    Benchmark(
         "carry-by-shape", "carry_by_shape.py",
         "How well the compute model carries a calibration to other pipeline shapes on shared cores: no-failure "
         "real runs of six shapes (stages × layers per stage), interleaved each round; per shape its steady step "

@@ -36,7 +36,14 @@ Two modes:
                 for methods the calibration did not measure. Hard, where the calibration measured
                 hard failures: join_delay_s = the configured join delay + the measured process start
                 (a replacement process built from nothing), restart = the measured rendezvous +
-                `unrecorded_s`. Transfer, load and rebuild times are
+                `unrecorded_s`; and, where the calibration fitted the components of a hard failure
+                under the agent (`hard_failure_costs`), survivor_restart_s = detection + the
+                agent's restart + process start + the reload of this scenario's largest stage's
+                snapshot (charged by the simulator when `training.hard_failure_launch` is "agent"),
+                a process start no run told apart from its join delay is the replacement's start
+                from those components, and a method measured only under soft failures gets the
+                fitted rendezvous on top of its soft restart.
+                Transfer, load and rebuild times are
                 not copied: the simulator derives them from bytes, the link and the tiers, which the
                 calibration sets. Under redundant computation the simulator's restart is the
                 replacement's, off the training path: the stall of a failover is not charged
@@ -166,24 +173,44 @@ def recovery_for_failure_mode(
     `unrecorded_s`. Hard failures, where the calibration measured them (`hard_failure_recovery`):
     the join is `join_delay_s` (the run's configured delay from a kill to its replacement's start)
     plus the measured process start, or the measured join whole where no run said its delay; each measured method's restart is its rendezvous plus its
-    `unrecorded_s`. A method without hard-failure measurements keeps its soft restart, and without
-    any hard measurement the soft parts are charged (the validator says so). `join_delay_s` None:
+    `unrecorded_s`. Where the calibration fitted the components under the agent
+    (`hard_failure_costs`), a process start no run's join delay told apart is the replacement's start
+    from them, and a method without hard-failure measurements gets its soft restart plus the fitted
+    rendezvous; otherwise such a method keeps its soft restart, and without any hard measurement the
+    soft parts are charged (the validator says so). `join_delay_s` None:
     the delay is not known, and the measured join is charged whole."""
     hard = calibration.hard_failure_recovery if failure_mode == "hard" else {}
+    costs = calibration.hard_failure_costs if failure_mode == "hard" else None
     table = {**calibration.recovery, **hard}
     measured_restarts = {method: times.rendezvous_s + times.unrecorded_s for method, times in table.items() if times.num_samples > 0}
+    if costs is not None:  # a method measured only under soft failures: its restart plus the fitted rendezvous
+        for method, times in calibration.recovery.items():
+            if method not in hard and times.num_samples > 0:
+                measured_restarts[method] = costs.rendezvous.median_s + times.unrecorded_s
     join_s = _measured_join_s(calibration.recovery)
-    if hard:
+    if hard or costs is not None:
         starts = [(times.process_start_s, times.num_samples) for times in hard.values() if times.process_start_s > 0 and times.num_samples > 0]
         process_start_s = _sample_weighted(starts)
+        if process_start_s is None and costs is not None:  # runs that did not say their join delay: the components
+            process_start_s = costs.replacement_start_s
         known = join_delay_s is not None and process_start_s is not None
-        join_s = join_delay_s + process_start_s if known else _measured_join_s(hard)  # type: ignore[operator]
+        join_s = join_delay_s + process_start_s if known else (_measured_join_s(hard) if hard else process_start_s)  # type: ignore[operator]
     return recovery.model_copy(
         update={
             "restart_s_by_method": {**recovery.restart_s_by_method, **measured_restarts},
             **({"join_delay_s": join_s} if join_s is not None else {}),
         }
     )
+
+
+def survivor_restart_for(scenario: Scenario, calibration: Calibration, failure_mode: Literal["soft", "hard"]) -> float:
+    """The survivors' restart of a hard failure on the scenario's model and pipeline, from the
+    calibration's fitted components (`Calibration.hard_failure_costs`); the scenario's own
+    `recovery.survivor_restart_s` where the failures are soft or the calibration fitted none."""
+    costs = calibration.hard_failure_costs
+    if failure_mode != "hard" or costs is None:
+        return scenario.recovery.survivor_restart_s
+    return costs.survivor_restart_s(scenario.model, scenario.pipeline)
 
 
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
@@ -215,6 +242,7 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
     training = scenario.training
     configured_delay_s = training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s
     recovery = recovery_for_failure_mode(scenario.recovery, calibration, training.failure_mode, configured_delay_s)
+    recovery = recovery.model_copy(update={"survivor_restart_s": survivor_restart_for(scenario, calibration, training.failure_mode)})
     return {
         "compute": compute.model_dump(),
         "network": network.model_dump(),

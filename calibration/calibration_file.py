@@ -11,6 +11,7 @@ from pydantic import Field
 from .base import SCHEMA_VERSION, FiniteNumbersModel, StrictModel, load_model, save_model
 from .compute_cost import ComputeCostModel
 from .convergence import ConvergenceSpec
+from .hard_failure_costs import HardFailureCosts
 from .scenario import ModelSpec, PipelineSpec
 
 
@@ -152,6 +153,13 @@ class Calibration(FiniteNumbersModel):
     """Per method, its recovery parts under hard failures (the process killed, a replacement started,
     a rendezvous): what a run of `training.failure_mode = "hard"` is charged (calibration.apply).
     Empty where no calibration run had hard failures."""
+    hard_failure_costs: HardFailureCosts | None = None
+    """Hard failures under an agent that restarts every worker: detection, the agent's restart,
+    process start, rendezvous, the survivors' snapshot reload and the method's state transfer, each
+    fitted from the runs' recoveries.csv in a form that carries to other scenarios
+    (calibration.hard_failure_costs); what sets a hard-failure scenario's
+    `recovery.survivor_restart_s`. None where no calibration run recovered under the agent, and in
+    calibrations made before it existed (which then charge no survivors' restart, as they did)."""
     allreduce: LinkProfile | None = None
     """Data parallelism: the gradient all-reduce's link, fitted from data-parallel runs' `allreduce`
     spans as the simulator's ring all-reduce (2(D-1) latencies + 2(D-1)/D of the bytes over the

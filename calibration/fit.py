@@ -16,6 +16,7 @@ from .apply import calibrated_setup_compute
 from .calibration_file import Calibration, Provenance, TierBandwidth
 from .convergence import ConvergenceSpec
 from .errors import InputError
+from .hard_failure_costs import agent_recovery_points, fit_hard_failure_costs
 from .fit_convergence import (
     DEFAULT_WINDOW_ITERATIONS,
     SetbackSample,
@@ -50,7 +51,7 @@ from .fit_timing import (
     shared_cores_of,
 )
 from .scenario import ExplicitCompute
-from .run_record import RealRunSettings, RunRecord, provenance_fields
+from .run_record import RealRunSettings, RunRecord, provenance_fields, record_failure_mode
 
 
 def _calibrated_setup(records: Sequence[RunRecord]) -> tuple[RealRunSettings, list[RunRecord], list[RunRecord]]:
@@ -119,24 +120,28 @@ def build_calibration(
     if len(data_parallel_records) < len(all_records):
         fit_records = [record for record in all_records if data_parallel_degree_of(record) == 1]
     settings, fit_records, shape_records = _calibrated_setup(fit_records)
-    stage_timings = fit_stage_timings(fit_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
+    # Runs with hard failures snapshot every step and restart their processes on every failure: they
+    # measure the hard-failure recovery (and setbacks), while the steady timings come from the others.
+    steady_records = [record for record in fit_records if is_no_failure_run(record) or record_failure_mode(record) != "hard"]
+    timing_records = steady_records or list(fit_records)
+    stage_timings = fit_stage_timings(timing_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
     if len(stage_timings) != settings.pipeline.num_stages:
         raise InputError(
             f"spans cover {len(stage_timings)} stages but real_settings.pipeline.num_stages is {settings.pipeline.num_stages}"
         )
-    optimizer_step = fit_optimizer_step(fit_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
-    shared_cores = shared_cores_of(fit_records[0])
+    optimizer_step = fit_optimizer_step(timing_records, num_warmup_iterations=num_warmup_iterations, as_core_seconds=True)
+    shared_cores = shared_cores_of(timing_records[0])
     measured_compute = ExplicitCompute(
         block_forward_s=tuple(timing.block_forward.median_s for timing in stage_timings),
         block_backward_s=tuple(timing.block_backward.median_s for timing in stage_timings),
         optimizer_step_s=optimizer_step.median_s,
         shared_cores=shared_cores,
     )
-    speed_factors = run_speed_factors(fit_records, num_warmup_iterations=num_warmup_iterations)
+    speed_factors = run_speed_factors(timing_records, num_warmup_iterations=num_warmup_iterations)
     compute_model, overhead_s = fit_compute_cost_model(
-        [*fit_records, *shape_records],
+        [*timing_records, *shape_records],
         predict_iteration_s,
-        calibrated_key=record_setup_key(fit_records[0]),
+        calibrated_key=record_setup_key(timing_records[0]),
         calibrated_compute=measured_compute,
         num_warmup_iterations=num_warmup_iterations,
         speed_factors=speed_factors,
@@ -157,7 +162,7 @@ def build_calibration(
     )
     disk = next((tier for tier in tier_bandwidths if tier.name == "local_disk"), tier_bandwidths[0] if tier_bandwidths else None)
     checkpoint_write_latency_s = fit_checkpoint_write_latency_s(
-        fit_records,
+        timing_records,
         largest_stage_parameters * model.checkpoint_bytes_per_parameter,
         disk.write_bandwidth_bytes_per_s if disk is not None else None,
     )
@@ -178,18 +183,25 @@ def build_calibration(
         stage_timings=stage_timings,
         optimizer_step=optimizer_step,
         iteration_overhead_s=overhead_s,
-        method_iteration_extra_s=fit_method_iteration_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
+        method_iteration_extra_s=fit_method_iteration_extra_s(timing_records, num_warmup_iterations=num_warmup_iterations),
         run_speed_factors=speed_factors,
         compute_model=compute_model,
         machine_step_s=machine_step_s(baseline_records, num_warmup_iterations=num_warmup_iterations),
         checkpoint_write_latency_s=checkpoint_write_latency_s,
-        evaluation=fit_evaluation(fit_records),
-        warmup_extra_s=fit_warmup_extra_s(fit_records, num_warmup_iterations=num_warmup_iterations),
+        evaluation=fit_evaluation(timing_records),
+        warmup_extra_s=fit_warmup_extra_s(timing_records, num_warmup_iterations=num_warmup_iterations),
         activation_bytes=activation_bytes,
         link=fit_link_profile(link_points),
         storage=tuple(tier_bandwidths),
         recovery=fit_recovery_times(fit_records, failure_mode="soft"),
         hard_failure_recovery=fit_recovery_times(fit_records, failure_mode="hard"),
+        hard_failure_costs=fit_hard_failure_costs(
+            [
+                agent_recovery_points(record.recoveries, record.manifest.real_settings.model, record.manifest.real_settings.pipeline)
+                for record in fit_records
+                if record.recoveries is not None and record.manifest.real_settings is not None
+            ]
+        ),
         allreduce=fit_allreduce(data_parallel_records, num_warmup_iterations=num_warmup_iterations),
         replica_heal=fit_replica_heal(data_parallel_records),
         convergence=ConvergenceSpec(

@@ -4,6 +4,8 @@
     metrics.csv     one row per executed iteration: step, iteration, wall_time_s, train_loss, eval_loss
     spans.csv       timed work: rank, stage, iteration, kind, microbatch, start_s, end_s
     failures.csv    the failures that struck (the failure-schedule format, so it can be replayed)
+    recoveries.csv  optional, beside a real run's record: one row per recovery with the seconds of
+                    each part (real/results.py); read where present (`RunRecord.recoveries`)
 
 `step` counts executed iterations and never goes back; `iteration` is training progress and goes
 back after a rollback. Times are seconds since the start of the run. A record is written into a
@@ -44,6 +46,12 @@ MANIFEST_FILE = "manifest.json"
 METRICS_FILE = "metrics.csv"
 SPANS_FILE = "spans.csv"
 FAILURES_FILE = "failures.csv"
+RECOVERIES_FILE = "recoveries.csv"
+RECOVERY_NUMBER_COLUMNS: tuple[str, ...] = (
+    "join_s", "rendezvous_s", "transfer_s", "network_bytes", "detection_s", "agent_restart_s", "process_start_s",
+    "survivor_reload_s", "survivor_reload_bytes", "survivor_restart_s",
+)  # fmt: skip
+"""Columns of recoveries.csv the calibration reads as numbers (empty cells: not measured)."""
 
 
 class RealRunSettings(StrictModel):
@@ -95,6 +103,8 @@ class RunRecord:
     metrics: pd.DataFrame
     spans: pd.DataFrame
     failures: FailureSchedule
+    recoveries: pd.DataFrame | None = None
+    """recoveries.csv of a real run, where its directory has one (`read_recoveries`); None otherwise."""
 
 
 def _columns_kept(frame: pd.DataFrame, columns: tuple[str, ...], optional: tuple[str, ...]) -> list[str]:
@@ -251,7 +261,32 @@ def read_run_record(directory: str | Path) -> RunRecord:
     from .record_checks import check_record_values
 
     check_record_values(record, directory)
+    recoveries = read_recoveries(directory)
+    if recoveries is not None:
+        record = RunRecord(manifest=record.manifest, metrics=record.metrics, spans=record.spans, failures=record.failures, recoveries=recoveries)
     return record
+
+
+def read_recoveries(directory: str | Path) -> pd.DataFrame | None:
+    """A real run's recoveries.csv with `RECOVERY_NUMBER_COLUMNS` as numbers, or None where the
+    directory has none. A cell that is neither empty nor a finite number >= 0 is refused (InputError)."""
+    path = Path(directory) / RECOVERIES_FILE
+    if not path.exists():
+        return None
+    frame = _read_table(path, (), ("step", "failure_mode", "failed_stages", "degraded", *RECOVERY_NUMBER_COLUMNS))
+    for column in RECOVERY_NUMBER_COLUMNS:
+        if column not in frame.columns:
+            continue
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = (frame[column].notna() & values.isna()) | (values < 0) | values.isin([float("inf"), float("-inf")])
+        if bad.any():
+            line = int(bad.to_numpy().nonzero()[0][0]) + 2
+            raise InputError(
+                f"{path}: line {line}: column {column} holds {frame[column].iloc[line - 2]!r}, not a finite number >= 0; "
+                "re-run the real run or fix the value"
+            )
+        frame[column] = values.astype(float)
+    return frame
 
 
 def git_revision() -> str:

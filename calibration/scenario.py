@@ -365,6 +365,14 @@ class RecoverySpec(StrictModel):
             raise ValueError(f"restart times must be finite and >= 0 seconds, got {negative}")
         return value
 
+    survivor_restart_s: float = Field(0.0, ge=0)
+    """Hard failures launched under an agent that restarts every worker (`training.failure_mode =
+    "hard"` with `training.hard_failure_launch = "agent"`): seconds from a failure until the surviving
+    stages' processes, restarted by the agent, are ready again (the death's detection, the agent's
+    restart, process start, each survivor's snapshot read back from node memory). Training stops for
+    it on every stage loss, before the method's recovery; the replacement's join delay runs meanwhile.
+    0: not charged. A calibration with hard-failure runs sets it from its fitted components
+    (`Calibration.hard_failure_costs`), scaled to this scenario's stage state."""
     max_replacements: int = Field(64, ge=0)
     """Hard failures in a real run (`training.failure_mode = "hard"`): the most stage processes the
     launcher replaces in one run; a run whose processes die more often ends there, as a replacement
@@ -392,8 +400,9 @@ class TargetSpec(StrictModel):
 
 
 class TrainingSpec(StrictModel):
-    """How a real run trains this scenario (`churnsim real run`). The simulator reads none of it: its
-    convergence model stands for the loss these settings produce."""
+    """How a real run trains this scenario (`churnsim real run`). The simulator reads only
+    `failure_mode` and `hard_failure_launch` (whether a hard failure restarts the survivors): its
+    convergence model stands for the loss the other settings produce."""
 
     learning_rate: float = Field(1e-3, gt=0, le=1.0)
     """AdamW learning rate (1e-3: the built-in cpu-tiny calibration's runs). At most 1: AdamW moves
@@ -422,6 +431,16 @@ class TrainingSpec(StrictModel):
     join_delay_s: float | None = Field(None, ge=0, le=3600)
     """Hard failures: seconds from a kill until its replacement process starts. None: the
     scenario's recovery.join_delay_s."""
+    hard_failure_launch: Literal["agent", "in_process"] = "agent"
+    """How hard failures are launched. agent: under torch.distributed.elastic's agent (torchrun,
+    `churnsim real run`), which restarts every local worker when one dies: the survivors read their
+    stage back from node memory and lose the work since their last snapshot (taken after every
+    update: the iteration in flight), and the simulator charges their restart
+    (`recovery.survivor_restart_s`, badput `survivor_restart_s`). in_process: the survivors' processes
+    keep running and only the replacement starts (torchft, a rendezvous without the agent); nothing
+    more is charged. `churnsim real run` always launches under the agent: in_process is for
+    predicting an engine that keeps the survivors. The simulator reads this field and
+    `failure_mode`, and no other of this section."""
     remote_checkpoint_dir: str | None = None
     """Directory of the checkpoints' remote level (`checkpoint`'s remote tier, `async_checkpoint`'s
     second level, the fallback and edge checkpoints), e.g. on another file system; each run keeps
@@ -484,6 +503,16 @@ class Scenario(FiniteNumbersModel):
     @property
     def tokens_per_iteration(self) -> int:
         return tokens_per_iteration(self.model, self.pipeline)
+
+    @property
+    def survivor_restart_charged_s(self) -> float:
+        """What the simulator charges on a stage loss for the survivors' restart: the scenario's
+        `recovery.survivor_restart_s` where hard failures are launched under an agent that restarts
+        every worker (`training.hard_failure_launch = "agent"`), else 0."""
+        training = self.training
+        if training.failure_mode == "hard" and training.hard_failure_launch == "agent":
+            return self.recovery.survivor_restart_s
+        return 0.0
 
     @model_validator(mode="after")
     def _convergence_at_own_batch_and_size(self) -> "Scenario":

@@ -24,6 +24,7 @@ TIME_CATEGORIES: tuple[str, ...] = (
     "checkpoint_stall_s",  # training blocked by checkpoint writes or snapshot copies
     "lost_work_s",  # iterations rolled back, and the partial iteration a failure interrupts
     "recovery_downtime_s",  # training stopped: join delay, restart, weight transfers, checkpoint loads
+    "survivor_restart_s",  # hard failures under an agent that restarts every worker: the survivors' restart
     "degraded_slowdown_s",  # extra time of iterations run with one node doing two stages
     "convergence_setback_s",  # iterations a rebuilt stage costs the model's progress
     "replica_heal_s",  # data parallelism: paused for a lost replica's heal, or trained with a smaller batch meanwhile

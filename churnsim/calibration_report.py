@@ -110,6 +110,21 @@ def print_calibration(calibration) -> None:
             parts = (times.join_s, times.process_start_s, times.rendezvous_s, times.transfer_s, times.load_s, times.rebuild_s, times.unrecorded_s)
             hard.add_row(method, *(_seconds(value) for value in parts), str(times.num_samples))
         out.print(hard)
+    costs = calibration.hard_failure_costs
+    if costs is not None:
+        restart = Table("part", "fitted", "n", "r²", title=f"a hard failure's restart under torchrun's agent ({costs.num_recoveries} recoveries)")
+        for name, seconds in (("detection", costs.detection), ("agents' restart", costs.agent_restart), ("process start", costs.process_start),
+                              ("rendezvous", costs.rendezvous)):  # fmt: skip
+            restart.add_row(name, _seconds(seconds.median_s), str(seconds.num_points), "")
+        for name, transfer in (("survivors' reload", costs.survivor_reload), ("state transfer", costs.state_transfer)):
+            if transfer is None:
+                continue
+            bandwidth = f" + bytes / {transfer.bandwidth_bytes_per_s / 1e6:.3g} MB/s" if transfer.bandwidth_bytes_per_s else ""
+            r_squared = f"{transfer.r_squared:.3f}" if transfer.r_squared is not None else "n/a"
+            restart.add_row(name, _seconds(transfer.latency_s) + bandwidth, str(transfer.num_points), r_squared)
+        out.print(restart)
+        for note in costs.notes:
+            out.print(f"  note: {note}")
     convergence = calibration.convergence
     curve = convergence.baseline
     setbacks = Table("method", "position", "setback iterations [95 % CI]", "samples", title="convergence setbacks (measured where samples > 0)")

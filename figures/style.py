@@ -64,6 +64,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "degraded_slowdown_s": "#FFD92F",
     "convergence_setback_s": "#E5C494",
     "replica_heal_s": "#80B1D3",
+    "survivor_restart_s": "#BC80BD",
 }
 
 CATEGORY_DISPLAY_NAMES: dict[str, str] = {
@@ -77,6 +78,7 @@ CATEGORY_DISPLAY_NAMES: dict[str, str] = {
     "degraded_slowdown_s": "degraded-mode slowdown",
     "convergence_setback_s": "convergence setback",
     "replica_heal_s": "replica heal",
+    "survivor_restart_s": "survivors' restart",
 }
 
 # Span kinds of sim/ (sim.iteration.SPAN_KINDS) and of real runs' spans.csv: compute kinds in Paul

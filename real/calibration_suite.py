@@ -8,7 +8,9 @@
   (baseline loss curve and timings), no-failure runs of other shapes (`suite_shapes`) and,
   for every method in the real METHODS registry that the pipeline can take, one run with failures
   injected alternately at interior and edge stages, spaced so that the setback windows of
-  consecutive failures do not overlap.
+  consecutive failures do not overlap; and one short run with hard failures (`hard_failure_run`:
+  processes killed and restarted under torchrun's agent), whose recoveries.csv gives the
+  calibration the hard-failure components (calibration.hard_failure_costs).
 
 Every process runs torch with one thread (the suite's processes share a small machine).
 """
@@ -174,7 +176,7 @@ def measure_storage_bandwidth(
 @dataclass(frozen=True, kw_only=True)
 class SuiteRun:
     run_id: str
-    purpose: Literal["baseline", "failures", "shape", "data_parallel", "held_out"]
+    purpose: Literal["baseline", "failures", "shape", "data_parallel", "hard_failures", "held_out"]
     config: TrainingConfig
     failure_rate_per_stage_hour: float | None = None
     """Recorded in the manifest when the failures were sampled from an hourly rate."""
@@ -199,10 +201,13 @@ class SuiteSettings:
     """The model every run trains; None: the tiny model (`model_preset("tiny")`)."""
     num_stages: int = SUITE_NUM_STAGES
     schedule: str = "1f1b"
+    num_hard_failures: int = 2
+    """Kills of the hard-failure run (`hard_failure_run`): each restarts every stage process."""
 
 
 def quick_settings() -> SuiteSettings:
-    # Sized to take a few minutes on a small CPU machine: 10 runs + 4 shapes of 100 iterations.
+    # Sized to take a few minutes on a small CPU machine: 10 runs + 4 shapes of 100 iterations, and one
+    # hard-failure run of 40 iterations with 2 kills (each restarts every stage process).
     return SuiteSettings(num_iterations=100, seeds=(0, 1), failure_spacing_iterations=25)
 
 
@@ -287,7 +292,7 @@ def scenario_suite_settings(scenario: Any, base: SuiteSettings) -> SuiteSettings
 
 
 def full_settings() -> SuiteSettings:
-    return SuiteSettings(num_iterations=300, seeds=(0, 1, 2), failure_spacing_iterations=40)
+    return SuiteSettings(num_iterations=300, seeds=(0, 1, 2), failure_spacing_iterations=40, num_hard_failures=4)
 
 
 def failure_steps(
@@ -367,6 +372,34 @@ def data_parallel_run(settings: SuiteSettings, *, method: str, device: str = "cp
     return SuiteRun(run_id=f"{prefix}-data-parallel-{num_stages}x{DATA_PARALLEL_DEGREE}", purpose="data_parallel", config=config)
 
 
+HARD_FAILURE_ITERATIONS = SHAPE_ITERATIONS
+HARD_FAILURE_METHODS: tuple[str, ...] = ("checkfree", "copy")
+"""The hard-failure run's method, the first of these the suite runs (else its first failing method):
+a rebuild from neighbours recovers without rolling back, so the short run spends its time on the
+restarts it measures."""
+
+
+def hard_failure_steps(num_iterations: int, num_stages: int, count: int) -> tuple[tuple[int, int], ...]:
+    """(step, stage) of `count` kills spread evenly over the run, interior and edge stages in turn
+    (`failure_stage_cycle`), so the survivors that reload differ from kill to kill."""
+    cycle = failure_stage_cycle(num_stages)
+    return tuple((num_iterations * (index + 1) // (count + 1), cycle[index % len(cycle)]) for index in range(count))
+
+
+def hard_failure_run(settings: SuiteSettings, *, method: str, device: str = "cpu", prefix: str = "fit") -> SuiteRun:
+    """A short run of the suite's setup whose failures are hard (`failure_mode = "hard"`, no join
+    delay): each kill makes torchrun's agent restart every stage process, the survivors reload their
+    stage from node memory and the method recovers the lost one. Its recoveries.csv names each part
+    (detection, the agent's restart, process start, rendezvous, the survivors' reload, the transfer);
+    its failures are too close for setback windows, and the fit takes no steady timing from it."""
+    config = training_config(
+        settings, method=method, seed=settings.seeds[0], device=device, num_iterations=HARD_FAILURE_ITERATIONS,
+        failures=hard_failure_steps(HARD_FAILURE_ITERATIONS, settings.num_stages, settings.num_hard_failures),
+    )  # fmt: skip
+    config = dataclasses.replace(config, failure_mode="hard", join_delay_s=0.0)
+    return SuiteRun(run_id=f"{prefix}-{method}-hard", purpose="hard_failures", config=config)
+
+
 def registered_methods() -> tuple[str, ...]:
     """The methods real runs implement now (the registry grows as methods are added)."""
     from churnsim.calibration.methods import METHOD_NAMES
@@ -388,7 +421,7 @@ def suite_plan(
     shapes (`suite_shapes`, `shared_cores` the CPU cores the stage processes share: None with a
     device each; required, since it decides whether the double-depth shape runs), a data-parallel
     run with replica losses (`data_parallel_run`), then one failure run per method (by default every registered method the pipeline
-    can take: CheckFree+ needs 4 stages)."""
+    can take: CheckFree+ needs 4 stages), and one short hard-failure run (`hard_failure_run`)."""
     chosen = tuple(methods) if methods is not None else tuple(
         name for name in registered_methods() if method_traits(name).minimum_stages <= settings.num_stages
     )
@@ -424,6 +457,9 @@ def suite_plan(
                 config=training_config(settings, method=name, seed=seed, failures=failures, device=device),
             )
         )
+    if failing and settings.num_hard_failures > 0:
+        hard_method = next((name for name in HARD_FAILURE_METHODS if name in failing), failing[0])
+        runs.append(hard_failure_run(settings, method=hard_method, device=device, prefix=prefix))
     return tuple(runs)
 
 

@@ -16,7 +16,9 @@ For each run record:
 2. **Failures.** A real run's failures strike where they struck it: before the same step
    (`calibrated.replay_failures_at_steps`), each placed at the instant the simulated run, with the
    earlier ones placed, begins that step, after the work at its boundary such as a checkpoint write
-   (a real local run checks for failures between steps and loses no partial iteration).
+   (a real local run checks for failures between steps and loses no partial iteration). A failure
+   that fell due during an earlier one's recovery (recorded at the same step, seconds later: a hard
+   failure's restart under torchrun's agent) is placed after that recovery (`failure_rounds`).
    So a prediction keeps the run's failure pattern (the checkpoint a rollback returns to, the
    failures that overlap a recovery) when its speed differs from the run's; replayed at measured
    times, a failure of a run slower than predicted can land after the simulated run's end or
@@ -85,7 +87,7 @@ from churnsim.calibration.compute_cost import setup_description, setup_differenc
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
-from churnsim.calibration.apply import recovery_for_failure_mode
+from churnsim.calibration.apply import recovery_for_failure_mode, survivor_restart_for
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, configured_join_delay_s, read_run_record, record_failure_mode
 from churnsim.calibration.scenario import Scenario, TargetSpec
 from churnsim.calibration.statistics import median_with_ci95
@@ -494,7 +496,14 @@ def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: 
             f"(recovery.max_replacements {cap}): a real run ends there, the simulator's replay does not"
         )
     recovery = recovery_for_failure_mode(scenario.recovery, calibration, "hard", configured_join_delay_s(record))
-    return scenario.model_copy(update={"recovery": recovery}), notes
+    recovery = recovery.model_copy(update={"survivor_restart_s": survivor_restart_for(scenario, calibration, "hard")})
+    training = scenario.training.model_copy(update={"failure_mode": "hard"})
+    if calibration.hard_failure_recovery and calibration.hard_failure_costs is None:
+        notes.append(
+            f"the survivors' restart under torchrun's agent is not charged: calibration {calibration.name!r} fitted no hard-failure "
+            "components (made before they existed, or without a run under the agent); re-run churnsim calibrate"
+        )
+    return scenario.model_copy(update={"recovery": recovery, "training": training}), notes
 
 
 def _validate_real(record: RunRecord, calibration: Calibration, twin: RunRecord | None) -> _RealComparison:

@@ -26,6 +26,11 @@ the categories are:
   reloaded under `rollback = "stage"` is booked here too (see `sim/model/methods/checkpointing.py`).
 - recovery_downtime_s: waits while training is stopped by a recovery (join delay, restart, checkpoint
   reads, weight transfers).
+- survivor_restart_s: hard failures launched under an agent that restarts every worker
+  (`training.hard_failure_launch = "agent"`, `Scenario.survivor_restart_charged_s`): waits while the
+  surviving stages' processes restart and reload their state, before the method's recovery. The work
+  they lose is the iteration in flight, booked to lost_work_s as on every failure (their snapshot is
+  taken after every update).
 - degraded_slowdown_s = Σ over the pipeline states X slower than healthy (T_X > T_h) of
   (time trained in X) · (1 − T_h / T_X): the extra time of iterations run in a degraded state (one
   node running two stages); 0 for runs that never degrade.
@@ -57,7 +62,7 @@ from dataclasses import dataclass, field
 
 from . import results
 
-WAIT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall_s", "recovery_downtime_s", "method_overhead_s", "replica_heal_s")
+WAIT_CATEGORIES: tuple[str, ...] = ("checkpoint_stall_s", "recovery_downtime_s", "method_overhead_s", "replica_heal_s", "survivor_restart_s")
 """Categories a wait (time with no training) can be charged to."""
 
 RELATIVE_TOLERANCE = 1e-6
@@ -128,6 +133,7 @@ def split_time(
         "checkpoint_stall_s": ledger.waits_s["checkpoint_stall_s"],
         "lost_work_s": (ledger.rolled_back_iterations + ledger.interrupted_iterations) * healthy_s,
         "recovery_downtime_s": ledger.waits_s["recovery_downtime_s"],
+        "survivor_restart_s": ledger.waits_s["survivor_restart_s"],
         "degraded_slowdown_s": slower_s,
         "convergence_setback_s": ledger.setback_iterations * healthy_s,
         "replica_heal_s": ledger.waits_s["replica_heal_s"] + ledger.replica_shortfall_s,

@@ -207,18 +207,49 @@ def replay_failures_at_steps(record: RunRecord, simulate: Callable[[tuple[Failur
     checkpoint a rollback returns to, which failures overlap) even where its speed differs from the
     run's, which replay at measured times does not (sim/checks/validate.py). Records whose failures lack a
     step are replayed at their measured times.
+
+    A failure of the same step recorded later than a step's length after the first (`failure_rounds`)
+    fell due while the earlier one's recovery ran (a hard failure's restart under torchrun's agent
+    takes seconds, and the run makes no step meanwhile): it is placed where the simulated run, with the
+    earlier one placed, begins that step again, so it costs its own recovery as it did in the run.
     """
     failures = record.failures.failures
     if not failures or any(failure.iteration is None for failure in failures):
         return replay_failures(record)
     placed: list[FailureEvent] = []
-    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.stage, failure.replica))
+    gap_s = _median_step_s(record)
+    ordered = sorted(failures, key=lambda failure: (failure.iteration, failure.time_s if failure.time_s is not None else 0.0, failure.stage, failure.replica))
     for step, same_step in itertools.groupby(ordered, key=lambda failure: int(failure.iteration)):  # type: ignore[arg-type]
-        time_s = executed_step_time_s(simulate(tuple(placed)), step)
-        if time_s is None:
-            break
-        placed += [
-            FailureEvent(time_s=time_s + STEP_PLACEMENT_DELAY_S, stage=failure.stage, replica=failure.replica, kind=failure.kind)  # type: ignore[arg-type]
-            for failure in same_step
-        ]
+        for same_round in failure_rounds(list(same_step), gap_s):
+            time_s = executed_step_time_s(simulate(tuple(placed)), step)
+            if time_s is None:
+                return tuple(placed)
+            placed += [
+                FailureEvent(time_s=time_s + STEP_PLACEMENT_DELAY_S, stage=failure.stage, replica=failure.replica, kind=failure.kind)  # type: ignore[arg-type]
+                for failure in same_round
+            ]
     return tuple(placed)
+
+
+def _median_step_s(record: RunRecord) -> float:
+    """The run's median step (seconds between consecutive metrics rows); inf without two rows."""
+    import numpy as np
+
+    metrics = getattr(record, "metrics", None)  # a bare schedule (tests) has none: one round per step
+    if metrics is None:
+        return float("inf")
+    wall = metrics["wall_time_s"].to_numpy(dtype=float)
+    steps = np.diff(wall)
+    return float(np.median(steps)) if steps.size else float("inf")
+
+
+def failure_rounds(same_step: list, gap_s: float) -> list[list]:
+    """The failures of one step (in time order) as rounds that struck together: a failure recorded
+    more than `gap_s` after its round's first starts a new round; failures without a time join the first."""
+    rounds: list[list] = []
+    for failure in same_step:
+        if rounds and (failure.time_s is None or rounds[-1][0].time_s is None or failure.time_s - rounds[-1][0].time_s <= gap_s):
+            rounds[-1].append(failure)
+        else:
+            rounds.append([failure])
+    return rounds

@@ -11,7 +11,12 @@ finished fraction of the iteration in flight and runs the rest at the new speed.
 
 Failures: a stage whose node is lost is *down* until its replacement joins
 (`scenario.recovery.join_delay_s` later); a failure of a stage that is down is recorded as
-`already_down` and has no effect. Failures that strike while a recovery runs interrupt it and are
+`already_down` and has no effect. Hard failures under an agent that restarts every worker
+(`Scenario.survivor_restart_charged_s` > 0): before the policy sees a batch of stage losses,
+training waits for the survivors' restart (booked to `survivor_restart_s`); the replacement's join
+delay runs meanwhile, so the policy's wait for it is what remains. A failure during that wait
+restarts the survivors again. Approximation: a data-parallel node loss healed from a replica is
+not charged it. Failures that strike while a recovery runs interrupt it and are
 handed to the policy, which merges them into the recovery in progress.
 Data parallelism (D = `pipeline.data_parallel_degree` > 1): a failure event is the loss of one node
 (stage, replica), and a replica layer (`sim/model/replicas.py`) sees it before the policy. A node
@@ -80,6 +85,7 @@ if TYPE_CHECKING:  # imported where needed: it imports numpy, which `import chur
     from churnsim.calibration.failure_sampling import FailureEvent, LazyFailurePath
 
 _CREDIT_TOLERANCE = 1e-9  # relative: an interrupt at the exact end of an iteration credits it
+SURVIVOR_RESTART_LABEL = "survivors restart"
 
 
 REFERENCE_EVENTS_VARIABLE = "CHURNSIM_REFERENCE_EVENTS"
@@ -363,10 +369,15 @@ class Run:
     def _train_loop(self) -> Generator:
         context = self.context
         policy = self.policy
+        survivor_restart_s = self.scenario.survivor_restart_charged_s
         policy.on_start(context)
         while not self._deadline_hit:
             try:
                 if self.pending_failures:
+                    if survivor_restart_s > 0:
+                        # The agent restarts every worker: the survivors' restart comes before the
+                        # method's recovery; a death during it starts another (the batch waits).
+                        yield from context.wait(survivor_restart_s, "survivor_restart_s", SURVIVOR_RESTART_LABEL)
                     batch = tuple(self.pending_failures)
                     self.pending_failures.clear()
                     yield from policy.on_failures(context, batch)

@@ -10,7 +10,7 @@ import pytest
 
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.presets import configured_scenario, preset
-from churnsim.real.calibration_suite import quick_settings, scenario_suite_settings, suite_plan
+from churnsim.real.calibration_suite import full_settings, quick_settings, scenario_suite_settings, suite_plan
 from churnsim.real.model import model_preset
 
 
@@ -19,7 +19,7 @@ def test_the_default_suite_is_the_tiny_model_in_four_stages_with_its_six_shapes_
     assert [run.run_id for run in plan] == [
         "fit-none-s0", "fit-none-s1", "fit-shape-2-stages", "fit-shape-8-microbatches", "fit-shape-microbatch-16", "fit-shape-8-layers",
         "fit-shape-width-32", "fit-shape-seq-128", "fit-data-parallel-2x2", "fit-checkpoint-s0", "fit-async_checkpoint-s1", "fit-redundant-s0", "fit-checkfree-s1", "fit-checkfree_plus-s0",
-        "fit-copy-s1", "fit-uniform-s0", "fit-random-s1",
+        "fit-copy-s1", "fit-uniform-s0", "fit-random-s1", "fit-checkfree-hard",
     ]  # fmt: skip
     by_id = {run.run_id: run.config for run in plan}
     reshaped = {"fit-shape-8-layers", "fit-shape-width-32", "fit-shape-seq-128"}
@@ -124,3 +124,19 @@ def test_a_shape_run_too_big_for_the_machine_is_refused_before_any_run_naming_th
             check()
     else:
         assert check()[0].model.dim == 3072
+
+
+def test_the_quick_suite_ends_with_a_short_hard_failure_run_of_a_rebuild_method():
+    (hard,) = [run for run in suite_plan(quick_settings(), shared_cores=2) if run.purpose == "hard_failures"]
+    config = hard.config
+    assert hard.run_id == "fit-checkfree-hard" and config.method.name == "checkfree"
+    assert (config.failure_mode, config.join_delay_s, config.num_iterations) == ("hard", 0.0, 40)
+    # Two kills, an interior then an edge stage: the survivors that reload differ between them.
+    assert config.failures == ((13, 1), (26, 3))
+    assert config.model == model_preset("tiny") and config.num_stages == 4
+    # The full suite kills more often; a suite of methods without checkfree takes its first failing method.
+    (full,) = [run for run in suite_plan(full_settings(), shared_cores=2) if run.purpose == "hard_failures"]
+    assert len(full.config.failures) == 4
+    (other,) = [run for run in suite_plan(quick_settings(), shared_cores=2, methods=("none", "checkpoint")) if run.purpose == "hard_failures"]
+    assert other.config.method.name == "checkpoint"
+    assert not [run for run in suite_plan(quick_settings(), shared_cores=2, methods=("none",)) if run.purpose == "hard_failures"]

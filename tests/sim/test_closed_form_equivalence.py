@@ -33,6 +33,7 @@ from churnsim.calibration.scenario import (
     Scenario,
     StorageTier,
     TargetSpec,
+    TrainingSpec,
     UniformNetwork,
 )
 from churnsim.sim.model.iteration import IterationModel
@@ -225,6 +226,11 @@ def scenarios(draw, churn_kind: str, stage_counts=NUM_STAGES) -> tuple[Scenario,
             join_delay_s=draw(st.floats(0.0, 80.0)),
             restart_s=draw(st.floats(0.0, 40.0)),
             restart_s_by_method=draw(st.dictionaries(st.sampled_from(METHOD_NAMES), st.floats(0.0, 40.0), max_size=3)),
+            survivor_restart_s=draw(st.one_of(st.just(0.0), st.floats(0.0, 30.0))),
+        ),
+        # Hard failures under an agent that restarts every worker charge the survivors' restart.
+        training=TrainingSpec(
+            failure_mode=draw(st.sampled_from(("soft", "hard"))), hard_failure_launch=draw(st.sampled_from(("agent", "in_process")))
         ),
         methods=draw(methods(num_stages)),
         convergence=ConvergenceSpec(baseline=PowerLawLossCurve(floor_loss=1.0, scale=10.0, exponent=0.5)),
@@ -304,6 +310,27 @@ def test_paper_preset_matches_for_every_method() -> None:
     scenario = preset("checkfree-500m-geo-33pct")
     scenario = scenario.model_copy(update={"target": TargetSpec(iterations=600, max_wall_clock_s=60 * 3600.0)})
     _run_both(scenario, failures_for_replication(scenario, replication=1), "checkfree-500m-geo-33pct")
+
+
+@pytest.mark.parametrize("survivor_restart_s", (0.0, 7.0, 120.0))
+def test_paper_preset_with_survivors_restart_matches_for_every_method(survivor_restart_s: float) -> None:
+    """Hard failures under torchrun's agent: every stage loss first waits for the survivors' restart
+    (shorter and longer than the join delay), failures striking during it start it again."""
+    scenario = preset("checkfree-500m-geo-33pct")
+    scenario = scenario.model_copy(
+        update={
+            "target": TargetSpec(iterations=600, max_wall_clock_s=60 * 3600.0),
+            "recovery": scenario.recovery.model_copy(update={"survivor_restart_s": survivor_restart_s}),
+            "training": TrainingSpec(failure_mode="hard"),
+        }
+    )
+    assert scenario.survivor_restart_charged_s == survivor_restart_s
+    failures = failures_for_replication(scenario, replication=1)
+    _run_both(scenario, failures, f"survivors' restart {survivor_restart_s} s")
+    if survivor_restart_s > 0:
+        method = next(method for method in scenario.methods if not method.ignores_failures)
+        result = simulate_run_and_policy(scenario, method, failures).result
+        assert result.badput["survivor_restart_s"] > 0
 
 
 def test_a_wait_that_never_ends_stops_at_the_deadline_in_both_engines() -> None:

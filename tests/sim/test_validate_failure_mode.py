@@ -93,3 +93,74 @@ def test_a_run_that_reached_its_launcher_s_replacement_cap_is_said_to_have(cap):
     said = [note for note in notes if "recovery.max_replacements" in note]
     assert said == ([f"run 'capped' had {len(FAILURES)} hard failures, as many as its launcher replaces (recovery.max_replacements 2): "
                      "a real run ends there, the simulator's replay does not"] if cap <= len(FAILURES) else [])  # fmt: skip
+
+
+def _agent_costs(process_start_s: float):
+    """Hard-failure components fitted from a recoveries.csv under torchrun's agent (one stage lost per row)."""
+    import json
+
+    import pandas as pd
+
+    from churnsim.calibration.hard_failure_costs import agent_recovery_points, fit_hard_failure_costs
+
+    rows = [
+        {
+            "failure_mode": "hard", "failed_stages": json.dumps([stage]), "degraded": False, "rendezvous_s": RENDEZVOUS_S,
+            "transfer_s": TRANSFER_S, "network_bytes": 1e5, "detection_s": 0.05, "agent_restart_s": 0.2,
+            "process_start_s": process_start_s + 0.01, "survivor_reload_s": 0.01, "survivor_reload_bytes": 1e6,
+            "survivor_restart_s": 0.2 + process_start_s + 0.01,
+        }
+        for stage in (1, 2, 1)
+    ]  # fmt: skip
+    return fit_hard_failure_costs([agent_recovery_points(pd.DataFrame(rows), CALIBRATION.model, CALIBRATION.pipeline)])
+
+
+def test_the_survivors_restart_fitted_from_agent_recoveries_changes_a_hard_run_s_prediction_by_what_it_costs():
+    held_out = _record("held-out", hard=True)
+    before_s, _ = _predicted_wall_s(held_out, WITH_HARD)
+    costs = _agent_costs(process_start_s=1.5)
+    with_costs = WITH_HARD.model_copy(update={"hard_failure_costs": costs})
+    after_s, notes = _predicted_wall_s(held_out, with_costs)
+    survivors_s = costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline)
+    assert survivors_s == pytest.approx(0.05 + 0.2 + 1.5 + costs.survivor_reload.seconds_for(1.0), abs=0.02)
+    # The replacement's join (configured delay + process start) runs during the survivors' restart.
+    per_failure_s = survivors_s - (JOIN_DELAY_S + HARD_TABLE["checkfree"].process_start_s)
+    assert after_s - before_s == pytest.approx(len(FAILURES) * per_failure_s, rel=0.05)
+    # Slower process starts in the calibration's records: a slower prediction of the same run.
+    slower_s, _ = _predicted_wall_s(held_out, WITH_HARD.model_copy(update={"hard_failure_costs": _agent_costs(process_start_s=3.0)}))
+    assert slower_s - after_s == pytest.approx(len(FAILURES) * 1.5, rel=0.05)
+    # A soft run is charged no survivors' restart whatever the calibration holds.
+    soft = _record("held-out", hard=False)
+    assert _predicted_wall_s(soft, with_costs)[0] == pytest.approx(_predicted_wall_s(soft, WITH_HARD)[0], rel=1e-12)
+    assert not any("survivors' restart" in note for note in notes)
+
+
+def test_a_calibration_with_hard_failures_but_no_agent_components_says_the_survivors_restart_is_not_charged():
+    _, notes = _predicted_wall_s(_record("held-out", hard=True), WITH_HARD)
+    assert any("survivors' restart under torchrun's agent is not charged" in note for note in notes)
+
+
+def test_a_failure_that_fell_due_during_an_earlier_one_s_restart_is_replayed_after_it():
+    """Under torchrun's agent a kill scheduled during another kill's restart fires at the same step,
+    seconds later: the replay places it after the first recovery, where it costs its own restart."""
+    import dataclasses
+
+    from churnsim.calibration.failures import FailureSchedule, ScheduledFailure
+    from churnsim.sim.model.calibrated import failure_rounds
+
+    base = _record("same-step", hard=True, failures=((10, 1),))
+    first_s = base.failures.failures[0].time_s
+
+    def with_failures(*times_and_stages):
+        failures = tuple(ScheduledFailure(time_s=time_s, iteration=10, stage=stage, kind="stage_failure") for time_s, stage in times_and_stages)
+        return dataclasses.replace(base, failures=FailureSchedule(failures=failures))
+
+    apart = with_failures((first_s, 1), (first_s + 5.0, 2))
+    together = with_failures((first_s, 1), (first_s, 2))
+    assert [len(group) for group in failure_rounds(list(apart.failures.failures), 0.075)] == [1, 1]
+    assert [len(group) for group in failure_rounds(list(together.failures.failures), 0.075)] == [2]
+    calibration = WITH_HARD.model_copy(update={"hard_failure_costs": _agent_costs(process_start_s=1.5)})
+    survivors_s = calibration.hard_failure_costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline)
+    apart_s, _ = _predicted_wall_s(apart, calibration)
+    together_s, _ = _predicted_wall_s(together, calibration)
+    assert apart_s - together_s == pytest.approx(survivors_s, rel=0.1)

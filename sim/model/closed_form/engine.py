@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from .checkpointing import SyncCheckpointerTwin
 
 _CREDIT_TOLERANCE = 1e-9  # relative: as sim/model/run.py
-_SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method", "replica_heal_s": "heal"}
+_SPAN_CATEGORY = {"checkpoint_stall_s": "checkpoint", "recovery_downtime_s": "recovery", "method_overhead_s": "method", "replica_heal_s": "heal", "survivor_restart_s": "recovery"}
 _INFINITY = math.inf
 
 
@@ -222,9 +222,12 @@ class ClosedFormRun:
         at_boundary = twin.at_boundary
         writer = twin.periodic_writer
         cycles = twin.cycles
+        survivor_restart_s = self.scenario.survivor_restart_charged_s
         while not self.deadline_hit:
             try:
                 if pending:
+                    if survivor_restart_s > 0:  # as sim/model/run.py: the agent restarts the survivors first
+                        self.wait(survivor_restart_s, "survivor_restart_s", "survivors restart")
                     batch = tuple(pending)
                     pending.clear()
                     twin.on_failures(self, batch)
