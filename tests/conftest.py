@@ -4,7 +4,10 @@ check of the bad-input contract."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -22,6 +25,16 @@ def _assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str)
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def short_temp_dir():
+    """A fresh, short directory for a launcher's TMPDIR: Python's forkserver listens on a Unix socket
+    under TMPDIR, whose path may not exceed 107 bytes, which a test's tmp_path (long under pytest-xdist
+    workers) can. Removed afterwards."""
+    directory = Path(tempfile.mkdtemp(prefix="cs-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -90,9 +90,7 @@ LONG_RUN = [
 ]  # fmt: skip
 
 
-def _start_cli(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+def _start_cli(tmp_path: Path, temp: Path) -> tuple[subprocess.Popen, Path]:
     environment = dict(os.environ, TMPDIR=str(temp))
     process = subprocess.Popen(
         [sys.executable, "-m", "churnsim", *LONG_RUN, "--out", str(tmp_path / "run")],
@@ -170,8 +168,8 @@ def _cleanup(process: subprocess.Popen, leftovers: list[int]) -> None:
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
-def test_terminating_the_launcher_ends_every_worker_and_removes_its_temp_dirs(tmp_path, number):
-    process, temp = _start_cli(tmp_path)
+def test_terminating_the_launcher_ends_every_worker_and_removes_its_temp_dirs(tmp_path, number, short_temp_dir):
+    process, temp = _start_cli(tmp_path, short_temp_dir)
     children: list[int] = []
     try:
         pids = _worker_pids(process, temp)
@@ -186,8 +184,8 @@ def test_terminating_the_launcher_ends_every_worker_and_removes_its_temp_dirs(tm
         _cleanup(process, children)
 
 
-def test_killing_the_launcher_ends_its_workers(tmp_path):
-    process, temp = _start_cli(tmp_path)
+def test_killing_the_launcher_ends_its_workers(tmp_path, short_temp_dir):
+    process, temp = _start_cli(tmp_path, short_temp_dir)
     children: list[int] = []
     try:
         pids = _worker_pids(process, temp)
@@ -201,8 +199,8 @@ def test_killing_the_launcher_ends_its_workers(tmp_path):
         _cleanup(process, children)
 
 
-def test_a_stopped_worker_of_a_real_run_is_named_in_one_line(tmp_path):
-    process, temp = _start_cli(tmp_path)
+def test_a_stopped_worker_of_a_real_run_is_named_in_one_line(tmp_path, short_temp_dir):
+    process, temp = _start_cli(tmp_path, short_temp_dir)
     children: list[int] = []
     try:
         pids = _worker_pids(process, temp)

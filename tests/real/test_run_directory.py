@@ -115,10 +115,9 @@ def _stage_tags(out: Path) -> list[set[int]]:
     ]
 
 
-def test_a_killed_run_keeps_its_checkpoints_and_resume_continues_from_them(tmp_path, capsys):
+def test_a_killed_run_keeps_its_checkpoints_and_resume_continues_from_them(tmp_path, capsys, short_temp_dir):
     out = tmp_path / "run"
-    temp = tmp_path / "tmp"  # a SIGKILLed launcher cannot remove its temporary directories
-    temp.mkdir()
+    temp = short_temp_dir  # a SIGKILLed launcher cannot remove its temporary directories
     process = subprocess.Popen(
         [sys.executable, "-m", "churnsim", *RUN, "--out", str(out)],
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, TMPDIR=str(temp)),
