@@ -220,7 +220,9 @@ def charged_costs(calibration) -> dict[str, object]:
     scenario = preset(BASE_PRESET, {"pipeline.num_stages": NUM_STAGES})
     return {
         "hard_failure_costs": costs.model_dump(),
-        "survivor_restart_s_charged_on_these_runs": costs.survivor_restart_s(scenario.model, scenario.pipeline),
+        "survivor_restart_s_charged_on_these_runs": costs.survivor_restart_s(
+            scenario.model, scenario.pipeline, calibration.compute_model.shared_cores if calibration.compute_model is not None else None
+        ),
     }
 
 

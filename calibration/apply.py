@@ -65,7 +65,7 @@ from .calibration_file import Calibration, RecoveryTimes
 from .convergence import MethodSetbacks
 from .errors import InputError
 from .compute_cost import setup_description
-from .scenario import ExplicitCompute, RecoverySpec, Scenario, UniformNetwork, seconds_by_method
+from .scenario import ExplicitCompute, PipelineSpec, RecoverySpec, Scenario, UniformNetwork, seconds_by_method
 from .speed_uncertainty import run_speed_log_sd
 
 ApplyMode = Literal["full", "setbacks"]
@@ -165,7 +165,13 @@ def _measured_join_s(table: dict[str, RecoveryTimes]) -> float | None:
 
 
 def recovery_for_failure_mode(
-    recovery: RecoverySpec, calibration: Calibration, failure_mode: Literal["soft", "hard"], join_delay_s: float | None = None
+    recovery: RecoverySpec,
+    calibration: Calibration,
+    failure_mode: Literal["soft", "hard"],
+    join_delay_s: float | None = None,
+    *,
+    pipeline: PipelineSpec | None = None,
+    shared_cores: int | None = None,
 ) -> RecoverySpec:
     """`recovery` with the calibration's measured recovery of `failure_mode` (module docstring).
 
@@ -178,7 +184,8 @@ def recovery_for_failure_mode(
     from them, and a method without hard-failure measurements gets its soft restart plus the fitted
     rendezvous; otherwise such a method keeps its soft restart, and without any hard measurement the
     soft parts are charged (the validator says so). `join_delay_s` None:
-    the delay is not known, and the measured join is charged whole."""
+    the delay is not known, and the measured join is charged whole. `pipeline` and `shared_cores`
+    (the scenario's) scale the fitted process start to the processes per core that start at once."""
     hard = calibration.hard_failure_recovery if failure_mode == "hard" else {}
     costs = calibration.hard_failure_costs if failure_mode == "hard" else None
     table = {**calibration.recovery, **hard}
@@ -192,7 +199,7 @@ def recovery_for_failure_mode(
         starts = [(times.process_start_s, times.num_samples) for times in hard.values() if times.process_start_s > 0 and times.num_samples > 0]
         process_start_s = _sample_weighted(starts)
         if process_start_s is None and costs is not None:  # runs that did not say their join delay: the components
-            process_start_s = costs.replacement_start_s
+            process_start_s = costs.replacement_start_s(pipeline, shared_cores)
         known = join_delay_s is not None and process_start_s is not None
         join_s = join_delay_s + process_start_s if known else (_measured_join_s(hard) if hard else process_start_s)  # type: ignore[operator]
     return recovery.model_copy(
@@ -203,14 +210,17 @@ def recovery_for_failure_mode(
     )
 
 
-def survivor_restart_for(scenario: Scenario, calibration: Calibration, failure_mode: Literal["soft", "hard"]) -> float:
+def survivor_restart_for(
+    scenario: Scenario, calibration: Calibration, failure_mode: Literal["soft", "hard"], shared_cores: int | None = None
+) -> float:
     """The survivors' restart of a hard failure on the scenario's model and pipeline, from the
     calibration's fitted components (`Calibration.hard_failure_costs`); the scenario's own
-    `recovery.survivor_restart_s` where the failures are soft or the calibration fitted none."""
+    `recovery.survivor_restart_s` where the failures are soft or the calibration fitted none.
+    `shared_cores`: the cores of the one host the processes share (None: their own)."""
     costs = calibration.hard_failure_costs
     if failure_mode != "hard" or costs is None:
         return scenario.recovery.survivor_restart_s
-    return costs.survivor_restart_s(scenario.model, scenario.pipeline)
+    return costs.survivor_restart_s(scenario.model, scenario.pipeline, shared_cores)
 
 
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
@@ -241,8 +251,14 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
     )
     training = scenario.training
     configured_delay_s = training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s
-    recovery = recovery_for_failure_mode(scenario.recovery, calibration, training.failure_mode, configured_delay_s)
-    recovery = recovery.model_copy(update={"survivor_restart_s": survivor_restart_for(scenario, calibration, training.failure_mode)})
+    recovery = recovery_for_failure_mode(
+        scenario.recovery, calibration, training.failure_mode, configured_delay_s,
+        pipeline=scenario.pipeline, shared_cores=getattr(compute, "shared_cores", None),
+    )  # fmt: skip
+    shared_cores = getattr(compute, "shared_cores", None)
+    recovery = recovery.model_copy(
+        update={"survivor_restart_s": survivor_restart_for(scenario, calibration, training.failure_mode, shared_cores)}
+    )
     return {
         "compute": compute.model_dump(),
         "network": network.model_dump(),

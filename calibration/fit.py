@@ -197,7 +197,12 @@ def build_calibration(
         hard_failure_recovery=fit_recovery_times(fit_records, failure_mode="hard"),
         hard_failure_costs=fit_hard_failure_costs(
             [
-                agent_recovery_points(record.recoveries, record.manifest.real_settings.model, record.manifest.real_settings.pipeline)
+                agent_recovery_points(
+                    record.recoveries,
+                    record.manifest.real_settings.model,
+                    record.manifest.real_settings.pipeline,
+                    shared_cores_of(record),
+                )
                 for record in fit_records
                 if record.recoveries is not None and record.manifest.real_settings is not None
             ]

@@ -8,8 +8,12 @@ recovery; `fit_hard_failure_costs` fits each part on its own:
 
     detection_s         seconds: from the kill to the agent stopping its workers
     agent_restart_s     seconds: the agents' stop, torch's rendezvous round, the spawn
-    process_start_s     seconds: a restarted process to ready, less its snapshot reload
-                        (interpreter, imports, model build)
+    process_start_s     core-seconds: a restarted process to ready, less its snapshot reload
+                        (interpreter, imports, model build), as it would take with a core to
+                        itself: where the run's processes outnumbered the host's cores
+                        (`compute.shared_cores`, every process on one host) they started at once
+                        and shared the cores, so a measured start is deflated by the processes
+                        per core, and inflated again by those of the scenario predicted
     survivor_reload     latency + bytes / bandwidth: the largest survivor's snapshot read back
     rendezvous_s        seconds: the group formed once every process is up
     state_transfer      latency + bytes / bandwidth: the bytes the method's recovery received
@@ -90,7 +94,8 @@ class HardFailureCosts(StrictModel):
     detection: FittedSeconds
     agent_restart: FittedSeconds
     process_start: FittedSeconds
-    """A restarted process from its start to ready, less its snapshot reload."""
+    """A restarted process from its start to ready, less its snapshot reload, in core-seconds (as
+    with a core to itself; `process_start_s` scales it to a scenario's processes per core)."""
     rendezvous: FittedSeconds
     survivor_reload: FittedTransfer
     """Seconds against the bytes of the largest surviving stage's snapshot (survivors reload in parallel)."""
@@ -104,21 +109,34 @@ class HardFailureCosts(StrictModel):
     survivors' restart (from the kill, where detection was measured)."""
     notes: tuple[str, ...] = ()
 
-    @property
-    def replacement_start_s(self) -> float:
+    def process_start_s(self, pipeline: PipelineSpec | None, shared_cores: int | None) -> float:
+        """Seconds a process takes to start when every process of `pipeline` starts at once on a host
+        of `shared_cores` cores (None: a core or device each)."""
+        if pipeline is None:
+            return self.process_start.median_s
+        return self.process_start.median_s * max(1.0, processes_per_core(pipeline, shared_cores))
+
+    def replacement_start_s(self, pipeline: PipelineSpec | None = None, shared_cores: int | None = None) -> float:
         """From a kill to the lost stage's new process ready, beyond any join delay: detection, the
         agent's restart and a process start (a replacement has no snapshot to reload)."""
-        return self.detection.median_s + self.agent_restart.median_s + self.process_start.median_s
+        return self.detection.median_s + self.agent_restart.median_s + self.process_start_s(pipeline, shared_cores)
 
-    def survivor_restart_s(self, model: ModelSpec, pipeline: PipelineSpec) -> float:
+    def survivor_restart_s(self, model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None = None) -> float:
         """Seconds from a kill until the survivors are ready again on this model and pipeline."""
         largest = max(stage_parameters(model, pipeline))
         return (
             self.detection.median_s
             + self.agent_restart.median_s
-            + self.process_start.median_s
+            + self.process_start_s(pipeline, shared_cores)
             + self.survivor_reload.seconds_for(largest * self.snapshot_bytes_per_parameter)
         )
+
+
+def processes_per_core(pipeline: PipelineSpec, shared_cores: int | None) -> float:
+    """The run's S × D processes per core of the one host they share; 1 where each has its own."""
+    if shared_cores is None:
+        return 1.0
+    return pipeline.num_stages * pipeline.data_parallel_degree / shared_cores
 
 
 def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...]:
@@ -139,9 +157,13 @@ def _failed_stages(text: object) -> list[int]:
     return [int(stage) for stage in value] if isinstance(value, list) else []
 
 
-def agent_recovery_points(recoveries: pd.DataFrame, model: ModelSpec, pipeline: PipelineSpec) -> pd.DataFrame:
-    """The agent-path rows of one run's recoveries.csv with the bytes of its largest survivor and the
-    snapshot bytes per parameter; empty where the run did not recover under the agent."""
+def agent_recovery_points(
+    recoveries: pd.DataFrame, model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None = None
+) -> pd.DataFrame:
+    """The agent-path rows of one run's recoveries.csv with the bytes of its largest survivor, the
+    snapshot bytes per parameter and the processes per core the run's processes started at
+    (`shared_cores`: the cores of the one host they shared, None: their own); empty where the run
+    did not recover under the agent."""
     if recoveries is None or recoveries.empty or not {"failure_mode", *AGENT_COLUMNS} <= set(recoveries.columns):
         return pd.DataFrame()
     rows = recoveries[(recoveries["failure_mode"] == "hard") & recoveries["survivor_restart_s"].notna()]
@@ -164,6 +186,7 @@ def agent_recovery_points(recoveries: pd.DataFrame, model: ModelSpec, pipeline: 
                 "network_bytes": float(row["network_bytes"]) if pd.notna(row.get("network_bytes")) else math.nan,
                 "bytes_per_parameter": per_parameter,
                 "largest_survivor_bytes": max(survivors) * per_parameter if survivors else math.nan,
+                "processes_per_core": max(1.0, processes_per_core(pipeline, shared_cores)),
             }
         )
     return pd.DataFrame(out)
@@ -240,7 +263,9 @@ def fit_hard_failure_costs(per_run_points: Sequence[pd.DataFrame]) -> HardFailur
         num_recoveries=int(len(table)),
         detection=_seconds(table["detection_s"]),
         agent_restart=_seconds(table["agent_restart_s"]),
-        process_start=_seconds(table["process_start_s"] - table["survivor_reload_s"].fillna(0.0)),
+        process_start=_seconds(
+            (table["process_start_s"] - table["survivor_reload_s"].fillna(0.0)) / table.get("processes_per_core", 1.0)
+        ),
         rendezvous=_seconds(table["rendezvous_s"]),
         survivor_reload=reload,
         snapshot_bytes_per_parameter=float(np.median(per_parameter)) if not per_parameter.empty else 16.0,
@@ -258,8 +283,14 @@ def _check_survivor_restart(costs: HardFailureCosts, table: pd.DataFrame) -> Fit
         return FitCheck()
     # survivor_restart_s is measured from the detection: the check compares from the kill on both sides.
     measured = (rows["survivor_restart_s"] + rows["detection_s"]).to_numpy(float)
-    fixed_s = costs.detection.median_s + costs.agent_restart.median_s + costs.process_start.median_s
-    predicted = np.array([fixed_s + costs.survivor_reload.seconds_for(size) for size in rows["largest_survivor_bytes"]])
+    fixed_s = costs.detection.median_s + costs.agent_restart.median_s
+    per_core = rows["processes_per_core"] if "processes_per_core" in rows.columns else pd.Series(1.0, index=rows.index)
+    predicted = np.array(
+        [
+            fixed_s + costs.process_start.median_s * processes + costs.survivor_reload.seconds_for(size)
+            for size, processes in zip(rows["largest_survivor_bytes"], per_core)
+        ]
+    )
     relative = np.abs(predicted - measured) / np.where(measured > 0, measured, np.nan)
     return FitCheck(
         r_squared=_r_squared(measured, predicted),

@@ -495,8 +495,13 @@ def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: 
             f"run {record.manifest.run_id!r} had {len(record.failures.failures)} hard failures, as many as its launcher replaces "
             f"(recovery.max_replacements {cap}): a real run ends there, the simulator's replay does not"
         )
-    recovery = recovery_for_failure_mode(scenario.recovery, calibration, "hard", configured_join_delay_s(record))
-    recovery = recovery.model_copy(update={"survivor_restart_s": survivor_restart_for(scenario, calibration, "hard")})
+    recovery = recovery_for_failure_mode(
+        scenario.recovery, calibration, "hard", configured_join_delay_s(record),
+        pipeline=scenario.pipeline, shared_cores=getattr(scenario.compute, "shared_cores", None),
+    )  # fmt: skip
+    recovery = recovery.model_copy(
+        update={"survivor_restart_s": survivor_restart_for(scenario, calibration, "hard", getattr(scenario.compute, "shared_cores", None))}
+    )
     training = scenario.training.model_copy(update={"failure_mode": "hard"})
     if calibration.hard_failure_recovery and calibration.hard_failure_costs is None:
         notes.append(

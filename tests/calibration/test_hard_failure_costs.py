@@ -85,6 +85,23 @@ def test_the_survivors_restart_scales_with_another_scenario_s_largest_stage():
     assert costs.survivor_restart_s(wide, PIPELINE) > costs.survivor_restart_s(_model(32), PIPELINE)
 
 
+def test_process_start_is_fitted_in_core_seconds_and_charged_at_the_predicted_setup_s_processes_per_core():
+    # Runs of 4 stages on 2 shared cores start 2 processes per core at once: each start took twice its
+    # core-seconds. The fit takes that out; a prediction puts back the processes per core it predicts.
+    shared = fit_hard_failure_costs(
+        [agent_recovery_points(_recoveries(_model(hidden), [1, 2]), _model(hidden), PIPELINE, shared_cores=2) for hidden in (32, 64, 128)]
+    )
+    assert shared.process_start.median_s == pytest.approx(PROCESS_START_S / 2)
+    assert shared.survivor_restart_check.median_relative_error == pytest.approx(0.0, abs=1e-9)
+    two_stages = PipelineSpec(num_stages=2, microbatch_size=1, num_microbatches=4)
+    eight_processes = PipelineSpec(num_stages=4, microbatch_size=1, num_microbatches=4, data_parallel_degree=2)
+    assert shared.process_start_s(PIPELINE, 2) == pytest.approx(PROCESS_START_S)
+    assert shared.process_start_s(two_stages, 2) == pytest.approx(PROCESS_START_S / 2)  # a core each
+    assert shared.process_start_s(eight_processes, 2) == pytest.approx(2 * PROCESS_START_S)
+    assert shared.process_start_s(eight_processes, None) == pytest.approx(PROCESS_START_S / 2)  # a device each
+    assert shared.replacement_start_s(eight_processes, 2) == pytest.approx(DETECTION_S + AGENT_RESTART_S + 2 * PROCESS_START_S)
+
+
 def test_few_points_are_said_to_be_few_and_get_no_r_squared():
     costs = fit_hard_failure_costs(_points(hidden_sizes=(64,), failed=(1,)))
     assert costs is not None and costs.num_recoveries == 1
@@ -109,7 +126,7 @@ def test_the_calibration_sets_a_hard_failure_scenario_s_survivor_restart_and_not
     fitted = calibration.model_copy(update={"hard_failure_costs": costs})
     hard = cpu_tiny().model_copy(update={"training": TrainingSpec(failure_mode="hard")})
     applied = apply_calibration(hard, fitted, mode="full")
-    assert applied.recovery.survivor_restart_s == pytest.approx(costs.survivor_restart_s(hard.model, hard.pipeline))
+    assert applied.recovery.survivor_restart_s == pytest.approx(costs.survivor_restart_s(hard.model, hard.pipeline, applied.compute.shared_cores))
     assert applied.survivor_restart_charged_s > PROCESS_START_S
     soft = apply_calibration(cpu_tiny(), fitted, mode="full")
     assert soft.survivor_restart_charged_s == 0.0

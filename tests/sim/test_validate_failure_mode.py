@@ -112,7 +112,10 @@ def _agent_costs(process_start_s: float):
         }
         for stage in (1, 2, 1)
     ]  # fmt: skip
-    return fit_hard_failure_costs([agent_recovery_points(pd.DataFrame(rows), CALIBRATION.model, CALIBRATION.pipeline)])
+    # Measured on the calibrated setup: its processes shared its cores.
+    return fit_hard_failure_costs(
+        [agent_recovery_points(pd.DataFrame(rows), CALIBRATION.model, CALIBRATION.pipeline, CALIBRATION.compute_model.shared_cores)]
+    )
 
 
 def test_the_survivors_restart_fitted_from_agent_recoveries_changes_a_hard_run_s_prediction_by_what_it_costs():
@@ -121,7 +124,7 @@ def test_the_survivors_restart_fitted_from_agent_recoveries_changes_a_hard_run_s
     costs = _agent_costs(process_start_s=1.5)
     with_costs = WITH_HARD.model_copy(update={"hard_failure_costs": costs})
     after_s, notes = _predicted_wall_s(held_out, with_costs)
-    survivors_s = costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline)
+    survivors_s = costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline, CALIBRATION.compute_model.shared_cores)
     assert survivors_s == pytest.approx(0.05 + 0.2 + 1.5 + costs.survivor_reload.seconds_for(1.0), abs=0.02)
     # The replacement's join (configured delay + process start) runs during the survivors' restart.
     per_failure_s = survivors_s - (JOIN_DELAY_S + HARD_TABLE["checkfree"].process_start_s)
@@ -160,7 +163,7 @@ def test_a_failure_that_fell_due_during_an_earlier_one_s_restart_is_replayed_aft
     assert [len(group) for group in failure_rounds(list(apart.failures.failures), 0.075)] == [1, 1]
     assert [len(group) for group in failure_rounds(list(together.failures.failures), 0.075)] == [2]
     calibration = WITH_HARD.model_copy(update={"hard_failure_costs": _agent_costs(process_start_s=1.5)})
-    survivors_s = calibration.hard_failure_costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline)
+    survivors_s = calibration.hard_failure_costs.survivor_restart_s(CALIBRATION.model, CALIBRATION.pipeline, CALIBRATION.compute_model.shared_cores)
     apart_s, _ = _predicted_wall_s(apart, calibration)
     together_s, _ = _predicted_wall_s(together, calibration)
     assert apart_s - together_s == pytest.approx(survivors_s, rel=0.1)
