@@ -58,7 +58,9 @@ def worker_pids() -> dict[int, int]:
 @contextlib.contextmanager
 def _torch_elastic_logs_quiet() -> Iterator[None]:
     """torch's agent logs every restart and every worker it stops; the run record says what happened."""
-    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
+    names = {name for name in logging.root.manager.loggerDict if name.startswith(prefixes)} | set(prefixes)
+    loggers = [logging.getLogger(name) for name in sorted(names)]  # torch sets a level on each module's logger
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
@@ -88,6 +90,8 @@ def _agent_class() -> Any:
     return KillsOnlyAgent
 
 
+_SHUTDOWN_TIMEOUT_S = 5
+"""How long an interrupted agent waits for its workers to stop before it SIGKILLs them."""
 _STOPPED_EXIT_CODE = 143
 """128 + SIGTERM: a worker stopped by a SIGTERM (real/agent_membership.py exits with it)."""
 
@@ -147,7 +151,10 @@ def launch_with_agent(
             rdzv_handler=registry.get_rendezvous_handler(parameters), max_restarts=max_restarts, monitor_interval=0.05,
             local_addr=rendezvous_host,
         )  # fmt: skip
-        agent = _agent_class()(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method=start_method, exit_barrier_timeout=30)
+        agent = _agent_class()(
+            spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method=start_method, exit_barrier_timeout=30,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        )  # fmt: skip
         if poll is not None:
 
             def keep_polling() -> None:

@@ -213,6 +213,9 @@ class AgentMembership:
         self._stop_requested = False
         self._saving = False
         signal.signal(signal.SIGTERM, self._stopped_by_agent)
+        signal.signal(signal.SIGINT, self._stopped_by_agent)  # an interrupted agent passes on its SIGINT
+        # A fork server started with SIGINT blocked (real/launch.py) hands the mask on to its workers.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self.round = (int(self._store.add("worker-starts", 1)) - 1) // self.world_size
         held = self.memory.held_stages()
         node_stopped = [value for stage in held if (value := self.memory.stopped_unix_s(stage)) is not None]
