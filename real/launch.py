@@ -74,7 +74,10 @@ from .trainer import RankResult, TrainingConfig, train_stage
 # -- generic spawning (also used by the tests) ---------------------------------------------------
 
 
-FORKSERVER_PRELOAD = ("torch", "torch._inductor.config", "churnsim.real.trainer", "churnsim.real.launch", "churnsim.real.agent_worker")
+FORKSERVER_PRELOAD = (
+    "torch", "torch._inductor.config", "churnsim.real.trainer", "churnsim.real.launch", "churnsim.real.agent_worker",
+    "churnsim.real.agent_membership", "torch.distributed.elastic.multiprocessing.api",
+)
 """What the fork server imports once for every stage process it starts. torch._inductor.config (and
 torch._dynamo with it, ≈ 3-5 s on a small CPU) is imported by `torch.use_deterministic_algorithms` and
 by creating any optimizer; imported here, a replacement process is up in a fraction of a second."""
