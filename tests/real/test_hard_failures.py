@@ -18,7 +18,6 @@ The multi-process runs share one module fixture (one run per method) to stay wit
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import os
