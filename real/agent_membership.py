@@ -13,6 +13,11 @@ starts from:
 - After every round the workers say over the store which stages their node holds; the holders keep
   theirs (`assign_stages`), the others (a restarted worker whose stage died, a new agent's workers)
   take the missing stages in rank order, and the method recovers them (`recover`), as always.
+- With data parallelism a "stage" here is a worker slot, replica × S + stage: a lost slot whose
+  stage keeps a replica heals from it (real/replica_heal.py), the trainer decides.
+- One agent on one machine (`launch_local`, `worker_is_node`): every worker is a node of its own,
+  so a worker that died without its agent stopping it (no `stopped-<s>.json` beside its snapshot)
+  lost its node's memory, and its restarted process drops the snapshot it finds.
 
 The store (the agent's TCPStore: MASTER_ADDR:MASTER_PORT) holds, under the run's secret namespace
 (run_secret.py), values signed with the run's secret:
@@ -194,13 +199,10 @@ class AgentMembership:
         self.num_pipeline_stages = num_pipeline_stages
         self.started_unix_s = process_start_unix_s()
         self.memory = NodeMemory(token, root=memory_root, node_id=node_id)
-        self.node_lost: list[int] = []
-        """`worker_is_node`: the slots whose snapshot this worker's node lost with its previous process."""
         if worker_is_node and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             for stage in self.memory.held_stages():
                 if self.memory.stopped_unix_s(stage) is None:  # not stopped by the agent: killed, node and all
                     self.memory.drop(stage)
-                    self.node_lost.append(stage)
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         self._server = None
         if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":

@@ -6,21 +6,25 @@ stage (real/agent_membership.py), trains it (real/trainer.py, hard failures), an
 over sends its rows to the process that runs stage 0, which writes the run record into *its* node's
 `--run-dir`. Each machine's `--run-dir` is its own: checkpoints, journal and node-local levels of the
 stages it ran; no directory is shared between machines (a remote checkpoint tier, if the method has
-one, is `training.remote_checkpoint_dir`).
+one, is `training.remote_checkpoint_dir`). With data parallelism a worker runs one (stage, replica)
+slot, replica × S + stage.
+
+`run_local_worker` is the same worker for a local run (`launch_local`: one agent in the launcher's
+process, real/agent_launch.py): each worker stands in for a machine of its own, and the results go
+back to the launcher, which writes the record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Any
-
 import json
 import os
 import shutil
 import signal
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 from .journal import JOURNAL_DIRECTORY
 from .run_directory import LOCAL_DIRECTORY, RunDirectory, prepare_run_directory, read_run_file
@@ -83,7 +87,6 @@ def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, 
     membership.communicator.barrier()  # nobody leaves while stage 0 may still need a connection
     membership.finish()
     return 0
-
 
 
 def _end_with_launcher(launcher_pid: int) -> None:
