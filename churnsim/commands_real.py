@@ -61,42 +61,13 @@ def torchrun_command(scenario: Any, scenario_file: Path, token_file: Path, token
     workers' address, which the rank-0 agent publishes only when it first creates that store."""
     from churnsim.real.run_secret import TOKEN_VARIABLE, derive
 
-    num_stages = scenario.pipeline.num_stages
+    num_workers = scenario.pipeline.num_stages * scenario.pipeline.data_parallel_degree  # one per (stage, replica)
     return (
-        f"{TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes={nodes}:{nodes} --nproc-per-node={num_stages // nodes} "
+        f"{TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes={nodes}:{nodes} --nproc-per-node={num_workers // nodes} "
         f"--rdzv-backend=c10d --rdzv-endpoint={host}:{port} --rdzv-id=churnsim-{derive(token, 'rendezvous-id')[:16]} "
         f"--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3 --max-restarts={scenario.recovery.max_replacements} "
         f"-m churnsim.real.launch --scenario {scenario_file}{f' --replication {replication}' if replication else ''} --run-dir {out}"
     )
-
-
-def _run_with_agent(scenario: Any, *, out: Path, replication: int, resume: bool, rendezvous_host: str) -> None:
-    """`real run --agent`: one torchrun agent in this process, one worker per stage (real/agent_launch.py)."""
-    import tempfile
-
-    from rich.console import Console
-
-    from churnsim.calibration.errors import InputError
-    from churnsim.calibration.scenario import save_scenario
-    from churnsim.real.agent_launch import AgentRunFailed, launch_with_agent
-    from churnsim.real.run_secret import new_token
-
-    if resume:
-        raise InputError("--resume with --agent: the agent continues a run through its own restarts; start without --resume")
-    if scenario.pipeline.data_parallel_degree > 1:
-        raise InputError("--agent: pipeline.data_parallel_degree > 1 is not supported under torchrun's agent yet; run without --agent")
-    with tempfile.TemporaryDirectory(prefix="churnsim-agent-") as directory:
-        scenario_file = Path(directory) / "scenario.json"
-        save_scenario(scenario, str(scenario_file))
-        try:
-            launch_with_agent(
-                scenario_file, num_stages=scenario.pipeline.num_stages, token=new_token(), run_dir=out, replication=replication,
-                max_restarts=scenario.recovery.max_replacements, rendezvous_host=rendezvous_host,
-            )  # fmt: skip
-        except AgentRunFailed as error:
-            sys.stderr.write(f"churnsim: error: {error}\n")
-            raise typer.Exit(1) from None
-    Console().print(f"the run finished under torchrun's agent; its record is in {out}", soft_wrap=True)
 
 
 @real_app.command("run")
@@ -118,13 +89,13 @@ def real_run_command(
         "127.0.0.1", "--rendezvous-host", help="Address this machine's run store listens on; loopback unless you name one (only processes holding the run's token may use it)."
     ),
     nodes: Optional[int] = typer.Option(
-        None, "--nodes", help="With --write-config: how many machines (torchrun agents) share the stages; default one per stage."
+        None, "--nodes", help="With --write-config: how many machines (torchrun agents) share the stage processes; default one per stage process (stage × replica)."
     ),
     rendezvous_port: int = typer.Option(
         29400, "--rendezvous-port", help="With --write-config: the port of the torchrun rendezvous on --rendezvous-host."
     ),
     agent: bool = typer.Option(
-        False, "--agent", help="Run through torchrun's elastic agent on this machine (the code path of several machines: the agent restarts the stage processes, survivors reload from node memory)."
+        False, "--agent", help="No effect, kept so that older command lines work: hard failures always run through torchrun's elastic agent (one agent on this machine)."
     ),
 ) -> None:
     """A real pipeline run of a scenario on this machine: its model, pipeline, method, churn and target → a run record."""
@@ -150,10 +121,12 @@ def real_run_command(
 
         from churnsim.real.run_secret import TOKEN_VARIABLE, new_token, write_secret_file
 
-        num_stages = scenario.pipeline.num_stages
-        nodes = num_stages if nodes is None else nodes
-        if nodes < 1 or num_stages % nodes:
-            raise InputError(f"--nodes {nodes}: must divide pipeline.num_stages = {num_stages} (each machine runs as many stages)")
+        num_workers = scenario.pipeline.num_stages * scenario.pipeline.data_parallel_degree  # one per (stage, replica)
+        nodes = num_workers if nodes is None else nodes
+        if nodes < 1 or num_workers % nodes:
+            raise InputError(
+                f"--nodes {nodes}: must divide pipeline.num_stages × pipeline.data_parallel_degree = {num_workers} (each machine runs as many stage processes)"
+            )
         if not 0 < rendezvous_port < 65536:
             raise InputError(f"--rendezvous-port {rendezvous_port}: give a port between 1 and 65535")
         token_file = write_config.with_name(write_config.name + ".token")
@@ -185,9 +158,7 @@ def real_run_command(
     from churnsim.real.scenario_run import check_fits_machine, training_config
 
     check_fits_machine(scenario)
-    if agent:
-        _run_with_agent(scenario, out=out, replication=replication, resume=resume, rendezvous_host=rendezvous_host)
-        return
+    del agent  # hard failures run under torchrun's agent with or without it (real/agent_launch.py)
     config = training_config(scenario, method_config, replication=replication)
     if config.device == "cuda":
         import torch

@@ -13,6 +13,11 @@ starts from:
 - After every round the workers say over the store which stages their node holds; the holders keep
   theirs (`assign_stages`), the others (a restarted worker whose stage died, a new agent's workers)
   take the missing stages in rank order, and the method recovers them (`recover`), as always.
+- With data parallelism a "stage" here is a worker slot, replica × S + stage: a lost slot whose
+  stage keeps a replica heals from it (real/replica_heal.py), the trainer decides.
+- One agent on one machine (`launch_local`, `worker_is_node`): every worker is a node of its own,
+  so a worker that died without its agent stopping it (no `stopped-<s>.json` beside its snapshot)
+  lost its node's memory, and its restarted process drops the snapshot it finds.
 
 The store (the agent's TCPStore: MASTER_ADDR:MASTER_PORT) holds, under the run's secret namespace
 (run_secret.py), values signed with the run's secret:
@@ -48,11 +53,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from churnsim.calibration.errors import InputError
 
-from .elastic import Announcement, RendezvousFailed
 from .node_memory import NodeMemory
 from .run_secret import sign, store_namespace, verify
 
@@ -76,6 +81,24 @@ def process_start_unix_s() -> float:
         return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot_s)
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
+
+
+class RendezvousFailed(RuntimeError):
+    """The run cannot go on: no state to recover from, or the rendezvous store holds values not signed by the run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Announcement:
+    """A round's group, as the hard-failure trainer (real/trainer.py) reads it."""
+
+    generation: int
+    members: tuple[int, ...]
+    full: bool
+    deaths: tuple[dict[str, Any], ...]
+    arrived_perf_s: float
+    """When this rank reached the round's barrier."""
+    formed_perf_s: float
+    """When its process group was formed on this rank."""
 
 
 @dataclass(frozen=True)
@@ -117,10 +140,12 @@ def assign_stages(num_stages: int, workers: list[Holding]) -> dict[int, int]:
 
 @dataclass(frozen=True, kw_only=True)
 class AgentSettings:
-    """What the trainer reads of `settings` (the same fields as real/elastic.py's ElasticSettings)."""
+    """What the hard-failure trainer reads of `settings`."""
 
     stage: int
+    """This worker's process slot: the stage, or with data parallelism replica × S + stage."""
     num_stages: int
+    """How many slots the run has (S × D)."""
     incarnation: int
     """The rendezvous round (0 for the run's first)."""
     rendezvous_timeout_s: float
@@ -137,7 +162,24 @@ class AgentMembership:
     for its agent to stop it (the agent restarts every worker when one dies), and its snapshot
     carries the state into the next round."""
 
-    def __init__(self, *, token: str, num_stages: int, device: str, timeout_s: float, rendezvous_timeout_s: float, join_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        token: str,
+        num_stages: int,
+        device: str,
+        timeout_s: float,
+        rendezvous_timeout_s: float,
+        join_delay_s: float = 0.0,
+        data_parallel_degree: int = 1,
+        node_id: str | None = None,
+        memory_root: Any = None,
+        worker_is_node: bool = False,
+    ) -> None:
+        """`data_parallel_degree` D: the run has S × D slots (a slot is a (stage, replica) node).
+        `worker_is_node`: every worker is a node of its own (one agent standing in for a machine per
+        worker, as `launch_local` runs it): a worker that died without its agent stopping it (a
+        SIGKILL, the failure injector's or anyone's) lost its node, memory and node-local disk."""
         import torch.distributed as dist
 
         from .distributed import connect_store, serve_store
@@ -148,13 +190,19 @@ class AgentMembership:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        num_pipeline_stages, num_stages = num_stages, num_stages * data_parallel_degree  # from here on: slots
         if self.world_size != num_stages:
             raise InputError(
-                f"torchrun started {self.world_size} workers in all but the scenario has {num_stages} stages: "
-                "make --nnodes × --nproc-per-node equal pipeline.num_stages"
+                f"torchrun started {self.world_size} workers in all but the scenario has {num_pipeline_stages} stages × "
+                f"{data_parallel_degree} replica(s): make --nnodes × --nproc-per-node equal pipeline.num_stages × pipeline.data_parallel_degree"
             )
+        self.num_pipeline_stages = num_pipeline_stages
         self.started_unix_s = process_start_unix_s()
-        self.memory = NodeMemory(token)
+        self.memory = NodeMemory(token, root=memory_root, node_id=node_id)
+        if worker_is_node and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            for stage in self.memory.held_stages():
+                if self.memory.stopped_unix_s(stage) is None:  # not stopped by the agent: killed, node and all
+                    self.memory.drop(stage)
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         self._server = None
         if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -167,6 +215,9 @@ class AgentMembership:
         self._stop_requested = False
         self._saving = False
         signal.signal(signal.SIGTERM, self._stopped_by_agent)
+        signal.signal(signal.SIGINT, self._stopped_by_agent)  # an interrupted agent passes on its SIGINT
+        # A fork server started with SIGINT blocked (real/launch.py) hands the mask on to its workers.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self.round = (int(self._store.add("worker-starts", 1)) - 1) // self.world_size
         held = self.memory.held_stages()
         node_stopped = [value for stage in held if (value := self.memory.stopped_unix_s(stage)) is not None]
@@ -187,8 +238,9 @@ class AgentMembership:
         self.is_restart = bool(headers) or any(int(body["restart_count"]) > 0 for body in reports.values())
         if self.is_restart and not headers:
             raise RendezvousFailed(
-                "torchrun restarted the workers but no node holds any stage's state (every stage process died with its "
-                "node, or the run's first group never formed); start the run again"
+                "the agent restarted the workers but no node holds any stage's state: every stage process died with its "
+                "node, or one died before the run's first group formed; nothing is left to recover from, so the run "
+                "ends (start it again, or continue it from its durable checkpoints with --resume)"
             )
         # The run's identity: the holders' (the store may be new), else the one the first worker fixed.
         run = headers[0] if headers else self._run_identity()
@@ -332,7 +384,9 @@ class AgentMembership:
     def finish(self) -> None:
         """The run finished: this stage's snapshot is no longer needed."""
         self.memory.drop(self.settings.stage)
-        (self.memory.path / f"journal-{self.settings.stage}.jsonl").unlink(missing_ok=True)
+        from .journal import memory_journal_path
+
+        Path(memory_journal_path(self.memory.path, self.settings.stage)).unlink(missing_ok=True)
         try:
             os.rmdir(self.memory.path)  # the last stage of the node removes the folder
         except OSError:

@@ -6,17 +6,28 @@ stage (real/agent_membership.py), trains it (real/trainer.py, hard failures), an
 over sends its rows to the process that runs stage 0, which writes the run record into *its* node's
 `--run-dir`. Each machine's `--run-dir` is its own: checkpoints, journal and node-local levels of the
 stages it ran; no directory is shared between machines (a remote checkpoint tier, if the method has
-one, is `training.remote_checkpoint_dir`).
+one, is `training.remote_checkpoint_dir`). With data parallelism a worker runs one (stage, replica)
+slot, replica × S + stage.
+
+`run_local_worker` is the same worker for a local run (`launch_local`: one agent in the launcher's
+process, real/agent_launch.py): each worker stands in for a machine of its own, and the results go
+back to the launcher, which writes the record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from .journal import JOURNAL_DIRECTORY
-from .run_directory import RunDirectory, prepare_run_directory, read_run_file
+from .run_directory import LOCAL_DIRECTORY, RunDirectory, prepare_run_directory, read_run_file
 
 
 def _node_run_directory(run_dir: Path, config: Any, run_id: str, token: str, resumable: bool) -> RunDirectory:
@@ -41,16 +52,10 @@ def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, 
     from .run_secret import checkpoint_key
     from .trainer import train_stage
 
-    if getattr(config, "data_parallel_degree", 1) > 1:
-        from churnsim.calibration.errors import InputError
-
-        raise InputError(
-            "data_parallel_degree > 1 with hard failures under torchrun is not supported yet; run it on one machine "
-            "with `churnsim real run` (without --agent), or use training.failure_mode = 'soft'"
-        )
     membership = AgentMembership(
         token=token,
         num_stages=config.num_stages,
+        data_parallel_degree=config.data_parallel_degree,
         device=config.device,
         timeout_s=config.timeout_s,
         rendezvous_timeout_s=rendezvous_timeout_s(config.timeout_s, config.join_delay_s),
@@ -83,3 +88,85 @@ def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, 
     membership.finish()
     return 0
 
+
+def _end_with_launcher(launcher_pid: int) -> None:
+    """A daemon thread: this worker ends (SIGKILL) when the process that runs the agent is gone."""
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(launcher_pid, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGKILL)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="churnsim-launcher-watch", daemon=True).start()
+
+
+def _progress_reporter(progress_path: str | None) -> Any:
+    """The head of replica 0 writes its latest iteration for the launcher's progress display."""
+    if progress_path is None:
+        return None
+
+    def report(row: dict[str, Any]) -> None:
+        temporary = f"{progress_path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as file:
+            json.dump({key: row[key] for key in ("step", "iteration", "train_loss")}, file)
+        os.replace(temporary, progress_path)  # the launcher never reads a half-written file
+
+    return report
+
+
+def run_local_worker(
+    config: Any,
+    token: str,
+    run_dir: Path | None,
+    journal_directory: str,
+    progress_path: str | None,
+    warnings_path: str,
+    node_memory_root: str,
+    node_prefix: str,
+    launcher_pid: int,
+    after_run: Any = None,
+) -> Any:
+    """One worker of a local hard-failure run (`launch_local`, one agent, real/agent_launch.py): the
+    same membership and trainer as a torchrun worker, each worker standing in for a machine of its
+    own. Returns every slot's result on slot 0 (None on the others); `launch_local` writes the record.
+    `after_run(parts)`: called with the slot's trained stage when the run is done (tests compare replicas)."""
+    from .agent_membership import AgentMembership
+    from .distributed import keep_connections_on
+    from .launch import _die_with_parent, rendezvous_timeout_s
+    from .methods.checkpointing import node_directory_name
+    from .trainer import train_stage
+    from .warnings_relay import relay_to
+
+    _die_with_parent()
+    _end_with_launcher(launcher_pid)
+    relay_to(warnings_path)
+    keep_connections_on(os.environ["MASTER_ADDR"])
+    membership = AgentMembership(
+        token=token,
+        num_stages=config.num_stages,
+        data_parallel_degree=config.data_parallel_degree,
+        device=config.device,
+        timeout_s=config.timeout_s,
+        rendezvous_timeout_s=rendezvous_timeout_s(config.timeout_s, config.join_delay_s),
+        join_delay_s=config.join_delay_s,
+        node_id=f"{node_prefix}-{os.environ.get('LOCAL_RANK', '0')}",
+        memory_root=Path(node_memory_root),
+        worker_is_node=True,
+    )
+    if run_dir is not None and membership.is_replacement:
+        # A slot whose node died: that node's disk (the node-local checkpoint level) died with it.
+        replica, stage = divmod(membership.stage, config.num_stages)
+        shutil.rmtree(run_dir / LOCAL_DIRECTORY / node_directory_name(stage, replica), ignore_errors=True)
+    rank_result = train_stage(
+        config, None, run_dir=run_dir, membership=membership, journal_directory=journal_directory,
+        on_iteration_done=_progress_reporter(progress_path), after_run=after_run,
+    )  # fmt: skip
+    gathered = membership.communicator.gather_objects(rank_result, destination=0)
+    membership.communicator.barrier()  # nobody leaves while slot 0 may still need a connection
+    membership.finish()
+    return gathered

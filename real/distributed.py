@@ -369,7 +369,7 @@ def init_process_group(
     """Join the default process group through `env://`; arguments override the torchrun variables.
 
     `store` (a torch.distributed Store, with `rank` and `world_size`): rendezvous through it instead
-    (hard failures re-form the group through one store prefix per generation, real/elastic.py)."""
+    (hard failures form each round's group under one store prefix per round, real/agent_membership.py)."""
     if master_addr is not None:
         os.environ["MASTER_ADDR"] = master_addr
     if master_port is not None:

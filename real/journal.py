@@ -41,6 +41,11 @@ def stage_journal_path(directory: str | Path, stage: int) -> str:
     return os.path.join(directory, f"stage-{stage}.jsonl")
 
 
+def memory_journal_path(directory: str | Path, slot: int) -> str:
+    """A hard-failure worker's journal when the run has no run directory: in its node's memory folder."""
+    return os.path.join(directory, f"journal-{slot}.jsonl")
+
+
 def node_journal_path(directory: str | Path, stage: int, replica: int) -> str:
     """The journal of node (stage, replica): replica 0's is its stage's journal (the one `read_attempt`
     reads: it holds the run's failures and losses); other replicas keep theirs beside it."""

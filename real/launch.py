@@ -4,19 +4,17 @@ Each rank runs `trainer.train_stage`; the per-rank results (iteration rows, span
 recovery outcomes) are gathered to rank 0 over the process group, merged, and written as a run
 record (calibration/run_record.py) when a run directory is given.
 
-Hard failures under torchrun (and `churnsim real run --agent`, one agent on this machine) are
-torch.distributed.elastic's: its agents restart the stage processes and the stage policy is
-real/agent_membership.py's (`main` hands them to real/agent_worker.py).
-
-Hard failures of a local launch (`failure_mode = "hard"`, `launch_local`): the launcher supervises its stage
-processes (`_Supervisor`). When one is killed by a signal (the failure injector's SIGKILL, or anyone
-else's) after the run started, it deletes that stage's node-local checkpoint level, tells the
-survivors to abandon their process group, offers them a group of their own where the method can
-run degraded, starts a replacement process with the same stage after the join delay, and announces
-the full group (real/elastic.py); each stage writes its result to a file at the end. Deaths it cannot
-recover (before the run started, after a stage finished, every stage at once, an exit with an
-error) end the run as under soft failures. `<run_dir>/workers.json` names the current process of
-every stage (tests and operators kill from there).
+Hard failures (`failure_mode = "hard"`) have one code path, on one machine and on many:
+torch.distributed.elastic's agent restarts the stage processes (torch's c10d rendezvous) and the stage
+policy is real/agent_membership.py's. Under torchrun `main` hands each worker to real/agent_worker.py;
+`launch_local` runs one agent in this process (real/agent_launch.py) whose workers stand in for one
+machine each: a worker killed by a signal (the failure injector's SIGKILL, or anyone else's) loses its
+node's memory and node-local checkpoint level, the agent restarts every worker, the survivors reload
+their state from node memory, the lost stage's new process starts after the join delay and the method
+recovers the stage (with data parallelism: heals from a surviving replica). A worker that fails with
+an error, and a loss that leaves no state anywhere (every stage at once, or before the first group
+formed), end the run. Nothing is coordinated through files; `agent_launch.worker_pids()` names the
+current worker processes while a run is in flight (tests and operators kill from there).
 
     CHURNSIM_RUN_TOKEN=$(cat scenario.json.token) PYTHONSAFEPATH=1 torchrun --nproc-per-node 4 -m churnsim.real.launch \
         --scenario scenario.json --method checkfree --run-dir runs/a
@@ -67,7 +65,7 @@ from .distributed import (
 from .methods import METHODS
 from .run_secret import check_listen_address, check_token, checkpoint_key, new_token, token_from_environment
 from .warnings_relay import WARNINGS_FILE, WarningReader, relay_to
-from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, WORKERS_FILE, RunDirectory, prepare_run_directory
+from .run_directory import OWN_ENTRIES, RECOVERIES_FILE, RunDirectory, prepare_run_directory
 from .safe_codec import decode, encode
 from .journal import attempt_directories, new_attempt_directory, read_attempt
 from .results import FAILURE_TABLE_COLUMNS, RunResult, join_attempts, merge_rank_results, write_recoveries, write_record  # noqa: F401 - re-exported
@@ -76,7 +74,10 @@ from .trainer import RankResult, TrainingConfig, train_stage
 # -- generic spawning (also used by the tests) ---------------------------------------------------
 
 
-FORKSERVER_PRELOAD = ("torch", "torch._inductor.config", "churnsim.real.trainer", "churnsim.real.launch", "churnsim.real.elastic")
+FORKSERVER_PRELOAD = (
+    "torch", "torch._inductor.config", "churnsim.real.trainer", "churnsim.real.launch", "churnsim.real.agent_worker",
+    "churnsim.real.agent_membership", "torch.distributed.elastic.multiprocessing.api",
+)
 """What the fork server imports once for every stage process it starts. torch._inductor.config (and
 torch._dynamo with it, ≈ 3-5 s on a small CPU) is imported by `torch.use_deterministic_algorithms` and
 by creating any optimizer; imported here, a replacement process is up in a fraction of a second."""
@@ -271,12 +272,6 @@ def _start_heartbeat(directory: str, rank: int, launcher_pid: int) -> None:
     threading.Thread(target=beat, name=f"churnsim-heartbeat-{rank}", daemon=True).start()
 
 
-def _write_pid(directory: str, rank: int) -> None:
-    """The heartbeat file names the rank's current process (a replacement overwrites its predecessor's)."""
-    with open(_heartbeat_path(directory, rank), "w") as file:
-        file.write(str(os.getpid()))
-
-
 @dataclass(frozen=True)
 class StoreEndpoint:
     """Where the launcher's store listens and the run's secret, as handed to each stage process in its
@@ -334,11 +329,6 @@ def _write_stage_error(path: str, error: BaseException) -> None:
     record = {"time_s": time.time(), "type": type(error).__name__, "message": " ".join(str(error).split())}
     with open(path, "w") as file:
         json.dump(record, file)
-
-
-def _incarnation_error_path(directory: str, stage: int, incarnation: int) -> str:
-    """A hard-failure run's error file: one per process a stage had (a replacement is a new incarnation)."""
-    return os.path.join(directory, f"error-{stage}-{incarnation}.json")
 
 
 def _read_stage_error(path: str) -> dict[str, Any] | None:
@@ -444,7 +434,6 @@ def run_distributed(
     timeout_s: float = 60.0,
     poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
-    hard_failures: HardFailureOptions | None = None,
     rendezvous_host: str = LOOPBACK_HOST,
     token: str | None = None,
     on_warning: Callable[[str], None] | None = None,
@@ -457,9 +446,6 @@ def run_distributed(
     and NCCL listen on loopback too when the rendezvous does. Stage processes import only installed
     code (`_children_import_installed_code`). Warnings of the stage processes (real/warnings_relay.py)
     go to `on_warning(line)` as they come (default: this process's stderr).
-
-    `hard_failures`: supervise the processes and replace killed ones (module docstring); `function`
-    then gets a `Membership` (real/elastic.py) instead of a communicator and forms the group itself.
 
     `function` must be importable by name (a module-level function). Processes start from a fork
     server that imported torch and the trainer once (CPU), so later runs in the same interpreter
@@ -481,19 +467,6 @@ def run_distributed(
         start_method = "spawn"
     limit_s = stall_limit_s(timeout_s)
     token = check_token(token, "token") if token is not None else new_token()
-    if hard_failures is not None:
-        with _fork_server_ends_on_interrupt(start_method), _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
-            relay = _WarningRelay(directory, on_warning)
-            supervisor = _Supervisor(
-                function, world_size, arguments, device=device, timeout_s=timeout_s, directory=directory,
-                start_method=start_method, options=hard_failures, poll=relay.around(poll), poll_interval_s=poll_interval_s,
-                rendezvous_host=rendezvous_host, token=token,
-            )  # fmt: skip
-            try:
-                return supervisor.run()
-            finally:
-                supervisor.end()
-                relay.drain()
     with _fork_server_ends_on_interrupt(start_method), _SignalsEndRun(), tempfile.TemporaryDirectory(prefix="churnsim-real-") as directory:
         relay = _WarningRelay(directory, on_warning)
         poll = relay.around(poll)
@@ -553,269 +526,6 @@ class _WarningRelay:
                 poll()
 
         return poll_and_drain
-
-
-# -- hard failures: the supervisor --------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class HardFailureOptions:
-    """How the launcher handles killed stage processes (hard failures)."""
-
-    join_delay_s: float
-    """Seconds from seeing a death until the replacement process starts."""
-    runs_degraded: bool = False
-    """Offer the survivors a group of their own while the replacement starts (the method can run degraded)."""
-    node_local_directory: Path | None = None
-    """Node-local checkpoint levels (`<dir>/stage-<s>`): a killed stage's is deleted, its disk died with it."""
-    workers_file: Path | None = None
-    """Where to keep {"launcher_pid", "generation", "workers": {stage: pid}} up to date."""
-    max_replacements: int = 64
-    """More deaths than this in one run end it (a replacement that keeps dying)."""
-    num_stages: int | None = None
-    """Data parallelism: stages per replica; a process slot is then the node (slot mod S, slot div S)
-    (its node-local level is that node's). None: one pipeline, a slot is a stage."""
-
-
-def _elastic_worker(
-    settings: Any,
-    device: str,
-    timeout_s: float,
-    function: Callable[..., Any],
-    arguments: tuple[Any, ...],
-    launcher_pid: int,
-) -> None:
-    from .elastic import Membership, result_path, write_atomically
-
-    directory, stage = settings.directory, settings.stage
-    _die_with_parent()
-    relay_to(os.path.join(directory, WARNINGS_FILE))
-    _write_pid(directory, stage)
-    _start_heartbeat(directory, stage, launcher_pid)
-    keep_connections_on(settings.store_host)
-    os.environ.update(LOCAL_RANK=str(stage), LOCAL_WORLD_SIZE=str(settings.num_stages))
-    if device == "cuda":
-        warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
-    try:
-        membership = Membership(settings, device=device, timeout_s=timeout_s)
-        value = function(membership, *arguments)
-        write_atomically(result_path(directory, stage), encode(value))  # JSON + raw tensors: no code runs on read
-        # Stay until every stage has its result: a process leaving earlier closes its connections,
-        # which a peer still finishing the last collective would take for a death.
-        deadline = time.monotonic() + settings.rendezvous_timeout_s
-        while not all(os.path.exists(result_path(directory, other)) for other in range(settings.num_stages)):
-            if time.monotonic() > deadline:
-                break  # the launcher ends the run if a peer never finishes
-            time.sleep(0.01)
-    except BaseException as error:  # noqa: BLE001 - reported to the launcher, which raises it as the run's error
-        _write_stage_error(_incarnation_error_path(directory, stage, settings.incarnation), error)
-        sys.exit(1)
-    finally:
-        destroy_process_group()
-
-
-class _Supervisor:
-    """The launcher's side of hard failures: start, watch and replace stage processes (module docstring)."""
-
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        world_size: int,
-        arguments: tuple[Any, ...],
-        *,
-        device: str,
-        timeout_s: float,
-        directory: str,
-        start_method: str,
-        options: HardFailureOptions,
-        poll: Callable[[], None] | None,
-        poll_interval_s: float,
-        rendezvous_host: str = LOOPBACK_HOST,
-        token: str,
-    ) -> None:
-        self.function, self.world_size, self.arguments = function, world_size, arguments
-        self.device, self.timeout_s, self.directory = device, timeout_s, directory
-        self.options, self.poll, self.poll_interval_s = options, poll, poll_interval_s
-        self.context = multiprocessing.get_context(start_method)
-        # The rendezvous store lives as long as the launcher, bound to the rendezvous host only; every
-        # key is under the run's secret namespace, every generation under its own prefix (elastic.py).
-        self.rendezvous_host, self.token = rendezvous_host, token
-        self.store = serve_store(rendezvous_host, rendezvous_timeout_s(timeout_s, options.join_delay_s))
-        self.run_started_unix_ns = time.time_ns()
-        self.processes: dict[int, Any] = {}
-        self.incarnations: dict[int, int] = {}
-        self.handled: set[int] = set()  # pids whose exit was dealt with
-        self.finished: set[int] = set()
-        self.deaths: list[dict[str, Any]] = []
-        self.pending: dict[int, float] = {}  # stage -> when its death was seen (replacement not started)
-        self.started_since_full: set[int] = set()
-        self.generation = 0
-        self.abandoned_through = -1
-
-    def _start(self, stage: int, *, death_detected_perf_s: float | None = None) -> None:
-        from .elastic import ElasticSettings
-
-        incarnation = self.incarnations.get(stage, -1) + 1
-        self.incarnations[stage] = incarnation
-        settings = ElasticSettings(
-            directory=self.directory,
-            store_port=self.store.port,
-            store_host=self.rendezvous_host,
-            token=self.token,
-            stage=stage,
-            num_stages=self.world_size,
-            incarnation=incarnation,
-            rendezvous_timeout_s=rendezvous_timeout_s(self.timeout_s, self.options.join_delay_s),
-            run_started_unix_ns=self.run_started_unix_ns,
-            death_detected_perf_s=death_detected_perf_s,
-        )
-        process = self.context.Process(
-            target=_elastic_worker,
-            args=(settings, self.device, self.timeout_s, self.function, self.arguments, os.getpid()),
-            name=f"churnsim-stage-{stage}",
-        )
-        with _children_import_installed_code(), _children_leave_interrupts_to_launcher():
-            process.start()
-        self.processes[stage] = process
-
-    def _write_workers_file(self) -> None:
-        path = self.options.workers_file
-        if path is None:
-            return
-        from .elastic import write_atomically
-
-        alive = {str(stage): process.pid for stage, process in sorted(self.processes.items()) if process.exitcode is None}
-        body = {"launcher_pid": os.getpid(), "generation": self.generation, "workers": alive}
-        write_atomically(str(path), json.dumps(body).encode())
-
-    def run(self) -> list[Any]:
-        from .elastic import announce, result_path
-
-        announce(self.directory, 0, members=list(range(self.world_size)), full=True, deaths=[])
-        for stage in range(self.world_size):
-            self._start(stage)
-        self._write_workers_file()
-        limit_s = stall_limit_s(self.timeout_s)
-        while len(self.finished) < self.world_size:
-            wait_s = self.poll_interval_s
-            if self.pending:
-                due = min(self.pending.values()) + self.options.join_delay_s
-                wait_s = max(0.0, min(wait_s, due - time.perf_counter()))
-            live = [process.sentinel for process in self.processes.values() if process.exitcode is None]
-            connection.wait(live, timeout=wait_s)
-            ordered = [self.processes[stage] for stage in range(self.world_size)]
-            stalled = _stalled_rank(self.directory, ordered, limit_s)
-            if stalled is not None:
-                ordered[stalled[0]].kill()  # a stopped process ignores SIGTERM
-                raise _stall_error(*stalled)
-            for stage, process in sorted(self.processes.items()):
-                if process.exitcode is not None and process.pid not in self.handled:
-                    self.handled.add(process.pid)
-                    self._exited(stage, process)
-            self._start_due_replacements()
-            if self.poll is not None:
-                self.poll()
-        results = []
-        for stage in range(self.world_size):
-            with open(result_path(self.directory, stage), "rb") as file:
-                results.append(decode(file.read()))
-        return results
-
-    def _stages_with_results(self) -> set[int]:
-        """Stages whose result is written: they have left training and only wait for the others'."""
-        from .elastic import result_path
-
-        return {stage for stage in range(self.world_size) if os.path.exists(result_path(self.directory, stage))}
-
-    def _exited(self, stage: int, process: Any) -> None:
-        from .elastic import abandon, announce
-
-        code = process.exitcode
-        if code == 0 or len(self._stages_with_results()) == self.world_size:
-            self.finished.add(stage)  # a death after every result was written ends nothing
-            return
-        record = _read_stage_error(_incarnation_error_path(self.directory, stage, self.incarnations[stage]))
-        if record is not None:
-            raise _failed_stage_error(stage, record)
-        name = signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
-        why = self._not_recoverable(code)
-        if why is not None:
-            raise RunAborted(f"stage/rank {stage} ended with {'signal ' + name if name else f'exit code {code}'}; {why}", rank=stage)
-        now = time.perf_counter()
-        self.deaths.append({"id": len(self.deaths), "stage": stage, "detected_perf_s": now, "exit": name})
-        self.pending[stage] = now
-        if self.options.node_local_directory is not None:  # the node's disk died with it
-            name = f"stage-{stage}"
-            if self.options.num_stages is not None:
-                from .methods.checkpointing import node_directory_name
-
-                replica, grid_stage = divmod(stage, self.options.num_stages)
-                name = node_directory_name(grid_stage, replica)
-            shutil.rmtree(self.options.node_local_directory / name, ignore_errors=True)
-        for generation in range(self.abandoned_through + 1, self.generation + 1):
-            abandon(self.directory, generation)
-        self.abandoned_through = self.generation
-        if self.options.runs_degraded:
-            down = set(self.pending) | {s for s, p in self.processes.items() if p.exitcode is not None}
-            members = [s for s in range(self.world_size) if s not in down]
-            self.generation += 1
-            announce(self.directory, self.generation, members=members, full=False, deaths=self.deaths)
-        self._write_workers_file()
-
-    def _not_recoverable(self, code: int) -> str | None:
-        """Why a stage process's death ends the run, or None when a replacement can take over."""
-        from .elastic import STARTED_FILE
-
-        if code > 0:
-            return "it failed (not a kill)"
-        if not os.path.exists(os.path.join(self.directory, STARTED_FILE)):
-            return "the run had not started (its first process group never formed)"
-        # A stage with its result written waits for the others' results, not at the rendezvous: the
-        # group cannot re-form, and waiting for it would take the whole rendezvous timeout.
-        done = sorted(self.finished | self._stages_with_results())
-        if done:
-            return f"stage(s) {done} had already finished, so the group cannot re-form"
-        if len(self.deaths) >= self.options.max_replacements:
-            return f"{len(self.deaths)} stage processes were replaced already (at most {self.options.max_replacements})"
-        if all(process.exitcode is not None for process in self.processes.values()):
-            return "every stage process died, none is left to recover from"
-        return None
-
-    def _start_due_replacements(self) -> None:
-        from .elastic import announce
-
-        now = time.perf_counter()
-        for stage, seen in sorted(self.pending.items()):
-            if now >= seen + self.options.join_delay_s:
-                del self.pending[stage]
-                self._start(stage, death_detected_perf_s=seen)
-                self.started_since_full.add(stage)
-        if self.started_since_full and not self.pending:
-            self.generation += 1
-            announce(self.directory, self.generation, members=list(range(self.world_size)), full=True, deaths=self.deaths)
-            self.started_since_full.clear()
-            self._write_workers_file()
-
-    def end(self) -> None:
-        _end_processes(list(self.processes.values()))
-        if self.options.workers_file is not None:
-            self.options.workers_file.unlink(missing_ok=True)
-
-
-def _train_hard(
-    membership: Any, config: TrainingConfig, run_dir: Path | None, progress_path: str | None, journal_directory: str | None = None
-) -> RankResult:
-    """`_train` under hard failures: the stage's process forms (and re-forms) its group through `membership`."""
-    report = None
-    if progress_path is not None:  # whichever process runs the head reports (it moves while degraded)
-
-        def report(row: dict[str, Any]) -> None:
-            temporary = f"{progress_path}.{os.getpid()}.tmp"
-            with open(temporary, "w") as file:
-                json.dump({k: row[k] for k in ("step", "iteration", "train_loss")}, file)
-            os.replace(temporary, progress_path)
-
-    return train_stage(config, None, run_dir=run_dir, on_iteration_done=report, membership=membership, journal_directory=journal_directory)
 
 
 def _train(
@@ -878,7 +588,6 @@ def _finish(lease: RunDirectory, result: RunResult, **record_options: Any) -> Pa
 def _fail(lease: RunDirectory, error: BaseException, config: TrainingConfig | None = None) -> None:
     """The run failed: its durable checkpoints stay (bound to its run id) for `--resume`."""
     lease.remove_node_local_levels()
-    (lease.path / WORKERS_FILE).unlink(missing_ok=True)
     lease.mark("failed")
     durable = _durable_checkpoints(lease, config) if config is not None else lease.checkpoints
     if any(durable.glob("stage-*/*.manifest.json")) and hasattr(error, "add_note"):  # Python >= 3.11
@@ -900,6 +609,52 @@ def _check_remote_checkpoint_dir(config: TrainingConfig) -> None:
         ) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise InputError(f"training.remote_checkpoint_dir = {str(path)!r}: not writable; give a writable directory")
+
+
+def _run_hard_failures(
+    config: TrainingConfig,
+    run_dir: Path,
+    scratch: Path,
+    journal_directory: Path | None,
+    progress_path: str | None,
+    *,
+    token: str,
+    rendezvous_host: str,
+    poll: Callable[[], None],
+    poll_interval_s: float,
+    on_warning: Callable[[str], None] | None,
+    entrypoint: Callable[..., Any] | None = None,
+) -> dict[int, Any]:
+    """A hard-failure run: one torch.distributed.elastic agent in this process, one worker per
+    (stage, replica) slot (real/agent_launch.py), each running `entrypoint` (real/agent_worker.py's
+    `run_local_worker`, or a function that calls it); returns {local rank: what it returned}: local
+    rank 0 returns every slot's RankResult."""
+    from .agent_launch import AgentRunFailed, launch_with_agent, node_prefix
+    from .agent_worker import run_local_worker
+    from .node_memory import NodeMemory, default_root
+
+    num_workers = config.num_stages * config.data_parallel_degree
+    start_method = "forkserver" if config.device == "cpu" else "spawn"  # forking after CUDA initialisation is unsafe
+    if start_method == "forkserver":
+        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    journal = journal_directory if journal_directory is not None else scratch / "journal"
+    journal.mkdir(parents=True, exist_ok=True)
+    prefix, root = node_prefix(), default_root()
+    relay = _WarningRelay(str(scratch), on_warning)
+    arguments = (config, token, run_dir, str(journal), progress_path, os.path.join(scratch, WARNINGS_FILE), str(root), prefix, os.getpid())
+    try:
+        with _fork_server_ends_on_interrupt(start_method), _SignalsEndRun(), _children_import_installed_code(), _children_leave_interrupts_to_launcher():
+            values = launch_with_agent(
+                entrypoint or run_local_worker, arguments, num_workers=num_workers, log_dir=scratch / "agent", rendezvous_host=rendezvous_host,
+                start_method=start_method, poll=relay.around(poll), poll_interval_s=poll_interval_s,
+            )  # fmt: skip
+    except AgentRunFailed as error:
+        raise RunAborted(str(error), rank=error.rank) from None
+    finally:
+        relay.drain()
+        for rank in range(num_workers):  # a run that ended leaves nothing in node memory
+            NodeMemory(token, root=root, node_id=f"{prefix}-{rank}").remove()
+    return values
 
 
 def launch_local(
@@ -956,17 +711,6 @@ def launch_local(
             # Hard failures: a replacement process must find its predecessor's checkpoints, so
             # checkpoints live in one directory for all processes (the run's, or a temporary one).
             worker_run_dir = lease.path if lease is not None else (Path(progress_directory) if hard else None)
-            options = None
-            if hard:
-                assert worker_run_dir is not None
-                options = HardFailureOptions(
-                    join_delay_s=config.join_delay_s,
-                    # With data parallelism the grid waits for a replacement (it heals from a replica).
-                    runs_degraded=config.data_parallel_degree == 1 and METHODS[config.method.name].runs_degraded if config.method.name in METHODS else False,
-                    num_stages=config.num_stages if config.data_parallel_degree > 1 else None,
-                    node_local_directory=worker_run_dir / "local",
-                    workers_file=lease.path / WORKERS_FILE if lease is not None else None,
-                )
             progress_path = os.path.join(progress_directory, "progress.json") if on_progress is not None else None
             last_seen: list[Any] = [None]
 
@@ -982,22 +726,27 @@ def launch_local(
                     last_seen[0] = row
                     on_progress(row)  # type: ignore[misc]
 
-            results = run_distributed(
-                _train_hard if hard else _train,
-                config.num_stages * config.data_parallel_degree,  # one process per (stage, replica)
-                config,
-                worker_run_dir,
-                progress_path,
-                str(journal_directory) if journal_directory is not None else None,
-                device=config.device,
-                timeout_s=config.timeout_s,
-                poll=poll,
-                poll_interval_s=progress_interval_s,
-                hard_failures=options,
-                rendezvous_host=rendezvous_host,
-                token=token,
-                on_warning=on_warning,
-            )
+            if hard:
+                results = _run_hard_failures(
+                    config, worker_run_dir, Path(progress_directory), journal_directory, progress_path, token=token,
+                    rendezvous_host=rendezvous_host, poll=poll, poll_interval_s=progress_interval_s, on_warning=on_warning,
+                )[0]  # fmt: skip
+            else:
+                results = run_distributed(
+                    _train,
+                    config.num_stages * config.data_parallel_degree,  # one process per (stage, replica)
+                    config,
+                    worker_run_dir,
+                    progress_path,
+                    str(journal_directory) if journal_directory is not None else None,
+                    device=config.device,
+                    timeout_s=config.timeout_s,
+                    poll=poll,
+                    poll_interval_s=progress_interval_s,
+                    rendezvous_host=rendezvous_host,
+                    token=token,
+                    on_warning=on_warning,
+                )
             poll()
         if journal_directory is not None:  # after a --resume: the earlier attempts' steps first
             results = join_attempts(

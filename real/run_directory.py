@@ -12,7 +12,6 @@
     DIR/recoveries.csv        one row per recovery: what failed, what each stage started from, the
                               seconds of join, rendezvous, transfer, load, rebuild, and the bytes it
                               moved over the network and read from checkpoint files
-    DIR/workers.json          while it runs under hard failures: the process of every stage
     DIR/run.secret            the run's secret (mode 0600; run_secret.py): names its rendezvous keys
                               and binds its checkpoints (an HMAC); `--resume` reads it from here
     DIR/journal/attempt-n/stage-s.jsonl
@@ -48,11 +47,10 @@ RUN_FILE = "run.json"
 CHECKPOINTS_DIRECTORY = "checkpoints"
 LOCAL_DIRECTORY = "local"
 RECOVERIES_FILE = "recoveries.csv"
-WORKERS_FILE = "workers.json"
 SECRET_FILE = "run.secret"  # = run_secret.SECRET_FILE
 JOURNAL_DIRECTORY = "journal"  # = journal.JOURNAL_DIRECTORY
 OWN_ENTRIES: tuple[str, ...] = (
-    RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, WORKERS_FILE, SECRET_FILE, JOURNAL_DIRECTORY,
+    RUN_FILE, CHECKPOINTS_DIRECTORY, LOCAL_DIRECTORY, RECOVERIES_FILE, SECRET_FILE, JOURNAL_DIRECTORY,
 )
 """What a real run keeps in its directory beside the record files."""
 RUN_FORMAT = "churnsim-real-run"

@@ -16,18 +16,19 @@ Failures come from two sources, both decided the same way on every rank:
 A step counts executed iterations, so after a rollback (a method's `resume_iteration`) replayed
 iterations do not fail again; without rollbacks step == iteration.
 
-Hard failures (`failure_mode = "hard"`, DESIGN.md section 2; launched by launch.py's supervisor):
-a failing stage's process kills itself with SIGKILL at the boundary, and any stage process may be
-killed from outside at any moment. The survivors keep their weights and optimizer state in memory,
-leave the broken process group and wait for the next generation (real/elastic.py): a group of the
-survivors alone, where the method can run degraded (`redundant`: the predecessor runs the lost stage
-from its replica), and the full group once the replacement process is up after the join delay. On
-every re-formed group the ranks agree (one all-gather) on which stages lost their state, on the
-step to continue from (the furthest any survivor applied its update: a survivor interrupted before
-its optimizer step drops that iteration's gradients) and on the clock, and then the method recovers
-the lost stages (`recover`, as for soft failures). Every iteration boundary carries one all-reduce
-(the failures due and "a newer generation exists"), so all ranks switch groups at the same step.
-Each stage journals its rows (real/journal.py) so that a killed process's record survives it.
+Hard failures (`failure_mode = "hard"`, DESIGN.md section 2; workers of torch.distributed.elastic's
+agent, real/agent_launch.py and real/agent_membership.py): a failing stage's process kills itself with
+SIGKILL at the boundary, and any stage process may be killed from outside at any moment. Every
+process keeps a snapshot of its stage in its node's memory after each update (real/node_memory.py).
+When a process dies the agent stops the others and starts every worker again: the survivors reload
+their snapshots, the lost stage's new process starts after the join delay, and the new group agrees
+(one all-gather) on which stages lost their state, on the step to continue from (the furthest any
+survivor applied its update: a survivor interrupted before its optimizer step drops that
+iteration's gradients) and on the clock; then the method recovers the lost stages (`recover`, as for
+soft failures). The survivors therefore wait (restarted) rather than train degraded while the lost
+stage's process starts: `redundant`'s degraded phase (`_enter_degraded`) is reached only by a
+membership that offers a group of the survivors alone, which torchrun's agent never does. Each stage
+journals its rows (real/journal.py) so that a killed process's record survives it.
 
 Data parallelism (`data_parallel_degree` D > 1): one process per node (stage, replica) of the S × D
 grid. Each replica pipeline trains on its shard of the global batch of the
@@ -40,10 +41,9 @@ rank which nodes fail (`FailureEvent.replica`; a schedule names (step, stage, re
 stage keeps a replica copies that replica's state (span `recovery.heal`), a stage with no replica
 left goes to the method's `recover` in every replica pipeline. Every replica waits at that boundary
 until the heals are done (the run record says so). Only replica 0 evaluates (the replicas hold the
-same weights). Under hard failures (`_HardFailureGridTrainer`) the launcher's process slots are the
-nodes; a killed node's replacement process heals the same way once the whole grid has re-formed
-(no degraded phase: every replica waits for the replacement), and the grid's collectives run point
-to point over each generation's group.
+same weights). Under hard failures (`_HardFailureGridTrainer`) the agent's worker slots are the
+nodes; a killed node's new process heals the same way once the agent has restarted the whole grid
+(every replica waits for it), and the grid's collectives run point to point over each round's group.
 
 Gradient clipping: `per_stage` (default) clips each stage's gradient norm on its own, as the
 CheckFree reference code does; `global` clips by the norm of the whole model's gradient, which costs
@@ -154,7 +154,7 @@ class TrainingConfig:
     `resumable = True`); steps start at that iteration, the failures scheduled before it are not replayed."""
     failure_mode: str = "soft"
     """"soft": a failing stage re-initialises in place; "hard": its process is killed and replaced
-    (module docstring; needs launch.py's supervisor)."""
+    (module docstring; runs under torch.distributed.elastic's agent)."""
     join_delay_s: float = 0.0
     """Hard failures: seconds from a kill until the replacement process starts."""
     remote_checkpoint_dir: str | None = None
@@ -503,8 +503,9 @@ def train_stage(
     """Run the whole training loop for this rank's stage (rank == stage); collective across ranks.
 
     `on_iteration_done(row)` gets each finished iteration's row on the process that computed its
-    loss (e.g. to report progress). Hard failures need `membership` (real/elastic.py's `Membership`,
-    from launch.py's supervisor), which forms the process group itself (`communicator` is unused).
+    loss (e.g. to report progress). Hard failures need `membership` (real/agent_membership.py's
+    `AgentMembership`, a worker of torch.distributed.elastic's agent), which forms the process group
+    itself (`communicator` is unused).
     `journal_directory`: this attempt's journal folder in the run directory (real/journal.py); every
     row is written there as soon as its step ends, so a killed launcher's run keeps them.
     `after_run(parts)` sees this rank's trained state once the last iteration is
@@ -516,8 +517,8 @@ def train_stage(
     if config.failure_mode == "hard":
         if membership is None:
             raise InputError(
-                "failure_mode 'hard' needs the local launcher, which replaces killed stage processes "
-                "(churnsim real run or launch_local); under torchrun use failure_mode 'soft'"
+                "failure_mode 'hard' needs torch.distributed.elastic's agent, which restarts killed stage processes "
+                "(churnsim real run, launch_local, or torchrun with the command `churnsim real run --write-config` prints)"
             )
         trainer = _HardFailureGridTrainer if config.data_parallel_degree > 1 else _HardFailureTrainer
         return trainer(config, membership, run_dir, on_iteration_done, journal_directory, after_run=after_run).run()
@@ -861,6 +862,13 @@ class _DueFailures:
             self.cursor.take_due(max(times))
 
 
+AGENT_RESTART_NOTE = (
+    "torchrun's agent restarted every worker: the survivors reloaded their state from node memory (no degraded "
+    "phase), the lost stage's new process joined after the join delay, counted from the death"
+)
+"""In every hard-failure recovery row: what the agent's restart means for the costs the row names."""
+
+
 class _HardFailureTrainer:
     """The training loop of one stage process under hard failures (module docstring)."""
 
@@ -874,8 +882,7 @@ class _HardFailureTrainer:
         *,
         after_run: Callable[[Any], None] | None = None,
     ) -> None:
-        from .elastic import journal_path
-        from .journal import RankJournal, node_journal_path
+        from .journal import RankJournal, memory_journal_path, node_journal_path
 
         self.config = config
         self.membership = membership
@@ -891,7 +898,7 @@ class _HardFailureTrainer:
             # A replacement continues its predecessors' journal: the run directory's when there is one.
             node_journal_path(journal_directory, parts.stage, parts.replica)
             if journal_directory is not None
-            else journal_path(settings.directory, self.world.rank),
+            else memory_journal_path(settings.directory, self.world.rank),
             {"iteration": parts.result.iteration_rows, "span": parts.spans.rows, "failure": parts.result.failures,
              "recovery": parts.result.recoveries},
         )  # fmt: skip
@@ -905,9 +912,9 @@ class _HardFailureTrainer:
         self.decided_through = -1
         """Steps whose scheduled failures were decided already (they do not fire again on a re-run)."""
         self.scheduled_kills: set[int] = set()
-        """Stages the injector killed whose deaths are not yet matched with the launcher's (their rows exist)."""
+        """Stages the injector killed whose deaths are not yet matched with the membership's (their rows exist)."""
         self.handled_deaths: set[int] = set()
-        """The launcher's death ids already recorded (or matched with a scheduled kill)."""
+        """The membership's death ids already recorded (or matched with a scheduled kill)."""
         self.full_group = True
         self.join_s = 0.0
         """A replacement: from its predecessor's death to ready to rendezvous."""
@@ -1165,7 +1172,7 @@ class _HardFailureTrainer:
         spans, origin_s = self.parts.spans, self.parts.spans.origin_s
         settings = self.membership.settings
         if not self.has_state and settings.death_detected_perf_s is not None and not self._join_recorded:
-            # From the launcher seeing the death to this process ready to rendezvous: the join delay,
+            # From the death to this process ready to rendezvous: the join delay,
             # the process start, the model build.
             spans.add("recovery.join", step, None, settings.death_detected_perf_s - origin_s, self.ready_perf_s - origin_s)
             self._join_recorded = True
@@ -1257,6 +1264,8 @@ class _HardFailureTrainer:
                 row["rebuilt_from"] |= {stage: "random init (the method has no recovery for this stage)" for stage in unplanned}
             if behind:
                 row["notes"] = [*row["notes"], f"stages {behind} had not applied the update of step {step - 1} when the group broke; they skip it"]
+            if self.restart_costs:
+                row["notes"] = [*row["notes"], AGENT_RESTART_NOTE]
             parts.result.recoveries.append(
                 row | {"failure_mode": "hard", "degraded": False, "generation": announcement.generation} | costs | self.restart_costs
             )
@@ -1265,8 +1274,8 @@ class _HardFailureTrainer:
 
 
 class _HardFailureGridTrainer(_HardFailureTrainer):
-    """Hard failures with data parallelism: one process per node of the S × D grid (the launcher's
-    process slot = replica × S + stage). There is no degraded phase: when a node's process dies every
+    """Hard failures with data parallelism: one process per node of the S × D grid (the agent's
+    worker slot = replica × S + stage). There is no degraded phase: when a node's process dies every
     replica waits for its replacement (the whole grid re-forms), which then copies its stage's state
     from a surviving replica (`replica_heal`); a stage whose replicas all died goes to the method's
     own recovery in every replica pipeline, as under soft failures. The grid's collectives (the
@@ -1311,9 +1320,16 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
         if actions.wiped:
             if (parts.stage, parts.replica) in actions.wiped:
                 self.journal.flush()
+                self.membership.before_own_kill()  # the node dies: its memory and its disk
+                if parts.context.run_dir is not None:
+                    from .methods.checkpointing import node_directory_name
+
+                    shutil.rmtree(Path(parts.context.run_dir) / "local" / node_directory_name(parts.stage, parts.replica), ignore_errors=True)
                 os.kill(os.getpid(), signal.SIGKILL)  # the injector: this node's process dies here
                 time.sleep(60)  # never reached
             self.scheduled_kills |= {self._slot(node) for node in actions.wiped}
+            self.kill_unix_s = time.time()
+            self._save_snapshot()  # a restarted survivor must not decide these failures again
             return True
         if switch:
             return True
@@ -1323,6 +1339,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
 
         row = parts.run_iteration(step, iteration, after_update=applied)
         self.journal.flush()
+        self._save_snapshot()
         if self.on_iteration_done is not None and parts.pipeline.runs_head and parts.replica == 0:
             self.on_iteration_done(row)
         return False
@@ -1338,17 +1355,23 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
             "step": self.step,
             "iteration": self.iteration,
             "decided_through": self.decided_through,
-            "origin_s": parts.spans.origin_s if self.has_state else None,
+            "origin_unix_s": parts.spans.origin_s + _unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             "scheduled_kills": sorted(self.scheduled_kills),
             "handled_deaths": sorted(self.handled_deaths),
-            "arrived_perf_s": announcement.arrived_perf_s,
-            "formed_perf_s": announcement.formed_perf_s,
-            # A replacement: from the launcher seeing its predecessor's death to this process ready.
+            # Wall clock: perf_counter's origin differs between machines.
+            "arrived_unix_s": announcement.arrived_perf_s + _unix_offset_s(),
+            "formed_unix_s": announcement.formed_perf_s + _unix_offset_s(),
+            "ready_unix_s": self.ready_perf_s + _unix_offset_s(),
+            "started_unix_s": getattr(self.membership, "started_unix_s", None),
+            "restore_s": getattr(self.membership, "restore_s", 0.0),
+            "restore_bytes": getattr(self.membership, "restore_bytes", 0),
+            # A replacement: from its predecessor's death to this process ready.
             "join_s": self.ready_perf_s - detected if not self.has_state and (detected := self.membership.settings.death_detected_perf_s) is not None else 0.0,
         }
         gathered = self.world.all_gather_objects(mine)
-        self.rendezvous_s = max(each["formed_perf_s"] for each in gathered) - max(each["arrived_perf_s"] for each in gathered)
+        self.rendezvous_s = max(each["formed_unix_s"] for each in gathered) - max(each["arrived_unix_s"] for each in gathered)
+        self._note_restart_costs(gathered)
         survivors = [each for each in gathered if each["has_state"]]
         if not survivors:
             raise RuntimeError(
@@ -1356,7 +1379,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
                 "recover from; start the run again"
             )
         if not self.has_state:
-            parts.spans.set_origin(survivors[0]["origin_s"])
+            parts.spans.set_origin(survivors[0]["origin_unix_s"] - _unix_offset_s())
             method.adopt_replicated_metadata([each["metadata"] for each in survivors])
         furthest = max(survivors, key=lambda each: each["step"])
         step, iteration = furthest["step"], furthest["iteration"]
@@ -1431,7 +1454,9 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
                 row = outcome.as_row(step=step, iteration=iteration)
                 extra = {"failure_mode": "hard", "degraded": False, "generation": announcement.generation, "replica": parts.replica,
                          "handled_as": "stage_loss"}  # fmt: skip
-                parts.result.recoveries.append(row | extra | costs)
+                if self.restart_costs:
+                    row["notes"] = [*row["notes"], AGENT_RESTART_NOTE]
+                parts.result.recoveries.append(row | extra | costs | self.restart_costs)
         self.has_state = True
         gathered = self.world.all_gather_objects({"heal_s": heal.seconds, "heal_bytes": heal.bytes_received, "resume_iteration": resume_iteration})
         resumes = sorted({each["resume_iteration"] for each in gathered})
@@ -1448,14 +1473,17 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
                     "failed_nodes": sorted(list(node) for node in lost),
                     "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in heals],
                     "rebuilt_from": {f"{h.stage} replica {h.replica}": f"replica {h.source_replica} (exact copy)" for h in heals},
-                    "notes": ["every replica waited for the replacement process and its heal", *notes],
+                    "notes": ["every replica waited for the replacement process and its heal", *notes,
+                              *([AGENT_RESTART_NOTE] if self.restart_costs else [])],
                     "heal_s": max(each["heal_s"] for each in gathered),
                     "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),
                     "join_s": join_s, "rendezvous_s": self.rendezvous_s, "stalled_s": time.perf_counter() - started_perf_s,
                     "recovery_s": time.perf_counter() - started_perf_s, "replicas_waited": True,
-                }
+                } | self.restart_costs
             )  # fmt: skip
+        self.kill_unix_s = None
         self.journal.flush()
+        self._save_snapshot()
 
     def _record_deaths(self, announcement: Any, step: int) -> None:
         """Slot 0 records each death not recorded yet, naming its node; a scheduled kill has its row."""
@@ -1465,7 +1493,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
             if death["id"] in self.handled_deaths:
                 continue
             self.handled_deaths.add(death["id"])
-            if death["stage"] in self.scheduled_kills:  # the launcher's "stage" is the process slot
+            if death["stage"] in self.scheduled_kills:  # a death's "stage" is the worker slot
                 self.scheduled_kills.discard(death["stage"])
                 continue
             if self.world.rank == 0:

@@ -104,12 +104,16 @@ def test_one_sigint_ends_the_command_and_its_workers(name, tmp_path):
         _end_group(command)
 
 
-def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(tmp_path):
+@pytest.mark.parametrize("failure_mode", ["soft", "hard"])
+def test_one_sigint_ends_a_real_run_and_its_stage_processes_with_a_resume_hint(tmp_path, failure_mode):
+    """Hard failures: the run's torchrun agent stops its workers and the command ends the same way."""
     pytest.importorskip("torch")
+    # Hard: few kills, so that none leaves the run without a survivor before the interrupt.
+    hard = ["--set", "training.failure_mode=hard", "--set", "churn.failures_per_node_hour=1"] if failure_mode == "hard" else []
     command = subprocess.Popen(
         [sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint",
          "--set", "target.loss=null", "--set", "target.iterations=5000", "--set", "methods.checkpoint.interval_iterations=2",
-         "--out", "run"],
+         *hard, "--out", "run"],
         cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     group = command.pid

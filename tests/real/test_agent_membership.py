@@ -334,6 +334,30 @@ def test_a_replacement_agent_takes_the_stage_of_a_dead_agent_and_a_stranger_is_r
     assert row["survivor_reload_bytes"] > 0 and math.isnan(row["detection_s"])  # a kill from outside: no injector's time
 
 
+@pytest.mark.slow
+def test_the_printed_torchrun_line_on_two_agents_heals_a_killed_replica(tmp_path, cluster_factory):
+    """Data parallelism under torchrun: 2 stages × 2 replicas on two agents of two workers each. The
+    injector kills node (1, 1); the agents restart their workers, the survivors reload from node
+    memory and the restarted worker of (1, 1) copies replica 0 of stage 1 over the process group."""
+    iterations = 8
+    command, files = _write_config(
+        tmp_path, "checkfree", iterations=iterations, failures=(ScheduledFailure(time_s=0.3, stage=1, replica=1),),
+        extra=("--set", "pipeline.data_parallel_degree=2"),
+    )  # fmt: skip
+    assert "--nproc-per-node=2" in command  # 4 stage processes on 2 machines
+    cluster = cluster_factory(command, files)
+    cluster.start("node-a")
+    cluster.start("node-b")
+    cluster.wait("node-a", "node-b")
+    record = cluster.record_directory()
+    _, recoveries = _finished_with_finite_loss(record, iterations)
+    failures = pd.read_csv(record / "failures.csv", comment="#")
+    assert failures[["stage", "replica", "kind"]].values.tolist() == [[1, 1, "scheduled"]]
+    (row,) = recoveries.to_dict("records")
+    assert row["handled_as"] == "replica_heal" and json.loads(row["heals"]) == [{"stage": 1, "replica": 1, "source_replica": 0}]
+    assert row["heal_bytes"] > 0 and row["survivor_reload_bytes"] > 0 and row["restart_round"] >= 1
+
+
 MATRIX_METHODS = {
     "none": (2, ()),
     "checkpoint": (2, ("--set", "methods.checkpoint.interval_iterations=2")),

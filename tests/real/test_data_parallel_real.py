@@ -340,28 +340,41 @@ def test_replicas_that_recovered_differently_fail_the_run_and_equal_ones_pass():
 # -- hard failures: a node's process is killed and replaced ----------------------------------------
 
 
-def _train_hard_and_keep_state(membership, config: TrainingConfig, run_dir):
+def _worker_keeping_state(*arguments):
+    """A worker of the agent (real/agent_worker.py's `run_local_worker`) that also hands back the
+    state its slot ended with."""
+    from churnsim.real.agent_worker import run_local_worker
+
     kept = {}
 
     def keep(parts) -> None:
         kept["state"] = _copies(capture_stage_state(parts.runtime.module, parts.runtime.optimizer))
         kept["node"] = [parts.stage, parts.replica]
 
-    result = train_stage(config, None, membership=membership, run_dir=run_dir, after_run=keep)
-    return {"result": result, **kept}
+    gathered = run_local_worker(*arguments, after_run=keep)
+    return {"gathered": gathered, **kept}
 
 
-def _hard_run(config: TrainingConfig, run_dir, join_delay_s: float = 0.2):
-    """A hard-failure run through the launcher's supervisor; checkpoints in `run_dir`, where a
-    replacement process finds its predecessor's."""
-    from churnsim.real.launch import HardFailureOptions
+def _hard_run(config: TrainingConfig, run_dir):
+    """A hard-failure run through torch.distributed.elastic's agent, as `launch_local` runs it (one
+    agent, a worker per (stage, replica) node); checkpoints in `run_dir`. Returns each node's final
+    state and the merged result."""
+    import dataclasses
+
+    from churnsim.real import launch
     from churnsim.real.results import merge_rank_results
+    from churnsim.real.run_secret import checkpoint_key, new_token
 
-    options = HardFailureOptions(join_delay_s=join_delay_s, num_stages=config.num_stages)
-    outputs = run_distributed(
-        _train_hard_and_keep_state, config.num_stages * config.data_parallel_degree, config, run_dir, timeout_s=60, hard_failures=options
-    )
-    return outputs, merge_rank_results(config, [each["result"] for each in outputs])
+    token = new_token()
+    config = dataclasses.replace(config, checkpoint_key=checkpoint_key(token))
+    scratch = run_dir / "scratch"
+    scratch.mkdir()
+    values = launch._run_hard_failures(
+        config, run_dir, scratch, None, None, token=token, rendezvous_host="127.0.0.1", poll=lambda: None, poll_interval_s=0.25,
+        on_warning=None, entrypoint=_worker_keeping_state,
+    )  # fmt: skip
+    outputs = [values[rank] for rank in sorted(values)]
+    return outputs, merge_rank_results(config, outputs[0]["gathered"])
 
 
 def test_a_killed_replica_s_replacement_process_heals_from_the_survivor_bit_exactly(tmp_path):
@@ -393,13 +406,13 @@ def test_a_stage_whose_every_replica_is_killed_is_recovered_by_the_method_in_eve
 
 
 def test_a_replica_process_killed_from_outside_mid_run_is_replaced_and_healed(tmp_path):
-    """An operator's SIGKILL of node (1, 1)'s process at any moment: the grid re-forms once the
-    replacement is up and it copies replica 0 of its stage; training ends with finite loss."""
-    import json
+    """An operator's SIGKILL of node (1, 1)'s process at any moment: the agent restarts the grid, the
+    survivors reload from node memory and the new process of (1, 1) copies replica 0 of its stage;
+    training ends with finite loss."""
     import os
     import signal
 
-    from churnsim.real.run_directory import WORKERS_FILE
+    from churnsim.real.agent_launch import worker_pids
     from churnsim.real.trainer import EXTERNAL_KILL_KIND
 
     run_dir = tmp_path / "run"
@@ -408,9 +421,12 @@ def test_a_replica_process_killed_from_outside_mid_run_is_replaced_and_healed(tm
     def kill_at_step_three(row: dict) -> None:
         if killed or row["step"] < 3:
             return
-        pid = json.loads((run_dir / WORKERS_FILE).read_text())["workers"].get("3")  # slot 3 = stage 1 of replica 1
+        pid = worker_pids().get(3)  # worker 3 runs slot 3 = stage 1 of replica 1
         if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return  # ended in a restart just now: at the next report
             killed.append(pid)
 
     config = _config(failure_mode="hard", join_delay_s=0.2, num_iterations=12)
@@ -433,7 +449,7 @@ def test_every_method_trains_a_2_replica_grid_through_hard_kills(method_name, nu
         method=method_from_name(method_name), num_stages=num_stages, num_iterations=4, failure_mode="hard", join_delay_s=0.1,
         failures=((1, last, 1), (2, 1, 0), (2, 1, 1)),
     )  # fmt: skip
-    outputs, result = _hard_run(config, tmp_path, join_delay_s=0.1)
+    outputs, result = _hard_run(config, tmp_path)
     assert len(result.failures) == 3
     assert result.metrics["iteration"].iloc[-1] == 3
     assert all(math.isfinite(loss) for loss in result.metrics["train_loss"])

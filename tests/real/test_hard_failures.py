@@ -1,14 +1,16 @@
-"""Hard failures (issue 10, parts 1 and 2): stage processes that die and are replaced, levels apart.
+"""Hard failures (issue 10, parts 1 and 2; issue 47): stage processes that die and are replaced, levels apart.
 
-Every method trains through at least three kills of a stage's process in one run: kills the failure
-injector schedules (the stage's process SIGKILLs itself at the boundary) and a SIGKILL this test
-sends to a worker it finds in `<run dir>/workers.json`. After the join delay a replacement process
-joins the survivors by rendezvous, the group re-forms and the method recovers the stage over the
-network or from files; the loss stays finite, and the run record shows the join, rendezvous,
-transfer and load spans and what each recovery moved (recoveries.csv). `redundant` trains degraded
-(the predecessor runs the lost stage from its replica) until the replacement has the weights, and
-ends bit for bit where a run without failures ends. `async_checkpoint` keeps its remote level in
-another directory behind a throttled path, and a killed stage reads only that level.
+Every local hard-failure run goes through torch.distributed.elastic's agent (real/agent_launch.py),
+each worker standing in for a machine. Every method trains through at least three kills of a stage's
+process in one run: kills the failure injector schedules (the stage's process SIGKILLs itself at the
+boundary) and a SIGKILL this test sends to a worker the agent names (`agent_launch.worker_pids`). The
+agent restarts every worker, the survivors reload their state from node memory, the killed stage's
+new process starts after the join delay and the method recovers the stage over the network or from
+files; the loss stays finite, and the run record shows the join, rendezvous, transfer and load spans,
+what each recovery moved and what the agent's restart cost (recoveries.csv). `redundant` hands the
+lost stage over from its predecessor's replica and ends bit for bit where a run without failures
+ends. `async_checkpoint` keeps its remote level in another directory behind a throttled path, and a
+killed stage reads only that level: its node-local level died with it.
 
 The multi-process runs share one module fixture (one run per method) to stay within a few minutes.
 """
@@ -16,13 +18,13 @@ The multi-process runs share one module fixture (one run per method) to stay wit
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,12 +35,15 @@ from churnsim.calibration.errors import InputError
 from churnsim.calibration.methods import method_from_name
 from churnsim.calibration.presets import preset
 from churnsim.calibration.scenario import save_scenario
+from churnsim.real.agent_launch import worker_pids
 from churnsim.real.checkpoint import SynchronousCheckpointEngine
 from churnsim.real.journal import RankJournal
 from churnsim.real.launch import RunAborted, launch_local, main, rendezvous_timeout_s
 from churnsim.real.model import MODEL_PRESETS
 from churnsim.real.pipeline import message_flow_completes
-from churnsim.real.run_directory import RECOVERIES_FILE, WORKERS_FILE
+from churnsim.real.node_memory import default_root
+from churnsim.real.run_directory import RECOVERIES_FILE
+from churnsim.real.run_secret import derive, read_secret_file
 from churnsim.real.calibration_suite import SuiteSettings
 from churnsim.real.convergence_lab import cpu_tiny_lab_settings
 from churnsim.real.scenario_run import training_config
@@ -83,9 +88,16 @@ def _config(method: str, *, failures=SCHEDULED_KILLS, join_delay_s=JOIN_DELAY_S,
     )
 
 
+def _node_memory_left(run_dir: Path) -> list[Path]:
+    """What the run keeps in node memory (real/node_memory.py): nothing once it ended."""
+    label = derive(read_secret_file(run_dir / "run.secret"), "node-memory")[:16]
+    return list(default_root().glob(f"churnsim-{label}-*"))
+
+
 class ExternalKiller:
     """The launcher's progress callback: once a step is reached, SIGKILL that stage's current process
-    as an operator would, by the pid `<run dir>/workers.json` names."""
+    as an operator would, by the pid the agent names (worker `s` runs stage `s`: a restarted worker
+    takes the stage its node held, and a lost stage goes to the worker whose node lost it)."""
 
     def __init__(self, run_dir: Path, plan: tuple[tuple[int, int], ...]) -> None:
         self.run_dir = run_dir
@@ -95,11 +107,14 @@ class ExternalKiller:
     def __call__(self, row: dict) -> None:
         if self.plan and row["step"] >= self.plan[0][0]:
             stage = self.plan[0][1]
-            pid = json.loads((self.run_dir / WORKERS_FILE).read_text())["workers"].get(str(stage))
+            pid = worker_pids().get(stage)
             if pid is None:
-                return  # that stage is down right now (its replacement is starting): at the next report
+                return  # the agent is restarting its workers right now: at the next report
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return  # it just ended in a restart: at the next report
             self.plan.pop(0)
-            os.kill(pid, signal.SIGKILL)
             self.killed.append((row["step"], stage, pid))
 
 
@@ -170,7 +185,7 @@ def test_every_method_trains_through_three_hard_kills_with_finite_loss(runs, met
 def test_the_run_record_shows_each_recovery_its_seconds_and_bytes(runs, method):
     run = runs[method]
     run_dir = run["run_dir"]
-    assert not (run_dir / WORKERS_FILE).exists()  # the pids are gone with the run
+    assert _node_memory_left(run_dir) == []  # the run's snapshots are gone with it
     table = pd.read_csv(run_dir / RECOVERIES_FILE)
     assert len(table) == len(run["result"].recoveries)
     assert {"join_s", "rendezvous_s", "transfer_s", "load_s", "network_bytes", "file_bytes", "levels_read"} <= set(table.columns)
@@ -188,37 +203,30 @@ def test_the_run_record_shows_each_recovery_its_seconds_and_bytes(runs, method):
         assert (handovers["network_bytes"] == 0).all() and (handovers["file_bytes"] == 0).all()
 
 
-# -- redundant: degraded, then handed over exactly -----------------------------------------------
+# -- redundant: handed over exactly -------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_redundant_trains_degraded_until_the_replacement_has_the_weights_and_loses_nothing(runs):
+def test_redundant_hands_the_lost_stage_over_from_its_predecessor_and_loses_nothing(runs):
+    """The agent restarts every worker: the survivors reload their stages from node memory (they do
+    not train degraded meanwhile), and the restarted worker of the killed stage gets its weights from
+    the replica its predecessor holds."""
     result = runs["redundant_exact"]["result"]
     baseline = runs["baseline"]["result"].metrics
     # Three scheduled kills, at iteration boundaries: every iteration's loss is bit for bit the loss
-    # without failures (a hand-over continues exactly; should a kill strike the host of a stage
-    # that is down, the checkpoint fallback replays exactly too).
+    # without failures (survivors reload what they held, the lost stage comes back exactly).
     last_of_each_iteration = result.metrics.groupby("iteration")["train_loss"].last()
     assert last_of_each_iteration.tolist() == baseline["train_loss"].tolist()
     rows = result.recoveries
-    # The first kill always runs degraded (later ones may find an earlier replacement still starting:
-    # a process without state in the group, so the survivors wait for the full group instead).
-    assert rows[0]["degraded"] and rows[0]["failed_stages"] == [2]
-    # At least one degraded phase trained iterations before the replacement got the stage's state.
-    handed_over = [
-        (entered, handover) for entered, handover in itertools.pairwise(rows)
-        if entered["degraded"] and not handover["degraded"] and handover["failed_stages"] == entered["failed_stages"]
-    ]  # fmt: skip
-    assert handed_over
-    for entered, handover in handed_over:
-        # Usually one stage; two stages that are not neighbours can be down together, each hosted by its predecessor.
-        assert handover["rebuilt_from"] == {stage: f"replica on stage {stage - 1}" for stage in entered["failed_stages"]}
-        assert handover["step"] > entered["step"]  # the predecessor trained both stages meanwhile
-        assert handover["network_bytes"] > 0
-    # While a stage was down its predecessor ran its forward passes: more forward spans on the host.
-    forward = result.spans[result.spans["kind"] == "forward"]
-    baseline_forward = len(forward[forward["stage"] == 3])  # the last stage is never anyone's host
-    assert any(len(forward[forward["stage"] == host]) > baseline_forward for host in (0, 1, 2))
+    assert [row["failed_stages"] for row in rows] == [[stage] for _, stage in REDUNDANT_KILLS]
+    for row in rows:
+        (stage,) = row["failed_stages"]
+        assert not row["degraded"] and row["rebuilt_from"] == {stage: f"replica on stage {stage - 1}"}
+        assert row["network_bytes"] > 0 and row["resume_iteration"] is None
+        # The agent's restart, named: every survivor reloaded its snapshot from node memory.
+        assert row["restart_round"] >= 1 and row["survivor_reload_bytes"] > 0 and row["survivor_restart_s"] > 0
+        assert row["detection_s"] >= 0 and row["agent_restart_s"] >= 0 and row["process_start_s"] > 0
+    assert _node_memory_left(runs["redundant_exact"]["run_dir"]) == []
 
 
 @pytest.mark.slow
@@ -242,12 +250,17 @@ def test_killing_every_stage_at_once_fails_the_run_and_resume_continues_it(tmp_p
 
     def kill_everyone(row: dict) -> None:
         if row["step"] >= 6:
-            for pid in json.loads((run_dir / WORKERS_FILE).read_text())["workers"].values():
-                os.kill(pid, signal.SIGKILL)
+            for pid in worker_pids().values():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
-    with pytest.raises(RunAborted, match="every stage process died"):
+    with pytest.raises(RunAborted, match="every stage process died") as raised:
         launch_local(config, run_dir=run_dir, on_progress=kill_everyone, progress_interval_s=0.02)
+    assert "\n" not in str(raised.value)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert _node_memory_left(run_dir) == []
     assert list((run_dir / "checkpoints").glob("stage-*/*.manifest.json"))
     resumed = launch_local(config, run_dir=run_dir, resume=True)
     # The record keeps the killed attempt's steps and appends the resumed one's (results.join_attempts).
@@ -259,6 +272,35 @@ def test_killing_every_stage_at_once_fails_the_run_and_resume_continues_it(tmp_p
     assert 0 < resume["resume_iteration"] <= resume["iteration"]
     assert metrics["iteration"].tolist()[kept:] == list(range(resume["resume_iteration"], NUM_ITERATIONS))
     assert metrics["train_loss"].map(math.isfinite).all()
+
+
+@pytest.mark.slow
+def test_a_death_before_the_run_started_ends_it_in_one_line(tmp_path):
+    """A worker killed before the first group formed: no node holds any state, so the agent's
+    restart finds nothing to recover from and the run ends with one line (nothing retried)."""
+    run_dir = tmp_path / "run"
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_a_starting_worker() -> None:
+        while not stop.is_set() and not killed:
+            pid = worker_pids().get(1)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.001)
+
+    killer = threading.Thread(target=kill_a_starting_worker, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(RunAborted, match="one died before the run's first group formed") as raised:
+            launch_local(dataclasses.replace(_config("checkpoint", failures=()), num_stages=2), run_dir=run_dir)
+    finally:
+        stop.set()
+        killer.join()
+    assert len(killed) == 1 and "\n" not in str(raised.value)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert _node_memory_left(run_dir) == []
 
 
 # -- levels apart -------------------------------------------------------------------------------
@@ -411,14 +453,25 @@ def test_a_hard_failure_rank_outside_torchrun_is_refused_in_one_line(tmp_path, c
 # -- the command line ------------------------------------------------------------------------------
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _stage_processes(command_pid: int) -> list[int]:
+    """The agent's workers of a `churnsim real run`: the processes its fork server started."""
+    servers = [child for child in _children(command_pid) if b"forkserver" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    return [worker for server in servers for worker in _children(server)]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kills worker processes by pid")
 def test_churnsim_real_run_survives_a_sigkill_of_a_worker(tmp_path):
-    """`churnsim real run --set training.failure_mode=hard`: an operator SIGKILLs a stage process
-    named in workers.json; the run ends with exit code 0 and the kill in its record."""
+    """`churnsim real run --set training.failure_mode=hard`: an operator SIGKILLs a stage process of
+    the run; the run ends with exit code 0 and the kill in its record."""
     out = tmp_path / "run"
-    temp = tmp_path / "tmp"
-    temp.mkdir()
     command = [
         sys.executable, "-m", "churnsim", "real", "run", "--preset", "cpu-tiny", "--method", "checkpoint",
         "--set", "pipeline.num_stages=2", "--set", "compute.block_forward_s=0.006", "--set", "compute.block_backward_s=0.014",
@@ -428,21 +481,24 @@ def test_churnsim_real_run_survives_a_sigkill_of_a_worker(tmp_path):
         # survivor, which ends a run (it can be resumed from its checkpoints).
         "--set", "churn.failures_per_node_hour=24",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(temp)))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not list(temp.glob("churnsim-real-*/started")):  # the first group formed: training runs
+        # Training runs once a step's rows are in the run's journal.
+        while not any(path.stat().st_size > 0 for path in (out / "journal").glob("*/stage-*.jsonl")):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "the run did not start"
             time.sleep(0.05)
-        workers = json.loads((out / WORKERS_FILE).read_text())["workers"]  # live processes only
-        os.kill(workers.get("1", next(iter(workers.values()))), signal.SIGKILL)
+        workers = _stage_processes(process.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[-1], signal.SIGKILL)
         _, stderr = process.communicate(timeout=180)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
     failures = pd.read_csv(out / "failures.csv", comment="#")
     assert EXTERNAL_KILL_KIND in set(failures["kind"])
     recoveries = pd.read_csv(out / RECOVERIES_FILE)

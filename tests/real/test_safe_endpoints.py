@@ -1,9 +1,10 @@
 """Real runs that strangers cannot steer (issue 45, items 1, 2 and 4), with stage processes.
 
-- A stranger connected to a hard-failure run's rendezvous store writes the keys the run used before
-  they moved under the run's secret namespace (`generation-N/outcome = abandoned`, arrivals), over and
-  over while a stage is killed and replaced: the run recovers and ends exactly as the same run
-  without the stranger does. The store cannot be reached through the machine's external address.
+- A stranger connected to a hard-failure run's rendezvous store (torch's c10d rendezvous of the
+  run's agent) writes the keys churnsim's workers use, without the run's secret namespace (rounds,
+  holdings, arrivals; and the generation keys of the old local protocol), over and over while a
+  stage is killed and replaced: the run recovers and ends exactly as the same run without the
+  stranger does. The store cannot be reached through the machine's external address.
 - Modules named like standard ones planted in the working directory never run in any process of
   `churnsim real run`, under soft or hard failures, and the run succeeds.
 - A run whose loss turns NaN fails with one line naming the iteration and the stage.
@@ -30,7 +31,7 @@ import pytest
 
 from churnsim.calibration.failures import FailureSchedule, ScheduledFailure, write_failure_schedule
 from churnsim.calibration.methods import method_from_name
-from churnsim.real import launch
+from churnsim.real import distributed
 from churnsim.real.launch import RunAborted, launch_local
 from churnsim.real.model import MODEL_PRESETS
 from churnsim.real.trainer import TrainingConfig
@@ -70,7 +71,7 @@ class Stranger:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def serve_store(self, host: str, timeout_s: float, **options):
-        store = serve_store_of_the_launcher(host, timeout_s, **options)
+        store = serve_store_of_the_agent(host, timeout_s, **options)
         self.port = int(store.port)
         self.thread.start()
         return store
@@ -95,23 +96,26 @@ class Stranger:
 
     def _write_guesses(self, client) -> None:
         for generation in range(8):
-            old_names = [f"generation-{generation}/outcome", *(f"generation-{generation}/arrived/{s}" for s in range(NUM_STAGES))]
-            # A value it did not write itself would be the run's: under the old names it read them.
-            self.keys_seen.extend(key for key in old_names if client.check([key]) and bytes(client.get(key)) not in OWN_VALUES)
+            names = [f"generation-{generation}/outcome", *(f"generation-{generation}/arrived/{s}" for s in range(NUM_STAGES))]
+            names += [f"round-{generation}/holding/{s}" for s in range(NUM_STAGES)] + [f"round-{generation}/ready/{s}" for s in range(NUM_STAGES)]
+            # A value it did not write itself would be the run's: under these names it read them.
+            self.keys_seen.extend(key for key in names if client.check([key]) and bytes(client.get(key)) not in OWN_VALUES)
             client.set(f"generation-{generation}/outcome", "abandoned")
             for stage in range(NUM_STAGES):
                 client.set(f"generation-{generation}/arrived/{stage}", "1")
-                client.set(f"generation-{generation}/{stage}", "127.0.0.1:1")  # a rank's address, as the process group named it
-            self.writes += 1 + 2 * NUM_STAGES
+                client.set(f"round-{generation}/holding/{stage}", "1")
+                client.set(f"round-{generation}/ready/{stage}", "1")
+                client.set(f"round-{generation}/group/{stage}", "127.0.0.1:1")  # a rank's address, as the process group named it
+            self.writes += 1 + 4 * NUM_STAGES
 
 
-serve_store_of_the_launcher = launch.serve_store
+serve_store_of_the_agent = distributed.serve_store
 
 
 def test_a_stranger_without_the_token_does_not_change_a_hard_failure_run(tmp_path, monkeypatch, external_address):
     control = launch_local(_config(), run_dir=tmp_path / "control")
     stranger = Stranger(external_address)
-    monkeypatch.setattr(launch, "serve_store", stranger.serve_store)
+    monkeypatch.setattr(distributed, "serve_store", stranger.serve_store)  # the agent's rendezvous store (real/agent_rendezvous.py)
     try:
         attacked = launch_local(_config(), run_dir=tmp_path / "attacked")
     finally:
