@@ -105,7 +105,7 @@ def _failure_message(failures: dict[int, Any], max_restarts: int) -> AgentRunFai
     rank, failure = min(failures.items())
     return AgentRunFailed(
         f"stage/rank {rank} ended with exit code {failure.exitcode} after the agent had restarted the workers {max_restarts} "
-        "times, the most it may; the run ends",
+        "times, the most it may (recovery.max_replacements); the run ends: raise recovery.max_replacements or lower the failure rate",
         rank=rank,
     )
 

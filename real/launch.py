@@ -647,6 +647,7 @@ def _run_hard_failures(
             values = launch_with_agent(
                 entrypoint or run_local_worker, arguments, num_workers=num_workers, log_dir=scratch / "agent", rendezvous_host=rendezvous_host,
                 start_method=start_method, poll=relay.around(poll), poll_interval_s=poll_interval_s,
+                max_restarts=config.max_replacements,
             )  # fmt: skip
     except AgentRunFailed as error:
         raise RunAborted(str(error), rank=error.rank) from None

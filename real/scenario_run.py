@@ -121,6 +121,7 @@ def training_config(scenario: Scenario, method: MethodConfig, *, replication: in
         deterministic=training.deterministic,
         failure_mode=training.failure_mode,
         join_delay_s=training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s,
+        max_replacements=scenario.recovery.max_replacements,
         remote_checkpoint_dir=training.remote_checkpoint_dir,
         remote_checkpoint_bytes_per_s=training.remote_checkpoint_bytes_per_s,
     )

@@ -157,6 +157,9 @@ class TrainingConfig:
     (module docstring; runs under torch.distributed.elastic's agent)."""
     join_delay_s: float = 0.0
     """Hard failures: seconds from a kill until the replacement process starts."""
+    max_replacements: int = 64
+    """Hard failures: how many times the agent may restart the workers before the run ends
+    (the scenario's `recovery.max_replacements`)."""
     remote_checkpoint_dir: str | None = None
     """Root of the checkpoints' remote level (another file system); None: `<run_dir>/checkpoints`."""
     remote_checkpoint_bytes_per_s: float | None = None
@@ -178,6 +181,8 @@ class TrainingConfig:
             raise InputError(f"gradient_clipping {self.gradient_clipping!r}: use per_stage, global or none")
         if self.failure_mode not in FAILURE_MODES:
             raise InputError(f"failure_mode {self.failure_mode!r}: use soft or hard")
+        if self.max_replacements < 0:
+            raise InputError(f"max_replacements must be >= 0, got {self.max_replacements}")
         if not (math.isfinite(self.join_delay_s) and self.join_delay_s >= 0):
             raise InputError(f"join_delay_s must be a finite number >= 0, got {self.join_delay_s}")
         if self.remote_checkpoint_bytes_per_s is not None and not self.remote_checkpoint_bytes_per_s > 0:

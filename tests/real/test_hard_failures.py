@@ -303,6 +303,17 @@ def test_a_death_before_the_run_started_ends_it_in_one_line(tmp_path):
     assert _node_memory_left(run_dir) == []
 
 
+def test_a_run_that_dies_more_often_than_its_replacement_cap_ends_in_one_line_naming_the_cap(tmp_path):
+    """recovery.max_replacements (TrainingConfig.max_replacements) caps the agent's restarts: two
+    scheduled kills against a cap of one end the run after the second, with one line saying so."""
+    run_dir = tmp_path / "run"
+    config = dataclasses.replace(_config("checkpoint", failures=((3, 1), (6, 1))), num_stages=2, max_replacements=1)
+    with pytest.raises(RunAborted, match=r"restarted the workers 1 times, the most it may \(recovery.max_replacements\)") as raised:
+        launch_local(config, run_dir=run_dir)
+    assert "\n" not in str(raised.value)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
 # -- levels apart -------------------------------------------------------------------------------
 
 
