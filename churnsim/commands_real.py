@@ -154,10 +154,11 @@ def real_run_command(
     from churnsim.extras import require_torch
 
     require_torch("a real run")
-    from churnsim.real.launch import RunAborted, launch_local
+    from churnsim.real.launch import RunAborted, check_temporary_directory_fits_a_socket, launch_local
     from churnsim.real.scenario_run import check_fits_machine, training_config
 
     check_fits_machine(scenario)
+    check_temporary_directory_fits_a_socket()
     del agent  # hard failures run under torchrun's agent with or without it (real/agent_launch.py)
     config = training_config(scenario, method_config, replication=replication)
     if config.device == "cuda":

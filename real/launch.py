@@ -611,6 +611,24 @@ def _check_remote_checkpoint_dir(config: TrainingConfig) -> None:
         raise InputError(f"training.remote_checkpoint_dir = {str(path)!r}: not writable; give a writable directory")
 
 
+UNIX_SOCKET_PATH_MAX_BYTES = 107
+"""The longest path of a Unix socket on Linux (sun_path holds 108 bytes with its terminating NUL)."""
+_FORK_SERVER_SOCKET_SUFFIX = "/pymp-XXXXXXXX/listener-XXXXXXXX"
+"""What Python's fork server appends to the temporary directory for its listening socket."""
+
+
+def check_temporary_directory_fits_a_socket() -> None:
+    """The stage processes come from Python's fork server, which listens on a Unix socket under the
+    temporary directory (TMPDIR): refused in one line where that path would be too long."""
+    directory = tempfile.gettempdir()
+    length = len(os.fsencode(directory + _FORK_SERVER_SOCKET_SUFFIX))
+    if length > UNIX_SOCKET_PATH_MAX_BYTES:
+        raise InputError(
+            f"the temporary directory {directory!r} (TMPDIR) is too long for the stage processes' Unix socket under it "
+            f"({length} > {UNIX_SOCKET_PATH_MAX_BYTES} bytes); set TMPDIR to a shorter directory, e.g. TMPDIR=/tmp"
+        )
+
+
 def _run_hard_failures(
     config: TrainingConfig,
     run_dir: Path,
@@ -693,6 +711,7 @@ def launch_local(
     if not progress_interval_s > 0:
         raise InputError(f"progress_interval_s = {progress_interval_s!r}: give a positive number of seconds")
     _check_remote_checkpoint_dir(config)
+    check_temporary_directory_fits_a_socket()
     check_listen_address(rendezvous_host, "rendezvous_host")
     if pinning_requested():
         config = dataclasses.replace(config, pin_stages_to_cores=True)

@@ -218,3 +218,16 @@ def test_a_stopped_worker_of_a_real_run_is_named_in_one_line(tmp_path, short_tem
         assert [p.name for p in temp.iterdir() if p.name.startswith("churnsim-")] == []
     finally:
         _cleanup(process, children)
+
+
+def test_a_temporary_directory_too_long_for_the_fork_server_s_socket_is_one_line(tmp_path, assert_one_line_error):
+    # Python's fork server listens on a Unix socket under TMPDIR (at most 107 bytes of path).
+    temp = tmp_path / ("t" * 100)
+    temp.mkdir()
+    out = tmp_path / "run"
+    finished = subprocess.run(
+        [sys.executable, "-m", "churnsim", *LONG_RUN, "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(temp)),
+    )  # fmt: skip
+    assert_one_line_error(finished, "(TMPDIR) is too long", "set TMPDIR to a shorter directory")
+    assert not out.exists()
