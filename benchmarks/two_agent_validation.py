@@ -217,7 +217,7 @@ def charged_costs(calibration) -> dict[str, object]:
         return {"hard_failure_costs": None, "note": "the calibration fitted no hard-failure components"}
     from churnsim.calibration.presets import preset
 
-    scenario = preset(BASE_PRESET, {"pipeline.num_stages": NUM_STAGES})
+    scenario = preset(BASE_PRESET, {"pipeline.num_stages": NUM_STAGES}, methods=("checkpoint",))  # any method of 2 stages
     return {
         "hard_failure_costs": costs.model_dump(),
         "survivor_restart_s_charged_on_these_runs": costs.survivor_restart_s(

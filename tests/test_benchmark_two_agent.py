@@ -92,3 +92,19 @@ def test_the_benchmark_is_known_to_the_report_writer(two_agent):
     import report
 
     assert report.BENCHMARKS["two-agent-validation"].script == _BENCHMARK.name
+
+
+def test_what_the_calibration_charges_is_its_survivors_restart_on_the_benchmark_s_pipeline(two_agent):
+    from churnsim.calibration.builtin import resolve_calibration
+    from churnsim.calibration.hard_failure_costs import FittedSeconds, FittedTransfer, HardFailureCosts
+
+    calibration = resolve_calibration("cpu-tiny")  # built in: measured no hard failure under the agent
+    assert two_agent.charged_costs(calibration)["hard_failure_costs"] is None
+    seconds = FittedSeconds(median_s=0.5, num_points=3)
+    costs = HardFailureCosts(
+        num_recoveries=3, detection=seconds, agent_restart=seconds, process_start=seconds, rendezvous=seconds,
+        survivor_reload=FittedTransfer(latency_s=0.0, bandwidth_bytes_per_s=1e8, num_points=3), snapshot_bytes_per_parameter=12.0,
+    )  # fmt: skip
+    charged = two_agent.charged_costs(calibration.model_copy(update={"hard_failure_costs": costs}))
+    # detection + the agents' restart + a process start, 0.5 s each, then the reload: more than 1.5 s
+    assert charged["survivor_restart_s_charged_on_these_runs"] > 1.5
