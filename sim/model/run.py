@@ -15,8 +15,8 @@ Failures: a stage whose node is lost is *down* until its replacement joins
 (`Scenario.survivor_restart_charged_s` > 0): before the policy sees a batch of stage losses,
 training waits for the survivors' restart (booked to `survivor_restart_s`); the replacement's join
 delay runs meanwhile, so the policy's wait for it is what remains. A failure during that wait
-restarts the survivors again. Approximation: a data-parallel node loss healed from a replica is
-not charged it. Failures that strike while a recovery runs interrupt it and are
+restarts the survivors again. A data-parallel node loss healed from a replica restarts them too
+(a heal that struck during a wait is charged its restart once that wait ends). Failures that strike while a recovery runs interrupt it and are
 handed to the policy, which merges them into the recovery in progress.
 Data parallelism (D = `pipeline.data_parallel_degree` > 1): a failure event is the loss of one node
 (stage, replica), and a replica layer (`sim/model/replicas.py`) sees it before the policy. A node
@@ -341,6 +341,9 @@ class Run:
         """Data parallelism's replica layer (sim/model/replicas.py); None when D is 1."""
         self._replica_lost = False
         """A node loss healed from a survivor struck while training: the iteration in flight is lost."""
+        self._survivors_restart_pending = False
+        """A node loss healed from a survivor under an agent that restarts every worker: the
+        survivors' restart is still to wait (`Scenario.survivor_restart_charged_s`)."""
 
     # ----------------------------------------------------------------- running
     def execute(self, *, replication: int = 0, seed: int = 0) -> RunResult:
@@ -373,11 +376,15 @@ class Run:
         policy.on_start(context)
         while not self._deadline_hit:
             try:
-                if self.pending_failures:
+                if self.pending_failures or self._survivors_restart_pending:
                     if survivor_restart_s > 0:
-                        # The agent restarts every worker: the survivors' restart comes before the
-                        # method's recovery; a death during it starts another (the batch waits).
+                        # The agent restarts every worker, on a replica's loss as on a stage's: the
+                        # survivors' restart comes before the method's recovery; a death during it
+                        # starts another (the batch waits).
+                        self._survivors_restart_pending = False
                         yield from context.wait(survivor_restart_s, "survivor_restart_s", SURVIVOR_RESTART_LABEL)
+                    if not self.pending_failures:
+                        continue
                     batch = tuple(self.pending_failures)
                     self.pending_failures.clear()
                     yield from policy.on_failures(context, batch)
@@ -516,6 +523,8 @@ class Run:
         context.record_failure(event, HEAL)
         for node, delay_s, token in scheduled:
             self.env.process(self._heal(node, delay_s, token))
+        if self.scenario.survivor_restart_charged_s > 0:
+            self._survivors_restart_pending = True
         if self._training:
             self._replica_lost = True  # the iteration in flight is lost, as on any failure
             self._request_interrupt()

@@ -75,3 +75,27 @@ def test_a_failure_during_the_survivors_restart_restarts_them_again() -> None:
         # 20 s of the first restart, then a whole second one.
         assert result.badput["survivor_restart_s"] == pytest.approx(20.0 + JOIN_DELAY_S + 12.0, rel=1e-12)
     assert results[0].wall_clock_s == pytest.approx(results[1].wall_clock_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("reference_events", (True, False))
+def test_a_replica_healed_from_a_survivor_costs_the_survivors_restart_too(reference_events: bool) -> None:
+    # Under the agent every worker restarts on any death: a lost replica's heal waits for it as a
+    # stage loss does, once per loss, and the heal's join delay runs meanwhile.
+    from churnsim.calibration.failure_sampling import FailureEvent
+
+    def data_parallel(survivor_restart_s: float):
+        scenario = _scenario(survivor_restart_s)
+        return scenario.model_copy(update={"pipeline": scenario.pipeline.model_copy(update={"data_parallel_degree": 2})})
+
+    replica_losses = tuple(
+        FailureEvent(time_s=time_s, stage=1, replica=1, kind="poisson")
+        for time_s in (5.5 * CLOSED_FORM_ITERATION_S, 12.5 * CLOSED_FORM_ITERATION_S)
+    )
+    results = {
+        restart_s: simulate_run(data_parallel(restart_s), method("checkfree"), replica_losses, iteration_model=MODEL, reference_events=reference_events)
+        for restart_s in (0.0, 7.0)
+    }
+    assert [loss.handled_as for loss in results[7.0].failures] == ["replica_heal", "replica_heal"]
+    assert results[0.0].badput["survivor_restart_s"] == 0.0
+    assert results[7.0].badput["survivor_restart_s"] == pytest.approx(2 * 7.0, rel=1e-12)
+    assert results[7.0].wall_clock_s > results[0.0].wall_clock_s

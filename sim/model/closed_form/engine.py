@@ -199,6 +199,8 @@ class ClosedFormRun:
         """No node is missing: the fast paths (whole chunks, cycles) may run."""
         self._replica_lost = False
         """A node loss healed from a survivor struck while training: the iteration in flight is lost."""
+        self._survivors_restart_pending = False
+        """A healed node loss under an agent that restarts every worker (`Run._survivors_restart_pending`)."""
 
     # ----------------------------------------------------------------- the trainer (sim/model/run.py)
     def execute(self) -> None:
@@ -225,9 +227,12 @@ class ClosedFormRun:
         survivor_restart_s = self.scenario.survivor_restart_charged_s
         while not self.deadline_hit:
             try:
-                if pending:
+                if pending or self._survivors_restart_pending:
                     if survivor_restart_s > 0:  # as sim/model/run.py: the agent restarts the survivors first
+                        self._survivors_restart_pending = False
                         self.wait(survivor_restart_s, "survivor_restart_s", "survivors restart")
+                    if not pending:
+                        continue
                     batch = tuple(pending)
                     pending.clear()
                     twin.on_failures(self, batch)
@@ -515,6 +520,8 @@ class ClosedFormRun:
         self.handled.extend((event.time_s, event.stage, event.kind, HEAL, int(self.progress), event.replica))
         for node, delay_s, token in scheduled:
             self.schedule(now + delay_s, self._heal_callback(node, token))
+        if self.scenario.survivor_restart_charged_s > 0:
+            self._survivors_restart_pending = True
         if self._training:
             self._replica_lost = True
             return True
