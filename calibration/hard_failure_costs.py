@@ -30,17 +30,21 @@ seconds with no latency (the note says so), as a storage tier's bandwidth is. Th
 checked against the measured `survivor_restart_s` of every recovery (`survivor_restart_check`).
 """
 
+from __future__ import annotations
+
 import json
 import math
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field
 
 from .base import StrictModel
 from .scenario import ModelSpec, PipelineSpec, stage_layer_counts
+
+if TYPE_CHECKING:  # pandas is imported where a fit runs: a simulation that only reads a calibration never needs it
+    import pandas as pd
 
 MINIMUM_SIZES_FOR_BANDWIDTH = 3
 """Distinct byte counts a line of seconds against bytes needs before its slope is trusted."""
@@ -164,6 +168,8 @@ def agent_recovery_points(
     snapshot bytes per parameter and the processes per core the run's processes started at
     (`shared_cores`: the cores of the one host they shared, None: their own); empty where the run
     did not recover under the agent."""
+    import pandas as pd
+
     if recoveries is None or recoveries.empty or not {"failure_mode", *AGENT_COLUMNS} <= set(recoveries.columns):
         return pd.DataFrame()
     rows = recoveries[(recoveries["failure_mode"] == "hard") & recoveries["survivor_restart_s"].notna()]
@@ -212,6 +218,8 @@ def fit_transfer(num_bytes: Iterable[float], seconds: Iterable[float], what: str
     """latency + bytes / bandwidth by least squares where the bytes took at least
     `MINIMUM_SIZES_FOR_BANDWIDTH` values and time grows with them; else total bytes over total
     seconds with no latency (said in `note`); None without a point that moved bytes."""
+    import pandas as pd
+
     frame = pd.DataFrame({"bytes": list(num_bytes), "seconds": list(seconds)}).dropna()
     frame = frame[(frame["bytes"] > 0) & (frame["seconds"] >= 0)]
     if frame.empty:
@@ -244,6 +252,8 @@ def fit_transfer(num_bytes: Iterable[float], seconds: Iterable[float], what: str
 
 def fit_hard_failure_costs(per_run_points: Sequence[pd.DataFrame]) -> HardFailureCosts | None:
     """The components of `agent_recovery_points` pooled over runs; None where no recovery ran under the agent."""
+    import pandas as pd
+
     frames = [frame for frame in per_run_points if frame is not None and not frame.empty]
     if not frames:
         return None
@@ -278,6 +288,8 @@ def fit_hard_failure_costs(per_run_points: Sequence[pd.DataFrame]) -> HardFailur
 
 
 def _check_survivor_restart(costs: HardFailureCosts, table: pd.DataFrame) -> FitCheck:
+    import pandas as pd
+
     rows = table.dropna(subset=["survivor_restart_s", "detection_s", "largest_survivor_bytes"])
     if rows.empty:
         return FitCheck()
