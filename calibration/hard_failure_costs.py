@@ -30,8 +30,6 @@ seconds with no latency (the note says so), as a storage tier's bandwidth is. Th
 checked against the measured `survivor_restart_s` of every recovery (`survivor_restart_check`).
 """
 
-from __future__ import annotations
-
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -162,8 +160,8 @@ def _failed_stages(text: object) -> list[int]:
 
 
 def agent_recovery_points(
-    recoveries: pd.DataFrame, model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None = None
-) -> pd.DataFrame:
+    recoveries: "pd.DataFrame", model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None = None
+) -> "pd.DataFrame":
     """The agent-path rows of one run's recoveries.csv with the bytes of its largest survivor, the
     snapshot bytes per parameter and the processes per core the run's processes started at
     (`shared_cores`: the cores of the one host they shared, None: their own); empty where the run
@@ -198,7 +196,7 @@ def agent_recovery_points(
     return pd.DataFrame(out)
 
 
-def _seconds(values: pd.Series) -> FittedSeconds:
+def _seconds(values: "pd.Series") -> FittedSeconds:
     values = values.dropna()
     values = values[values >= 0]
     if values.empty:
@@ -250,7 +248,7 @@ def fit_transfer(num_bytes: Iterable[float], seconds: Iterable[float], what: str
     )
 
 
-def fit_hard_failure_costs(per_run_points: Sequence[pd.DataFrame]) -> HardFailureCosts | None:
+def fit_hard_failure_costs(per_run_points: "Sequence[pd.DataFrame]") -> HardFailureCosts | None:
     """The components of `agent_recovery_points` pooled over runs; None where no recovery ran under the agent."""
     import pandas as pd
 
@@ -287,7 +285,7 @@ def fit_hard_failure_costs(per_run_points: Sequence[pd.DataFrame]) -> HardFailur
     return costs.model_copy(update={"survivor_restart_check": _check_survivor_restart(costs, table)})
 
 
-def _check_survivor_restart(costs: HardFailureCosts, table: pd.DataFrame) -> FitCheck:
+def _check_survivor_restart(costs: HardFailureCosts, table: "pd.DataFrame") -> FitCheck:
     import pandas as pd
 
     rows = table.dropna(subset=["survivor_restart_s", "detection_s", "largest_survivor_bytes"])
