@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from held_out_validation import _median_figures, _run, _without_paths  # noqa: E402
+from held_out_validation import _median_figures, _run, _without_paths, calibration_to_validate_against, validate_with_cli  # noqa: E402
 from report import add_report_option, report_if_asked  # noqa: E402
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -137,7 +137,6 @@ def main() -> None:
     parser.add_argument("--methods", default="checkpoint,checkfree", help="comma-separated methods, each run in every grid and schedule")
     add_report_option(parser)
     arguments = parser.parse_args()
-    import pandas as pd
 
     from churnsim.calibration.base import save_model
     from churnsim.calibration.calibration_file import load_calibration
@@ -148,16 +147,7 @@ def main() -> None:
     out = arguments.out
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a", encoding="utf-8")
-    calibration_path = arguments.calibration
-    calibrate_s = None
-    if calibration_path is None:
-        calibration_path = out / "calibration.json"
-        print(f"calibrate --quick into {calibration_path} ...", flush=True)
-        status, calibrate_s = _run([sys.executable, "-m", "churnsim", "calibrate", "--quick", "--out", str(calibration_path.resolve()), "--overwrite"],
-                                   time_limit_s=1800, log=log)  # fmt: skip
-        if status != "finished":
-            raise SystemExit(f"calibrate --quick {status}; see {out / 'log.txt'}")
-        print(f"  calibrated in {calibrate_s:.0f} s", flush=True)
+    calibration_path, calibrate_s = calibration_to_validate_against(arguments.calibration, out, log)
     calibration = load_calibration(str(calibration_path))
     runs = []
     for grid, (num_stages, degree) in GRIDS.items():
@@ -183,14 +173,7 @@ def main() -> None:
                 runs.append({"run_id": run_id, "grid": grid, "schedule": schedule, "method": method, "status": status, "seconds": seconds,
                              "predicted_iteration_s": iteration_s, "handled_as": handled})  # fmt: skip
     finished = [out / "runs" / run["run_id"] for run in runs if run["status"] == "finished"]
-    validation = out / "validation"
-    status, _ = _run([sys.executable, "-m", "churnsim", "validate", "--calibration", str(calibration_path.resolve()),
-                      *map(str, (path.resolve() for path in finished)), "--out", str(validation.resolve()), "--overwrite", "--no-figures"],
-                     time_limit_s=1800, log=log)  # fmt: skip
-    if status != "finished":
-        raise SystemExit(f"validate {status}; see {out / 'log.txt'}")
-    table = pd.read_csv(validation / "validation.csv")
-    notes = json.loads((validation / "manifest.json").read_text())["notes"]
+    table, notes = validate_with_cli(calibration_path, finished, out, log)
     result = {
         "command": "python benchmarks/data_parallel_validation.py " + " ".join(_without_paths(sys.argv[1:])),
         "runs_planned": len(runs),

@@ -42,6 +42,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -274,6 +275,34 @@ def _without_paths(arguments: list[str]) -> list[str]:
     return shown
 
 
+def calibration_to_validate_against(calibration_path: Path | None, out: Path, log) -> tuple[Path, float | None]:
+    """The calibration file the benchmark validates against: `calibration_path` when given, else a
+    `churnsim calibrate --quick` made now into OUT/calibration.json; with the seconds it took (None: given)."""
+    if calibration_path is not None:
+        return calibration_path, None
+    calibration_path = out / "calibration.json"
+    print(f"calibrate --quick into {calibration_path} ...", flush=True)
+    status, calibrate_s = _run([sys.executable, "-m", "churnsim", "calibrate", "--quick", "--out", str(calibration_path.resolve()), "--overwrite"],
+                               time_limit_s=1800, log=log)  # fmt: skip
+    if status != "finished":
+        raise SystemExit(f"calibrate --quick {status}; see {out / 'log.txt'}")
+    print(f"  calibrated in {calibrate_s:.0f} s", flush=True)
+    return calibration_path, calibrate_s
+
+
+def validate_with_cli(calibration_path: Path, records: list[Path], out: Path, log) -> tuple[Any, list[str]]:
+    """`churnsim validate` of `records` against the calibration into OUT/validation: its table and notes."""
+    import pandas as pd
+
+    validation = out / "validation"
+    status, _ = _run([sys.executable, "-m", "churnsim", "validate", "--calibration", str(calibration_path.resolve()),
+                      *map(str, (path.resolve() for path in records)), "--out", str(validation.resolve()), "--overwrite", "--no-figures"],
+                     time_limit_s=1800, log=log)  # fmt: skip
+    if status != "finished":
+        raise SystemExit(f"validate {status}; see {out / 'log.txt'}")
+    return pd.read_csv(validation / "validation.csv"), json.loads((validation / "manifest.json").read_text())["notes"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("held-out-validation"), help="working directory (calibration, runs, validation)")
@@ -312,15 +341,7 @@ def main() -> None:
     out = arguments.out
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a", encoding="utf-8")
-    calibration_path = arguments.calibration
-    calibrate_s = None
-    if calibration_path is None:
-        calibration_path = out / "calibration.json"
-        print(f"calibrate --quick into {calibration_path} ...", flush=True)
-        status, calibrate_s = _run([sys.executable, "-m", "churnsim", "calibrate", "--quick", "--out", str(calibration_path.resolve()), "--overwrite"],
-                                   time_limit_s=1800, log=log)  # fmt: skip
-        if status != "finished":
-            raise SystemExit(f"calibrate --quick {status}; see {out / 'log.txt'}")
+    calibration_path, calibrate_s = calibration_to_validate_against(arguments.calibration, out, log)
     calibration = load_calibration(str(calibration_path))
     runs = []
     runs_started = time.perf_counter()
@@ -340,14 +361,7 @@ def main() -> None:
         print(f"  {setup.run_id}: {iterations} iterations, {status}, {seconds:.0f} s", flush=True)
         runs.append({"run_id": setup.run_id, "iterations": iterations, "predicted_iteration_s": iteration_s, "status": status, "seconds": seconds})
     finished = [out / "held-out" / run["run_id"] for run in runs if run["status"] == "finished"]
-    validation = out / "validation"
-    status, _ = _run([sys.executable, "-m", "churnsim", "validate", "--calibration", str(calibration_path.resolve()),
-                      *map(str, (path.resolve() for path in finished)), "--out", str(validation.resolve()), "--overwrite", "--no-figures"],
-                     time_limit_s=1800, log=log)  # fmt: skip
-    if status != "finished":
-        raise SystemExit(f"validate {status}; see {out / 'log.txt'}")
-    table = pd.read_csv(validation / "validation.csv")
-    notes = json.loads((validation / "manifest.json").read_text())["notes"]
+    table, notes = validate_with_cli(calibration_path, finished, out, log)
     result = {
         "command": "python benchmarks/held_out_validation.py " + " ".join(_without_paths(sys.argv[1:])),
         "seed": arguments.seed,

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from held_out_validation import _median_figures, _run, _without_paths  # noqa: E402
+from held_out_validation import _median_figures, _without_paths, calibration_to_validate_against, validate_with_cli  # noqa: E402
 from report import add_report_option, report_if_asked  # noqa: E402
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -247,16 +247,7 @@ def main() -> None:
     out = arguments.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a", encoding="utf-8")
-    calibration_path = arguments.calibration
-    calibrate_s = None
-    if calibration_path is None:
-        calibration_path = out / "calibration.json"
-        print(f"calibrate --quick into {calibration_path} ...", flush=True)
-        status, calibrate_s = _run([sys.executable, "-m", "churnsim", "calibrate", "--quick", "--out", str(calibration_path), "--overwrite"],
-                                   time_limit_s=1800, log=log)  # fmt: skip
-        if status != "finished":
-            raise SystemExit(f"calibrate --quick {status}; see {out / 'log.txt'}")
-        print(f"  calibrated in {calibrate_s:.0f} s", flush=True)
+    calibration_path, calibrate_s = calibration_to_validate_against(arguments.calibration, out, log)
     calibration = load_calibration(str(calibration_path))
     runs, records, recoveries = [], [], []
     for run in plan:
@@ -281,13 +272,7 @@ def main() -> None:
             recoveries.append(pd.read_csv(record / "recoveries.csv") if (record / "recoveries.csv").is_file() else None)
         print(f"  {run_id}: {status}, {seconds:.0f} s", flush=True)
         runs.append({**run, "status": status, "seconds": seconds, "predicted_iteration_s": iteration_s, "torchrun": command})
-    validation = out / "validation"
-    status, _ = _run([sys.executable, "-m", "churnsim", "validate", "--calibration", str(calibration_path), *map(str, records),
-                      "--out", str(validation), "--overwrite", "--no-figures"], time_limit_s=1800, log=log)  # fmt: skip
-    if status != "finished":
-        raise SystemExit(f"validate {status}; see {out / 'log.txt'}")
-    table = pd.read_csv(validation / "validation.csv")
-    notes = json.loads((validation / "manifest.json").read_text())["notes"]
+    table, notes = validate_with_cli(calibration_path, records, out, log)
     result = {
         "command": "python benchmarks/two_agent_validation.py " + " ".join(_without_paths(sys.argv[1:])),
         "runs_planned": len(plan),
