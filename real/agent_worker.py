@@ -43,16 +43,13 @@ def _node_run_directory(run_dir: Path, config: Any, run_id: str, token: str, res
     return RunDirectory(run_dir, read_run_file(run_dir) or {}, None, token)  # type: ignore[arg-type]
 
 
-def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, replication: int) -> int:
-    """Train this worker's stage under torchrun's agent; 0 when the run finished."""
+def _membership(config: Any, token: str, **node: Any) -> Any:
+    """This worker's `AgentMembership` for the run `config` describes; `node` names its node's memory
+    where one agent stands in for a machine per worker (`run_local_worker`)."""
     from .agent_membership import AgentMembership
-    from .launch import _finish, rendezvous_timeout_s
-    from .methods import METHODS
-    from .results import merge_rank_results
-    from .run_secret import checkpoint_key
-    from .trainer import train_stage
+    from .launch import rendezvous_timeout_s
 
-    membership = AgentMembership(
+    return AgentMembership(
         token=token,
         num_stages=config.num_stages,
         data_parallel_degree=config.data_parallel_degree,
@@ -60,7 +57,19 @@ def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, 
         timeout_s=config.timeout_s,
         rendezvous_timeout_s=rendezvous_timeout_s(config.timeout_s, config.join_delay_s),
         join_delay_s=config.join_delay_s,
+        **node,
     )
+
+
+def run_worker(config: Any, token: str, run_dir: Path | None, *, scenario: Any, replication: int) -> int:
+    """Train this worker's stage under torchrun's agent; 0 when the run finished."""
+    from .launch import _finish
+    from .methods import METHODS
+    from .results import merge_rank_results
+    from .run_secret import checkpoint_key
+    from .trainer import train_stage
+
+    membership = _membership(config, token)
     config = dataclasses.replace(config, run_id=membership.run_id, checkpoint_key=checkpoint_key(token))
     lease = None
     journal_directory = None
@@ -135,9 +144,8 @@ def run_local_worker(
     same membership and trainer as a torchrun worker, each worker standing in for a machine of its
     own. Returns every slot's result on slot 0 (None on the others); `launch_local` writes the record.
     `after_run(parts)`: called with the slot's trained stage when the run is done (tests compare replicas)."""
-    from .agent_membership import AgentMembership
     from .distributed import keep_connections_on
-    from .launch import _die_with_parent, rendezvous_timeout_s
+    from .launch import _die_with_parent
     from .methods.checkpointing import node_directory_name
     from .trainer import train_stage
     from .warnings_relay import relay_to
@@ -146,14 +154,9 @@ def run_local_worker(
     _end_with_launcher(launcher_pid)
     relay_to(warnings_path)
     keep_connections_on(os.environ["MASTER_ADDR"])
-    membership = AgentMembership(
-        token=token,
-        num_stages=config.num_stages,
-        data_parallel_degree=config.data_parallel_degree,
-        device=config.device,
-        timeout_s=config.timeout_s,
-        rendezvous_timeout_s=rendezvous_timeout_s(config.timeout_s, config.join_delay_s),
-        join_delay_s=config.join_delay_s,
+    membership = _membership(
+        config,
+        token,
         node_id=f"{node_prefix}-{os.environ.get('LOCAL_RANK', '0')}",
         memory_root=Path(node_memory_root),
         worker_is_node=True,

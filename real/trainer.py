@@ -1105,6 +1105,21 @@ class _HardFailureTrainer:
                 continue  # a group of the survivors that cannot train: wait for the next one
             return
 
+    def _deaths_and_times(self, announcement: Any) -> dict[str, Any]:
+        """What every rank says at a group's all-gather of the kills and deaths it knows, and of when it
+        arrived, the group formed and it was ready, on the wall clock (perf_counter's origin differs
+        between machines)."""
+        return {
+            "scheduled_kills": sorted(self.scheduled_kills),
+            "handled_deaths": sorted(self.handled_deaths),
+            "arrived_unix_s": announcement.arrived_perf_s + _unix_offset_s(),
+            "formed_unix_s": announcement.formed_perf_s + _unix_offset_s(),
+            "ready_unix_s": self.ready_perf_s + _unix_offset_s(),
+            "started_unix_s": getattr(self.membership, "started_unix_s", None),
+            "restore_s": getattr(self.membership, "restore_s", 0.0),
+            "restore_bytes": getattr(self.membership, "restore_bytes", 0),
+        }
+
     def _agree(self, announcement: Any, started_perf_s: float) -> bool | None:
         """One all-gather on the new group, then degraded training or recovery; None: wait for the next group."""
         parts, method, config = self.parts, self.parts.method, self.config
@@ -1120,15 +1135,7 @@ class _HardFailureTrainer:
             "origin_unix_s": parts.spans.origin_s + _unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             "hostable": sorted(method.hostable_stages()) if self.has_state else [],
-            "scheduled_kills": sorted(self.scheduled_kills),
-            "handled_deaths": sorted(self.handled_deaths),
-            # Wall clock: perf_counter's origin differs between machines.
-            "arrived_unix_s": announcement.arrived_perf_s + _unix_offset_s(),
-            "formed_unix_s": announcement.formed_perf_s + _unix_offset_s(),
-            "ready_unix_s": self.ready_perf_s + _unix_offset_s(),
-            "started_unix_s": getattr(self.membership, "started_unix_s", None),
-            "restore_s": getattr(self.membership, "restore_s", 0.0),
-            "restore_bytes": getattr(self.membership, "restore_bytes", 0),
+            **self._deaths_and_times(announcement),
         }
         gathered = communicator.all_gather_objects(mine)
         # The rendezvous proper: from the last member's arrival to the group formed everywhere.
@@ -1353,7 +1360,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
         if not announcement.full:
             return None  # the grid waits for its replacements
         self._joined_group()
-        parts, method, config = self.parts, self.parts.method, self.config
+        parts, method = self.parts, self.parts.method
         mine = {
             "slot": self.world.rank,
             "has_state": self.has_state,
@@ -1362,15 +1369,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
             "decided_through": self.decided_through,
             "origin_unix_s": parts.spans.origin_s + _unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
-            "scheduled_kills": sorted(self.scheduled_kills),
-            "handled_deaths": sorted(self.handled_deaths),
-            # Wall clock: perf_counter's origin differs between machines.
-            "arrived_unix_s": announcement.arrived_perf_s + _unix_offset_s(),
-            "formed_unix_s": announcement.formed_perf_s + _unix_offset_s(),
-            "ready_unix_s": self.ready_perf_s + _unix_offset_s(),
-            "started_unix_s": getattr(self.membership, "started_unix_s", None),
-            "restore_s": getattr(self.membership, "restore_s", 0.0),
-            "restore_bytes": getattr(self.membership, "restore_bytes", 0),
+            **self._deaths_and_times(announcement),
             # A replacement: from its predecessor's death to this process ready.
             "join_s": self.ready_perf_s - detected if not self.has_state and (detected := self.membership.settings.death_detected_perf_s) is not None else 0.0,
         }
