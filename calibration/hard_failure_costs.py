@@ -39,7 +39,8 @@ import numpy as np
 from pydantic import Field
 
 from .base import StrictModel
-from .scenario import ModelSpec, PipelineSpec, stage_layer_counts
+from .compute_cost import processes_per_core
+from .scenario import ModelSpec, PipelineSpec, stage_parameter_counts
 
 if TYPE_CHECKING:  # pandas is imported where a fit runs: a simulation that only reads a calibration never needs it
     import pandas as pd
@@ -125,30 +126,13 @@ class HardFailureCosts(StrictModel):
 
     def survivor_restart_s(self, model: ModelSpec, pipeline: PipelineSpec, shared_cores: int | None = None) -> float:
         """Seconds from a kill until the survivors are ready again on this model and pipeline."""
-        largest = max(stage_parameters(model, pipeline))
+        largest = max(stage_parameter_counts(model, pipeline))
         return (
             self.detection.median_s
             + self.agent_restart.median_s
             + self.process_start_s(pipeline, shared_cores)
             + self.survivor_reload.seconds_for(largest * self.snapshot_bytes_per_parameter)
         )
-
-
-def processes_per_core(pipeline: PipelineSpec, shared_cores: int | None) -> float:
-    """The run's S × D processes per core of the one host they share; 1 where each has its own."""
-    if shared_cores is None:
-        return 1.0
-    return pipeline.num_stages * pipeline.data_parallel_degree / shared_cores
-
-
-def stage_parameters(model: ModelSpec, pipeline: PipelineSpec) -> tuple[int, ...]:
-    """Parameters of each stage: its blocks, plus the embedding (first) or head (last), as real runs place them."""
-    counts = stage_layer_counts(model, pipeline)
-    last = len(counts) - 1
-    return tuple(
-        layers * model.parameters_per_layer + (model.embedding_parameters if stage == 0 else 0) + (model.head_parameters if stage == last else 0)
-        for stage, layers in enumerate(counts)
-    )
 
 
 def _failed_stages(text: object) -> list[int]:
@@ -175,7 +159,7 @@ def agent_recovery_points(
         rows = rows[~rows["degraded"].astype(str).str.lower().eq("true")]
     if rows.empty:
         return pd.DataFrame()
-    parameters = stage_parameters(model, pipeline)
+    parameters = stage_parameter_counts(model, pipeline)
     out = []
     for row in rows.to_dict("records"):
         failed = set(_failed_stages(row.get("failed_stages")))

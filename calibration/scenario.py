@@ -94,6 +94,21 @@ def stage_layer_counts(model: ModelSpec, pipeline: "PipelineSpec") -> tuple[int,
     return (model.num_layers // pipeline.num_stages,) * pipeline.num_stages
 
 
+def stage_parameter_count(model: ModelSpec, pipeline: "PipelineSpec", layers: int, stage: int) -> int:
+    """Parameters held by `stage` of `layers` blocks: its blocks, plus the embedding (first) or head (last)."""
+    count = layers * model.parameters_per_layer
+    if stage == 0:
+        count += model.embedding_parameters
+    if stage == pipeline.num_stages - 1:
+        count += model.head_parameters
+    return count
+
+
+def stage_parameter_counts(model: ModelSpec, pipeline: "PipelineSpec") -> tuple[int, ...]:
+    """Parameters held by each stage (`stage_parameter_count`)."""
+    return tuple(stage_parameter_count(model, pipeline, layers, stage) for stage, layers in enumerate(stage_layer_counts(model, pipeline)))
+
+
 def method_pipeline_problem(method: MethodConfig, model: ModelSpec, pipeline: "PipelineSpec") -> tuple[str, str] | None:
     """Why `method` cannot run on this pipeline and how to fix that (each to follow the method's
     name); None if it can."""
@@ -680,12 +695,7 @@ class Scenario(FiniteNumbersModel):
 
     def stage_parameters(self, stage: int) -> int:
         """Parameters held by one stage: its blocks, plus the embedding (first) or head (last)."""
-        count = self.stage_layers(stage) * self.model.parameters_per_layer
-        if stage == 0:
-            count += self.model.embedding_parameters
-        if stage == self.pipeline.num_stages - 1:
-            count += self.model.head_parameters
-        return count
+        return stage_parameter_count(self.model, self.pipeline, self.stage_layers(stage), stage)
 
     @property
     def activation_bytes(self) -> float:

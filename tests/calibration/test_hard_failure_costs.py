@@ -14,10 +14,10 @@ from churnsim.calibration.apply import apply_calibration
 from churnsim.calibration.builtin import load_builtin_calibration
 from churnsim.calibration.calibration_file import Calibration, load_calibration, save_calibration
 from churnsim.calibration.errors import InputError
-from churnsim.calibration.hard_failure_costs import agent_recovery_points, fit_hard_failure_costs, stage_parameters
+from churnsim.calibration.hard_failure_costs import agent_recovery_points, fit_hard_failure_costs
 from churnsim.calibration.presets import cpu_tiny
 from churnsim.calibration.run_record import read_recoveries
-from churnsim.calibration.scenario import ModelSpec, PipelineSpec, TrainingSpec
+from churnsim.calibration.scenario import ModelSpec, PipelineSpec, TrainingSpec, stage_parameter_counts
 
 DETECTION_S = 0.08
 AGENT_RESTART_S = 0.3
@@ -35,7 +35,7 @@ def _model(hidden_size: int) -> ModelSpec:
 
 def _recoveries(model: ModelSpec, failed_stages: list[int], *, noise_s: float = 0.0) -> pd.DataFrame:
     """recoveries.csv rows of one run under the agent, its parts the constants above."""
-    parameters = stage_parameters(model, PIPELINE)
+    parameters = stage_parameter_counts(model, PIPELINE)
     rows = []
     for index, failed in enumerate(failed_stages):
         survivors = [count for stage, count in enumerate(parameters) if stage != failed]
@@ -79,7 +79,7 @@ def test_a_synthetic_table_with_known_components_is_recovered():
 def test_the_survivors_restart_scales_with_another_scenario_s_largest_stage():
     costs = fit_hard_failure_costs(_points())
     wide = _model(512)
-    largest = max(stage_parameters(wide, PIPELINE))
+    largest = max(stage_parameter_counts(wide, PIPELINE))
     expected = DETECTION_S + AGENT_RESTART_S + PROCESS_START_S + RELOAD_LATENCY_S + largest * BYTES_PER_PARAMETER / RELOAD_BANDWIDTH
     assert costs.survivor_restart_s(wide, PIPELINE) == pytest.approx(expected, rel=1e-6)
     assert costs.survivor_restart_s(wide, PIPELINE) > costs.survivor_restart_s(_model(32), PIPELINE)
