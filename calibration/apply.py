@@ -65,7 +65,7 @@ from .calibration_file import Calibration, RecoveryTimes
 from .convergence import MethodSetbacks
 from .errors import InputError
 from .compute_cost import setup_description
-from .scenario import ExplicitCompute, PipelineSpec, RecoverySpec, Scenario, UniformNetwork, seconds_by_method
+from .scenario import ExplicitCompute, ModelSpec, PipelineSpec, RecoverySpec, Scenario, UniformNetwork, seconds_by_method
 from .speed_uncertainty import run_speed_log_sd
 
 ApplyMode = Literal["full", "setbacks"]
@@ -170,6 +170,7 @@ def recovery_for_failure_mode(
     failure_mode: Literal["soft", "hard"],
     join_delay_s: float | None = None,
     *,
+    model: ModelSpec | None = None,
     pipeline: PipelineSpec | None = None,
     shared_cores: int | None = None,
 ) -> RecoverySpec:
@@ -185,7 +186,9 @@ def recovery_for_failure_mode(
     rendezvous; otherwise such a method keeps its soft restart, and without any hard measurement the
     soft parts are charged (the validator says so). `join_delay_s` None:
     the delay is not known, and the measured join is charged whole. `pipeline` and `shared_cores`
-    (the scenario's) scale the fitted process start to the processes per core that start at once."""
+    (the scenario's) scale the fitted process start to the processes per core that start at once;
+    with `model` too, a hard failure's `survivor_restart_s` is the fitted components' on that model
+    and pipeline (`HardFailureCosts.survivor_restart_s`), otherwise it stays as `recovery` has it."""
     hard = calibration.hard_failure_recovery if failure_mode == "hard" else {}
     costs = calibration.hard_failure_costs if failure_mode == "hard" else None
     table = {**calibration.recovery, **hard}
@@ -202,25 +205,14 @@ def recovery_for_failure_mode(
             process_start_s = costs.replacement_start_s(pipeline, shared_cores)
         known = join_delay_s is not None and process_start_s is not None
         join_s = join_delay_s + process_start_s if known else (_measured_join_s(hard) if hard else process_start_s)  # type: ignore[operator]
+    survivors = costs is not None and model is not None and pipeline is not None
     return recovery.model_copy(
         update={
             "restart_s_by_method": {**recovery.restart_s_by_method, **measured_restarts},
             **({"join_delay_s": join_s} if join_s is not None else {}),
+            **({"survivor_restart_s": costs.survivor_restart_s(model, pipeline, shared_cores)} if survivors else {}),  # type: ignore[union-attr]
         }
     )
-
-
-def survivor_restart_for(
-    scenario: Scenario, calibration: Calibration, failure_mode: Literal["soft", "hard"], shared_cores: int | None = None
-) -> float:
-    """The survivors' restart of a hard failure on the scenario's model and pipeline, from the
-    calibration's fitted components (`Calibration.hard_failure_costs`); the scenario's own
-    `recovery.survivor_restart_s` where the failures are soft or the calibration fitted none.
-    `shared_cores`: the cores of the one host the processes share (None: their own)."""
-    costs = calibration.hard_failure_costs
-    if failure_mode != "hard" or costs is None:
-        return scenario.recovery.survivor_restart_s
-    return costs.survivor_restart_s(scenario.model, scenario.pipeline, shared_cores)
 
 
 def _full(scenario: Scenario, calibration: Calibration) -> dict:
@@ -253,12 +245,8 @@ def _full(scenario: Scenario, calibration: Calibration) -> dict:
     configured_delay_s = training.join_delay_s if training.join_delay_s is not None else scenario.recovery.join_delay_s
     recovery = recovery_for_failure_mode(
         scenario.recovery, calibration, training.failure_mode, configured_delay_s,
-        pipeline=scenario.pipeline, shared_cores=getattr(compute, "shared_cores", None),
+        model=scenario.model, pipeline=scenario.pipeline, shared_cores=getattr(compute, "shared_cores", None),
     )  # fmt: skip
-    shared_cores = getattr(compute, "shared_cores", None)
-    recovery = recovery.model_copy(
-        update={"survivor_restart_s": survivor_restart_for(scenario, calibration, training.failure_mode, shared_cores)}
-    )
     return {
         "compute": compute.model_dump(),
         "network": network.model_dump(),

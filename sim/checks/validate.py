@@ -87,7 +87,7 @@ from churnsim.calibration.compute_cost import setup_description, setup_differenc
 from churnsim.calibration.convergence import PowerLawLossCurve
 from churnsim.calibration.errors import InputError
 from churnsim.calibration.fit_timing import recovery_events, steady_iteration_times_s
-from churnsim.calibration.apply import recovery_for_failure_mode, survivor_restart_for
+from churnsim.calibration.apply import recovery_for_failure_mode
 from churnsim.calibration.run_record import MANIFEST_FILE, METRICS_FILE, RunRecord, configured_join_delay_s, read_run_record, record_failure_mode
 from churnsim.calibration.scenario import Scenario, TargetSpec
 from churnsim.calibration.statistics import median_with_ci95
@@ -497,11 +497,8 @@ def charge_own_failure_mode(scenario: Scenario, record: RunRecord, calibration: 
         )
     recovery = recovery_for_failure_mode(
         scenario.recovery, calibration, "hard", configured_join_delay_s(record),
-        pipeline=scenario.pipeline, shared_cores=getattr(scenario.compute, "shared_cores", None),
+        model=scenario.model, pipeline=scenario.pipeline, shared_cores=getattr(scenario.compute, "shared_cores", None),
     )  # fmt: skip
-    recovery = recovery.model_copy(
-        update={"survivor_restart_s": survivor_restart_for(scenario, calibration, "hard", getattr(scenario.compute, "shared_cores", None))}
-    )
     training = scenario.training.model_copy(update={"failure_mode": "hard"})
     if calibration.hard_failure_recovery and calibration.hard_failure_costs is None:
         notes.append(
