@@ -232,15 +232,13 @@ def replay_failures_at_steps(record: RunRecord, simulate: Callable[[tuple[Failur
 
 
 def _median_step_s(record: RunRecord) -> float:
-    """The run's median step (seconds between consecutive metrics rows); inf without two rows."""
-    import numpy as np
+    """The run's median step after its first (`step_durations_s`); inf without two steps."""
+    from churnsim.calibration.fit_timing import step_durations_s
 
-    metrics = getattr(record, "metrics", None)  # a bare schedule (tests) has none: one round per step
-    if metrics is None:
+    if getattr(record, "metrics", None) is None:  # a bare schedule (tests) has none: one round per step
         return float("inf")
-    wall = metrics["wall_time_s"].to_numpy(dtype=float)
-    steps = np.diff(wall)
-    return float(np.median(steps)) if steps.size else float("inf")
+    durations = step_durations_s(record).iloc[1:]  # the first step includes the run's start-up
+    return float(durations.median()) if len(durations) else float("inf")
 
 
 def failure_rounds(same_step: list, gap_s: float) -> list[list]:
