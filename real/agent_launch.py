@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .agent_membership import STOPPED_EXIT_CODE
 from .run_secret import check_listen_address
 
 _RUNNING: dict[str, Any] = {}
@@ -82,7 +83,7 @@ def _agent_class() -> Any:
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and any(
-                failure.exitcode >= 0 and failure.exitcode != _STOPPED_EXIT_CODE for failure in result.failures.values()
+                failure.exitcode >= 0 and failure.exitcode != STOPPED_EXIT_CODE for failure in result.failures.values()
             ):
                 self._remaining_restarts = 0
             return result
@@ -92,15 +93,13 @@ def _agent_class() -> Any:
 
 _SHUTDOWN_TIMEOUT_S = 5
 """How long an interrupted agent waits for its workers to stop before it SIGKILLs them."""
-_STOPPED_EXIT_CODE = 143
-"""128 + SIGTERM: a worker stopped by a SIGTERM (real/agent_membership.py exits with it)."""
 
 
 def _failure_message(failures: dict[int, Any], max_restarts: int) -> AgentRunFailed:
     """One line for the run's end: the worker's own error where it had one, else how it ended."""
     for rank, failure in sorted(failures.items()):
         message = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
-        if failure.exitcode > 0 and failure.exitcode != _STOPPED_EXIT_CODE and message and not message.startswith("To enable traceback"):
+        if failure.exitcode > 0 and failure.exitcode != STOPPED_EXIT_CODE and message and not message.startswith("To enable traceback"):
             return AgentRunFailed(f"stage/rank {rank} failed: {message}", rank=rank)
     rank, failure = min(failures.items())
     return AgentRunFailed(

@@ -63,7 +63,8 @@ from .run_secret import sign, store_namespace, verify
 
 TOKEN_PROOF_KEY = "churnsim/token-proof"
 _PROOF_LABEL = "token-proof"
-_STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a process the signal ended
+STOPPED_EXIT_CODE = 143
+"""128 + SIGTERM: the exit code of a worker stopped for a new round, as of a process the signal ended."""
 
 
 def unix_offset_s() -> float:
@@ -427,7 +428,7 @@ class AgentMembership:
             if hasattr(self, "settings"):
                 self.memory.note_stopped(self.settings.stage)
         finally:
-            os._exit(_STOPPED_EXIT_CODE)
+            os._exit(STOPPED_EXIT_CODE)
 
     def _wait_for_agent(self) -> None:
         deadline = time.monotonic() + self.settings.rendezvous_timeout_s

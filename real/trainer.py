@@ -79,6 +79,7 @@ from churnsim.calibration.tables import STEP_SYNC_SPAN
 from .checkpoint.format import DEFAULT_RUN_ID
 from .cpu_placement import pin_stage_process
 from .data import TokenData, split_microbatches
+from .agent_membership import unix_offset_s
 from .distributed import Communicator, GroupBroken, data_parallel_communicators
 from .methods import MethodContext, StageRuntime, build_method
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
@@ -589,9 +590,6 @@ def train_stage(
     return result
 
 
-def _unix_offset_s() -> float:
-    """time.time() - time.perf_counter(): this process's perf_counter in wall-clock seconds."""
-    return time.time() - time.perf_counter()
 
 
 def _apply_failures(config: TrainingConfig, failed: frozenset[int], step: int, iteration: int, parts: _Stage) -> int:
@@ -1053,7 +1051,7 @@ class _HardFailureTrainer:
                 "rng": torch.get_rng_state(), "method": parts.method.heal_state(),  # what a heal would copy: replicas, norms
                 "step": self.step, "iteration": self.iteration, "decided_through": self.decided_through,
                 "scheduled_kills": sorted(self.scheduled_kills), "handled_deaths": sorted(self.handled_deaths),
-                "origin_unix_s": parts.spans.origin_s + _unix_offset_s(),
+                "origin_unix_s": parts.spans.origin_s + unix_offset_s(),
             })  # fmt: skip
 
     def _restore_snapshot(self, payload: dict[str, Any]) -> None:
@@ -1064,7 +1062,7 @@ class _HardFailureTrainer:
         parts.runtime.lr_scale = float(payload["lr_scale"])
         torch.set_rng_state(payload["rng"])
         parts.method.adopt_heal_state(payload["method"])
-        parts.spans.set_origin(float(payload["origin_unix_s"]) - _unix_offset_s())
+        parts.spans.set_origin(float(payload["origin_unix_s"]) - unix_offset_s())
         self.step, self.iteration = int(payload["step"]), int(payload["iteration"])
         self.decided_through = int(payload["decided_through"])
         self.scheduled_kills = {int(stage) for stage in payload["scheduled_kills"]}
@@ -1078,7 +1076,7 @@ class _HardFailureTrainer:
             self.restart_costs = {}
             return
         survivors = [each for each in gathered if each["restore_bytes"]]
-        detected = self.membership.deaths[0]["detected_perf_s"] + _unix_offset_s() if self.membership.deaths else None
+        detected = self.membership.deaths[0]["detected_perf_s"] + unix_offset_s() if self.membership.deaths else None
         self.restart_costs = dict(measured) | {
             "process_start_s": max(each["ready_unix_s"] - each["started_unix_s"] for each in gathered if each["started_unix_s"] is not None),
             "survivor_reload_s": max((each["restore_s"] for each in survivors), default=0.0),
@@ -1112,9 +1110,9 @@ class _HardFailureTrainer:
         return {
             "scheduled_kills": sorted(self.scheduled_kills),
             "handled_deaths": sorted(self.handled_deaths),
-            "arrived_unix_s": announcement.arrived_perf_s + _unix_offset_s(),
-            "formed_unix_s": announcement.formed_perf_s + _unix_offset_s(),
-            "ready_unix_s": self.ready_perf_s + _unix_offset_s(),
+            "arrived_unix_s": announcement.arrived_perf_s + unix_offset_s(),
+            "formed_unix_s": announcement.formed_perf_s + unix_offset_s(),
+            "ready_unix_s": self.ready_perf_s + unix_offset_s(),
             "started_unix_s": getattr(self.membership, "started_unix_s", None),
             "restore_s": getattr(self.membership, "restore_s", 0.0),
             "restore_bytes": getattr(self.membership, "restore_bytes", 0),
@@ -1132,7 +1130,7 @@ class _HardFailureTrainer:
             "iteration": self.iteration,
             "decided_through": self.decided_through,
             "origin_s": parts.spans.origin_s if self.has_state else None,
-            "origin_unix_s": parts.spans.origin_s + _unix_offset_s() if self.has_state else None,
+            "origin_unix_s": parts.spans.origin_s + unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             "hostable": sorted(method.hostable_stages()) if self.has_state else [],
             **self._deaths_and_times(announcement),
@@ -1150,7 +1148,7 @@ class _HardFailureTrainer:
         first = survivors[0]
         if not self.has_state:
             # A replacement: the run's clock and the state every rank keeps alike, from a survivor.
-            parts.spans.set_origin(first["origin_unix_s"] - _unix_offset_s())
+            parts.spans.set_origin(first["origin_unix_s"] - unix_offset_s())
             method.adopt_replicated_metadata([each["metadata"] for each in survivors])
         furthest = max(survivors, key=lambda each: each["step"])
         step, iteration = furthest["step"], furthest["iteration"]
@@ -1367,7 +1365,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
             "step": self.step,
             "iteration": self.iteration,
             "decided_through": self.decided_through,
-            "origin_unix_s": parts.spans.origin_s + _unix_offset_s() if self.has_state else None,
+            "origin_unix_s": parts.spans.origin_s + unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             **self._deaths_and_times(announcement),
             # A replacement: from its predecessor's death to this process ready.
@@ -1383,7 +1381,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
                 "recover from; start the run again"
             )
         if not self.has_state:
-            parts.spans.set_origin(survivors[0]["origin_unix_s"] - _unix_offset_s())
+            parts.spans.set_origin(survivors[0]["origin_unix_s"] - unix_offset_s())
             method.adopt_replicated_metadata([each["metadata"] for each in survivors])
         furthest = max(survivors, key=lambda each: each["step"])
         step, iteration = furthest["step"], furthest["iteration"]
