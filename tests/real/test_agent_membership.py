@@ -242,6 +242,17 @@ def _finished_with_finite_loss(directory: Path, iterations: int) -> tuple[pd.Dat
     return metrics, pd.read_csv(directory / "recoveries.csv")
 
 
+def _both_agents_finish(cluster, iterations: int) -> tuple[Path, pd.DataFrame]:
+    """Start both agents of `cluster`, wait for both, check the run finished with finite loss:
+    the record's directory and its recoveries."""
+    cluster.start("node-a")
+    cluster.start("node-b")
+    cluster.wait("node-a", "node-b")
+    record = cluster.record_directory()
+    _, recoveries = _finished_with_finite_loss(record, iterations)
+    return record, recoveries
+
+
 def _run_case_one(tmp_path: Path, cluster_factory, method: str, stages: int = 2, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     iterations = 10
     killed = stages - 1
@@ -249,11 +260,7 @@ def _run_case_one(tmp_path: Path, cluster_factory, method: str, stages: int = 2,
         tmp_path, method, iterations=iterations, failures=(ScheduledFailure(time_s=0.5, stage=killed),), stages=stages, extra=extra
     )
     cluster = cluster_factory(command, files)
-    cluster.start("node-a")
-    cluster.start("node-b")
-    cluster.wait("node-a", "node-b")
-    record = cluster.record_directory()
-    _, recoveries = _finished_with_finite_loss(record, iterations)
+    record, recoveries = _both_agents_finish(cluster, iterations)
     failures = pd.read_csv(record / "failures.csv", comment="#")
     assert failures["kind"].tolist() == ["scheduled"] and failures["stage"].tolist() == [killed]
     if method == "none":  # the no-failure reference: the failure is recorded, nothing is killed or restarted
@@ -282,11 +289,7 @@ def test_the_printed_torchrun_line_on_two_agents_runs_soft_failures(tmp_path, cl
         extra=("--set", "methods.checkpoint.interval_iterations=2"),
     )
     cluster = cluster_factory(command, files)
-    cluster.start("node-a")
-    cluster.start("node-b")
-    cluster.wait("node-a", "node-b")
-    record = cluster.record_directory()
-    _, recoveries = _finished_with_finite_loss(record, iterations)
+    record, recoveries = _both_agents_finish(cluster, iterations)
     (row,) = recoveries.to_dict("records")
     assert row["failure_mode"] == "soft" and json.loads(row["failed_stages"]) == [1]
 
@@ -346,11 +349,7 @@ def test_the_printed_torchrun_line_on_two_agents_heals_a_killed_replica(tmp_path
     )  # fmt: skip
     assert "--nproc-per-node=2" in command  # 4 stage processes on 2 machines
     cluster = cluster_factory(command, files)
-    cluster.start("node-a")
-    cluster.start("node-b")
-    cluster.wait("node-a", "node-b")
-    record = cluster.record_directory()
-    _, recoveries = _finished_with_finite_loss(record, iterations)
+    record, recoveries = _both_agents_finish(cluster, iterations)
     failures = pd.read_csv(record / "failures.csv", comment="#")
     assert failures[["stage", "replica", "kind"]].values.tolist() == [[1, 1, "scheduled"]]
     (row,) = recoveries.to_dict("records")
