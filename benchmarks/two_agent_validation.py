@@ -240,6 +240,7 @@ def main() -> None:
     from churnsim.calibration.calibration_file import load_calibration
     from churnsim.calibration.churn import ScheduleChurn
     from churnsim.calibration.presets import preset
+    from churnsim.calibration.run_record import read_recoveries
     from churnsim.real.calibration_suite import set_run_id
 
     plan = plan_runs(arguments.methods.split(","), arguments.iterations)
@@ -269,7 +270,7 @@ def main() -> None:
         if record is not None:
             set_run_id(record, run_id)
             records.append(record)
-            recoveries.append(pd.read_csv(record / "recoveries.csv") if (record / "recoveries.csv").is_file() else None)
+            recoveries.append(read_recoveries(record))
         print(f"  {run_id}: {status}, {seconds:.0f} s", flush=True)
         runs.append({**run, "status": status, "seconds": seconds, "predicted_iteration_s": iteration_s, "torchrun": command})
     table, notes = validate_with_cli(calibration_path, records, out, log)
