@@ -234,7 +234,6 @@ def main() -> None:
     parser.add_argument("--methods", default="checkfree,checkpoint", help="comma-separated methods, each run under soft and hard failures")
     add_report_option(parser)
     arguments = parser.parse_args()
-    import pandas as pd
 
     from churnsim.calibration.base import save_model
     from churnsim.calibration.calibration_file import load_calibration
