@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .journal import JOURNAL_DIRECTORY
-from .run_directory import LOCAL_DIRECTORY, RunDirectory, prepare_run_directory, read_run_file
+from .run_directory import RunDirectory, prepare_run_directory, read_run_file
 
 
 def _node_run_directory(run_dir: Path, config: Any, run_id: str, token: str, resumable: bool) -> RunDirectory:
@@ -146,7 +145,7 @@ def run_local_worker(
     `after_run(parts)`: called with the slot's trained stage when the run is done (tests compare replicas)."""
     from .distributed import keep_connections_on
     from .launch import _die_with_parent
-    from .methods.checkpointing import node_directory_name
+    from .methods.checkpointing import drop_node_local_level
     from .trainer import train_stage
     from .warnings_relay import relay_to
 
@@ -164,7 +163,7 @@ def run_local_worker(
     if run_dir is not None and membership.is_replacement:
         # A slot whose node died: that node's disk (the node-local checkpoint level) died with it.
         replica, stage = divmod(membership.stage, config.num_stages)
-        shutil.rmtree(run_dir / LOCAL_DIRECTORY / node_directory_name(stage, replica), ignore_errors=True)
+        drop_node_local_level(run_dir, stage, replica)
     rank_result = train_stage(
         config, None, run_dir=run_dir, membership=membership, journal_directory=journal_directory,
         on_iteration_done=_progress_reporter(progress_path), after_run=after_run,

@@ -59,7 +59,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -82,6 +81,7 @@ from .data import TokenData, split_microbatches
 from .agent_membership import unix_offset_s
 from .distributed import Communicator, GroupBroken, data_parallel_communicators
 from .methods import MethodContext, StageRuntime, build_method
+from .methods.checkpointing import drop_node_local_level
 from .model import ModelConfig, StageModule, check_stage_split, derive_seed
 from .pipeline import PipelineStage
 from .spans import SpanRecorder
@@ -1006,13 +1006,7 @@ class _HardFailureTrainer:
         failed = (failed - parts.method.reliable_stages) & frozenset(parts.communicator.group_stages)
         if failed and parts.method.destroys_state_on_failure:
             if parts.stage in failed:
-                self.journal.flush()
-                if hasattr(self.membership, "before_own_kill"):  # torchrun: the node dies, memory and disk
-                    self.membership.before_own_kill()
-                    if parts.context.run_dir is not None:
-                        shutil.rmtree(Path(parts.context.run_dir) / "local" / f"stage-{parts.stage}", ignore_errors=True)
-                os.kill(os.getpid(), signal.SIGKILL)  # the injector: this stage's process dies here
-                time.sleep(60)  # SIGKILL is not deliverable late; never reached
+                self._kill_own_node()
             self.scheduled_kills |= failed
             self.kill_unix_s = time.time()
             self._save_snapshot()  # a restarted survivor must not decide these failures again
@@ -1032,6 +1026,18 @@ class _HardFailureTrainer:
         if self.on_iteration_done is not None and parts.pipeline.runs_head and parts.replica == 0:
             self.on_iteration_done(row)
         return False
+
+    def _kill_own_node(self) -> None:
+        """The injector's kill of this process: its journal kept; under the agent its node dies too,
+        memory (the snapshot) and disk (the node-local checkpoint level); then SIGKILL."""
+        parts = self.parts
+        self.journal.flush()
+        if hasattr(self.membership, "before_own_kill"):
+            self.membership.before_own_kill()
+            if parts.context.run_dir is not None:
+                drop_node_local_level(parts.context.run_dir, parts.stage, parts.replica)
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # SIGKILL is not deliverable late; never reached
 
     # -- host-memory snapshots (torchrun: real/agent_membership.py) --------------------------------
 
@@ -1329,14 +1335,7 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
         )  # fmt: skip
         if actions.wiped:
             if (parts.stage, parts.replica) in actions.wiped:
-                self.journal.flush()
-                self.membership.before_own_kill()  # the node dies: its memory and its disk
-                if parts.context.run_dir is not None:
-                    from .methods.checkpointing import node_directory_name
-
-                    shutil.rmtree(Path(parts.context.run_dir) / "local" / node_directory_name(parts.stage, parts.replica), ignore_errors=True)
-                os.kill(os.getpid(), signal.SIGKILL)  # the injector: this node's process dies here
-                time.sleep(60)  # never reached
+                self._kill_own_node()
             self.scheduled_kills |= {self._slot(node) for node in actions.wiped}
             self.kill_unix_s = time.time()
             self._save_snapshot()  # a restarted survivor must not decide these failures again

@@ -107,6 +107,16 @@ def node_directory_name(stage: int, replica: int) -> str:
     return f"stage-{stage}" + (f"-replica-{replica}" if replica else "")
 
 
+def node_local_level(run_dir: str | Path, stage: int, replica: int) -> Path:
+    """Node (stage, replica)'s node-local checkpoint level in run directory `run_dir`: it dies with the node."""
+    return Path(run_dir) / "local" / node_directory_name(stage, replica)
+
+
+def drop_node_local_level(run_dir: str | Path, stage: int, replica: int) -> None:
+    """What a node's death does to its disk: its node-local checkpoint level is gone."""
+    shutil.rmtree(node_local_level(run_dir, stage, replica), ignore_errors=True)
+
+
 class CheckpointDirectories:
     """Where stage s keeps its checkpoints; a temporary root when the run has no directory."""
 
@@ -126,7 +136,7 @@ class CheckpointDirectories:
         else:
             self.remote = root / "checkpoints" / stage_directory
         """The "remote" tier (checkpoint_dir): survives node loss."""
-        self.local = root / "local" / stage_directory
+        self.local = node_local_level(root, context.stage, context.replica)
         """Node-local disk: dies with the node."""
 
     def cleanup(self) -> None:
