@@ -924,7 +924,7 @@ class _HardFailureTrainer:
         self._join_recorded = False
         self.rendezvous_s = 0.0
         self.restart_costs: dict[str, Any] = {}
-        """torchrun: what the agent's restart of the workers cost (`_note_restart_costs`), for the recovery row."""
+        """torchrun: what the agent's restart of the workers cost (`_note_round_costs`), for the recovery row."""
         self.kill_unix_s: float | None = None
         """torchrun: when the injector decided the kill the group is re-forming for (snapshots carry it)."""
 
@@ -1075,8 +1075,11 @@ class _HardFailureTrainer:
         self.handled_deaths = {int(death) for death in payload["handled_deaths"]}
         self.has_state = True
 
-    def _note_restart_costs(self, gathered: list[dict[str, Any]]) -> None:
-        """torchrun: the costs of the agent's restart, the same on every rank (wall clock, seconds)."""
+    def _note_round_costs(self, gathered: list[dict[str, Any]]) -> None:
+        """From a new group's all-gather (`_deaths_and_times`), the same on every rank (wall clock,
+        seconds): the rendezvous proper, from the last member's arrival to the group formed everywhere,
+        and under the agent the costs of its restart of the workers."""
+        self.rendezvous_s = max(each["formed_unix_s"] for each in gathered) - max(each["arrived_unix_s"] for each in gathered)
         measured = getattr(self.membership, "restart_costs", None)
         if not measured:
             self.restart_costs = {}
@@ -1109,11 +1112,22 @@ class _HardFailureTrainer:
                 continue  # a group of the survivors that cannot train: wait for the next one
             return
 
+    def _hard_recovery_row(self, row: dict[str, Any], announcement: Any, *more: dict[str, Any]) -> dict[str, Any]:
+        """A hard failure's recovery row: `row`, the round's generation, `more`, and under the agent the
+        costs of its restart (with the note that says what they mean)."""
+        if self.restart_costs:
+            row = row | {"notes": [*row["notes"], AGENT_RESTART_NOTE]}
+        merged = row | {"failure_mode": "hard", "degraded": False, "generation": announcement.generation}
+        for part in more:
+            merged |= part
+        return merged | self.restart_costs
+
     def _deaths_and_times(self, announcement: Any) -> dict[str, Any]:
-        """What every rank says at a group's all-gather of the kills and deaths it knows, and of when it
-        arrived, the group formed and it was ready, on the wall clock (perf_counter's origin differs
-        between machines)."""
+        """What every rank says at a group's all-gather of the kills and deaths it knows, and of its
+        clock's origin, when it arrived, the group formed and it was ready, on the wall clock
+        (perf_counter's origin differs between machines)."""
         return {
+            "origin_unix_s": self.parts.spans.origin_s + unix_offset_s() if self.has_state else None,
             "scheduled_kills": sorted(self.scheduled_kills),
             "handled_deaths": sorted(self.handled_deaths),
             "arrived_unix_s": announcement.arrived_perf_s + unix_offset_s(),
@@ -1136,15 +1150,12 @@ class _HardFailureTrainer:
             "iteration": self.iteration,
             "decided_through": self.decided_through,
             "origin_s": parts.spans.origin_s if self.has_state else None,
-            "origin_unix_s": parts.spans.origin_s + unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             "hostable": sorted(method.hostable_stages()) if self.has_state else [],
             **self._deaths_and_times(announcement),
         }
         gathered = communicator.all_gather_objects(mine)
-        # The rendezvous proper: from the last member's arrival to the group formed everywhere.
-        self.rendezvous_s = max(each["formed_unix_s"] for each in gathered) - max(each["arrived_unix_s"] for each in gathered)
-        self._note_restart_costs(gathered)
+        self._note_round_costs(gathered)
         survivors = [each for each in gathered if each["has_state"]]
         if not survivors:
             raise RuntimeError(
@@ -1280,11 +1291,7 @@ class _HardFailureTrainer:
                 row["rebuilt_from"] |= {stage: "random init (the method has no recovery for this stage)" for stage in unplanned}
             if behind:
                 row["notes"] = [*row["notes"], f"stages {behind} had not applied the update of step {step - 1} when the group broke; they skip it"]
-            if self.restart_costs:
-                row["notes"] = [*row["notes"], AGENT_RESTART_NOTE]
-            parts.result.recoveries.append(
-                row | {"failure_mode": "hard", "degraded": False, "generation": announcement.generation} | costs | self.restart_costs
-            )
+            parts.result.recoveries.append(self._hard_recovery_row(row, announcement, costs))
         self.journal.flush()
         self._save_snapshot()
 
@@ -1364,15 +1371,13 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
             "step": self.step,
             "iteration": self.iteration,
             "decided_through": self.decided_through,
-            "origin_unix_s": parts.spans.origin_s + unix_offset_s() if self.has_state else None,
             "metadata": method.replicated_metadata() if self.has_state else None,
             **self._deaths_and_times(announcement),
             # A replacement: from its predecessor's death to this process ready.
             "join_s": self.ready_perf_s - detected if not self.has_state and (detected := self.membership.settings.death_detected_perf_s) is not None else 0.0,
         }
         gathered = self.world.all_gather_objects(mine)
-        self.rendezvous_s = max(each["formed_unix_s"] for each in gathered) - max(each["arrived_unix_s"] for each in gathered)
-        self._note_restart_costs(gathered)
+        self._note_round_costs(gathered)
         survivors = [each for each in gathered if each["has_state"]]
         if not survivors:
             raise RuntimeError(
@@ -1453,11 +1458,8 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
                 resume_iteration = outcome.resume_iteration
             if parts.stage == 0:
                 row = outcome.as_row(step=step, iteration=iteration)
-                extra = {"failure_mode": "hard", "degraded": False, "generation": announcement.generation, "replica": parts.replica,
-                         "handled_as": "stage_loss"}  # fmt: skip
-                if self.restart_costs:
-                    row["notes"] = [*row["notes"], AGENT_RESTART_NOTE]
-                parts.result.recoveries.append(row | extra | costs | self.restart_costs)
+                loss = {"replica": parts.replica, "handled_as": "stage_loss"}
+                parts.result.recoveries.append(self._hard_recovery_row(row, announcement, loss, costs))
         self.has_state = True
         gathered = self.world.all_gather_objects({"heal_s": heal.seconds, "heal_bytes": heal.bytes_received, "resume_iteration": resume_iteration})
         resumes = sorted({each["resume_iteration"] for each in gathered})
@@ -1467,21 +1469,19 @@ class _HardFailureGridTrainer(_HardFailureTrainer):
         if self.world.rank == 0 and heals:
             if behind:
                 notes.append(f"nodes {sorted(behind)} had not applied the update of step {step - 1}: they copied a replica that had")
-            self.parts.result.recoveries.append(
-                {
-                    "step": step, "iteration": iteration, "failure_mode": "hard", "degraded": False, "generation": announcement.generation,
-                    "handled_as": "replica_heal", "failed_stages": [], "resume_iteration": None, "lr_scale": 1.0,
-                    "failed_nodes": sorted(list(node) for node in lost),
-                    "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in heals],
-                    "rebuilt_from": {f"{h.stage} replica {h.replica}": f"replica {h.source_replica} (exact copy)" for h in heals},
-                    "notes": ["every replica waited for the replacement process and its heal", *notes,
-                              *([AGENT_RESTART_NOTE] if self.restart_costs else [])],
-                    "heal_s": max(each["heal_s"] for each in gathered),
-                    "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),
-                    "join_s": join_s, "rendezvous_s": self.rendezvous_s, "stalled_s": time.perf_counter() - started_perf_s,
-                    "recovery_s": time.perf_counter() - started_perf_s, "replicas_waited": True,
-                } | self.restart_costs
-            )  # fmt: skip
+            heal_row = {
+                "step": step, "iteration": iteration,
+                "handled_as": "replica_heal", "failed_stages": [], "resume_iteration": None, "lr_scale": 1.0,
+                "failed_nodes": sorted(list(node) for node in lost),
+                "heals": [{"stage": h.stage, "replica": h.replica, "source_replica": h.source_replica} for h in heals],
+                "rebuilt_from": {f"{h.stage} replica {h.replica}": f"replica {h.source_replica} (exact copy)" for h in heals},
+                "notes": ["every replica waited for the replacement process and its heal", *notes],
+                "heal_s": max(each["heal_s"] for each in gathered),
+                "heal_bytes": int(sum(each["heal_bytes"] for each in gathered)),
+                "join_s": join_s, "rendezvous_s": self.rendezvous_s, "stalled_s": time.perf_counter() - started_perf_s,
+                "recovery_s": time.perf_counter() - started_perf_s, "replicas_waited": True,
+            }  # fmt: skip
+            self.parts.result.recoveries.append(self._hard_recovery_row(heal_row, announcement))
         self.kill_unix_s = None
         self.journal.flush()
         self._save_snapshot()
