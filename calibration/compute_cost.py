@@ -336,7 +336,7 @@ def processes_per_core(pipeline: PipelineSpec, shared_cores: int | None) -> floa
     device each (None)."""
     if shared_cores is None:
         return 0.0
-    return pipeline.num_stages * pipeline.data_parallel_degree / shared_cores
+    return pipeline.num_nodes / shared_cores
 
 
 def shared_core_slowdown(slowdown_per_extra_process_per_core: float, per_core: float) -> float:

@@ -58,7 +58,7 @@ def expected_failures_per_run(scenario: "Scenario") -> float:
     from .failure_sampling import mean_node_failure_rate_per_s
 
     pipeline = scenario.pipeline
-    num_nodes = pipeline.num_stages * pipeline.data_parallel_degree
+    num_nodes = pipeline.num_nodes
     rate_per_node_s = mean_node_failure_rate_per_s(
         scenario.churn,
         num_stages=pipeline.num_stages,

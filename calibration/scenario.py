@@ -181,6 +181,11 @@ class PipelineSpec(StrictModel):
     in parallel over its own link (ZeRO-1 partitioned optimizer state, as in DataStates-LLM's runs,
     reference/checkpointing.md §4); on a `shared` tier the shards still share the one link."""
 
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the stage × replica grid (S × D): one process each in a real run."""
+        return self.num_stages * self.data_parallel_degree
+
 
 def seconds_by_method(value: object) -> tuple[tuple[str, float], ...]:
     """A mapping of method name to seconds as sorted (name, seconds) pairs: hashable, as the

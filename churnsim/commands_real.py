@@ -61,7 +61,7 @@ def torchrun_command(scenario: Any, scenario_file: Path, token_file: Path, token
     workers' address, which the rank-0 agent publishes only when it first creates that store."""
     from churnsim.real.run_secret import TOKEN_VARIABLE, derive
 
-    num_workers = scenario.pipeline.num_stages * scenario.pipeline.data_parallel_degree  # one per (stage, replica)
+    num_workers = scenario.pipeline.num_nodes  # one per (stage, replica)
     return (
         f"{TOKEN_VARIABLE}=$(cat {token_file}) PYTHONSAFEPATH=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes={nodes}:{nodes} --nproc-per-node={num_workers // nodes} "
         f"--rdzv-backend=c10d --rdzv-endpoint={host}:{port} --rdzv-id=churnsim-{derive(token, 'rendezvous-id')[:16]} "
@@ -121,7 +121,7 @@ def real_run_command(
 
         from churnsim.real.run_secret import TOKEN_VARIABLE, new_token, write_secret_file
 
-        num_workers = scenario.pipeline.num_stages * scenario.pipeline.data_parallel_degree  # one per (stage, replica)
+        num_workers = scenario.pipeline.num_nodes  # one per (stage, replica)
         nodes = num_workers if nodes is None else nodes
         if nodes < 1 or num_workers % nodes:
             raise InputError(

@@ -651,7 +651,7 @@ def _run_hard_failures(
     from .agent_worker import run_local_worker
     from .node_memory import NodeMemory, default_root
 
-    num_workers = config.num_stages * config.data_parallel_degree
+    num_workers = config.num_nodes
     start_method = "forkserver" if config.device == "cpu" else "spawn"  # forking after CUDA initialisation is unsafe
     if start_method == "forkserver":
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
@@ -754,7 +754,7 @@ def launch_local(
             else:
                 results = run_distributed(
                     _train,
-                    config.num_stages * config.data_parallel_degree,  # one process per (stage, replica)
+                    config.num_nodes,  # one process per (stage, replica)
                     config,
                     worker_run_dir,
                     progress_path,

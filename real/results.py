@@ -250,7 +250,7 @@ def write_record(
         checkpoint_directory=checkpoint_directory,
         failure_rate_per_stage_hour=failure_rate_per_stage_hour,
     )
-    placement = placement_plan(config.num_stages * config.data_parallel_degree, config.num_threads, config.pin_stages_to_cores)
+    placement = placement_plan(config.num_nodes, config.num_threads, config.pin_stages_to_cores)
     manifest = RunManifest(
         run_id=run_id or uuid.uuid4().hex[:12],
         source="real",

@@ -169,6 +169,11 @@ class TrainingConfig:
     """The run's checkpoint key (run_secret.py; the launcher sets it): a secret, so never in `to_dict`
     (run.json, the record) nor in `repr`. None: checkpoints are written without an HMAC and read unchecked."""
 
+    @property
+    def num_nodes(self) -> int:
+        """Processes of the run: one per node of the stage × replica grid (S × D)."""
+        return self.num_stages * self.data_parallel_degree
+
     def __post_init__(self) -> None:
         check_stage_split(self.model.num_layers, self.num_stages)
         for name in ("num_microbatches", "microbatch_size", "num_iterations", "num_eval_batches", "num_threads"):
@@ -315,7 +320,7 @@ class _Stage:
         self.global_rank = self.replica * config.num_stages + stage
         self.last = config.num_stages - 1
         device = self.device = communicator.device
-        pin_stage_process(self.global_rank, config.num_stages * config.data_parallel_degree, config.num_threads, config.pin_stages_to_cores)
+        pin_stage_process(self.global_rank, config.num_nodes, config.num_threads, config.pin_stages_to_cores)
         set_determinism(config, stage)
         module = self.module = StageModule(config.model, stage, config.num_stages, seed=config.seed).to(device)
 

@@ -112,7 +112,7 @@ def expected_stage_losses(scenario: Scenario) -> tuple[float, float] | None:
         heal_window_s=heal_window_s,
         replicas_fail_together=pipeline.replicas_fail_together,
     )
-    return per_stage * pipeline.num_stages * run_s, rate * pipeline.num_stages * pipeline.data_parallel_degree * run_s
+    return per_stage * pipeline.num_stages * run_s, rate * pipeline.num_nodes * run_s
 
 
 def rare_stage_loss_note(scenario: Scenario) -> str | None:
